@@ -1,0 +1,130 @@
+//! [`JobState`]: the fold of the control log.
+
+use serde::{Deserialize, Serialize};
+
+use super::producers::{ProducerTable, Seen};
+use crate::log::{Batch, LogEntry, Offset, Term};
+
+/// What applying one proposal did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// Appended at this offset.
+    Appended { offset: Offset },
+    /// The `(producer, seq)` pair was appended before; nothing new was appended.
+    Duplicate { offset: Option<Offset> },
+}
+
+/// The whole control log folded into one value.
+///
+/// Invariants:
+/// * `next_offset` starts at 1 and grows by exactly one per appended command, so offsets are
+///   contiguous and a pure function of the log.
+/// * `apply_batch` is total and deterministic: it reads no clock and never panics on a batch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobState {
+    next_offset: Offset,
+    producers: ProducerTable,
+}
+
+impl Default for JobState {
+    fn default() -> Self {
+        JobState {
+            next_offset: 1,
+            producers: ProducerTable::default(),
+        }
+    }
+}
+
+impl JobState {
+    /// The offset the next appended command will get.
+    pub fn next_offset(&self) -> Offset {
+        self.next_offset
+    }
+
+    /// The offset of the last appended command, 0 before the first.
+    pub fn last_offset(&self) -> Offset {
+        self.next_offset - 1
+    }
+
+    pub fn producers(&self) -> &ProducerTable {
+        &self.producers
+    }
+
+    /// Folds one committed batch in, returning one outcome per proposal, and the entries it
+    /// appended (in offset order) through `appended`.
+    pub fn apply_batch(
+        &mut self,
+        term: Term,
+        batch: &Batch,
+        mut appended: impl FnMut(LogEntry),
+    ) -> Vec<Outcome> {
+        let mut outcomes = Vec::with_capacity(batch.proposals.len());
+        for proposal in &batch.proposals {
+            if let Some(pair) = proposal.producer {
+                if let Seen::Duplicate { offset } = self.producers.check(pair) {
+                    outcomes.push(Outcome::Duplicate { offset });
+                    continue;
+                }
+            }
+            let offset = self.next_offset;
+            self.next_offset += 1;
+            if let Some(pair) = proposal.producer {
+                self.producers.record(pair, offset);
+            }
+            appended(LogEntry {
+                offset,
+                term,
+                appended_at_ms: batch.appended_at_ms,
+                producer: proposal.producer,
+                frame: proposal.frame.clone(),
+            });
+            outcomes.push(Outcome::Appended { offset });
+        }
+        outcomes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::{Command, ProducerSeq, Proposal};
+
+    fn proposal(producer: Option<(u64, u64)>) -> Proposal {
+        Proposal {
+            producer: producer.map(|(producer, seq)| ProducerSeq { producer, seq }),
+            frame: Command::custom(1, 1, vec![]).into_frame(),
+        }
+    }
+
+    #[test]
+    fn offsets_are_contiguous_across_batches_and_skip_duplicates() {
+        let mut state = JobState::default();
+        let first = Batch {
+            appended_at_ms: 5,
+            proposals: vec![proposal(None), proposal(Some((7, 1)))],
+        };
+        let mut seen = Vec::new();
+        let outcomes = state.apply_batch(1, &first, |e| seen.push(e.offset));
+        assert_eq!(
+            outcomes,
+            vec![
+                Outcome::Appended { offset: 1 },
+                Outcome::Appended { offset: 2 }
+            ]
+        );
+        let retry = Batch {
+            appended_at_ms: 6,
+            proposals: vec![proposal(Some((7, 1))), proposal(Some((7, 2)))],
+        };
+        let outcomes = state.apply_batch(2, &retry, |e| seen.push(e.offset));
+        assert_eq!(
+            outcomes,
+            vec![
+                Outcome::Duplicate { offset: Some(2) },
+                Outcome::Appended { offset: 3 }
+            ]
+        );
+        assert_eq!(seen, vec![1, 2, 3]);
+        assert_eq!(state.next_offset(), 4);
+    }
+}

@@ -1,0 +1,16 @@
+//! ctrlog: an embedded, replicated job control log on Raft.
+//!
+//! See `ARCHITECTURE.md` for the map. In short: [`log`] is the data model, [`jobs`] folds the
+//! log into the job's state, [`raft`] replicates it (feature `server`), and [`client`] is what
+//! containers link.
+
+pub mod client;
+#[cfg(feature = "server")]
+pub mod demo;
+pub mod jobs;
+pub mod log;
+#[cfg(feature = "server")]
+pub mod raft;
+
+/// A replica's Raft node id.
+pub type NodeId = u64;

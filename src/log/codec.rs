@@ -1,0 +1,133 @@
+//! The one binary codec for the network and the disk: bincode 1 with fixed-width integers, a
+//! size limit and no trailing bytes.
+//!
+//! The limit matters: bincode trusts length prefixes, so without it a corrupt or hostile
+//! prefix of `u64::MAX` would try to allocate that much before failing.
+
+use bincode::Options;
+use serde::{de::DeserializeOwned, Serialize};
+
+/// Why bytes did not decode. Every variant is a value, never a panic.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("input ended before the value was complete")]
+    Truncated,
+    #[error("value exceeds the {limit}-byte decode limit")]
+    TooLarge { limit: u64 },
+    #[error("{0} bytes were left over after the value")]
+    TrailingBytes(usize),
+    #[error("malformed input: {0}")]
+    Malformed(String),
+}
+
+fn options(limit: u64) -> impl Options {
+    bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .with_little_endian()
+        .with_limit(limit)
+}
+
+/// Encodes a value. Encoding plain serde data into a `Vec` cannot fail.
+pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    options(u64::MAX)
+        .serialize(value)
+        .expect("serializing plain data into memory cannot fail")
+}
+
+/// Decodes exactly one value from `bytes`, allocating at most `limit` bytes for it.
+pub fn decode<T: DeserializeOwned>(bytes: &[u8], limit: u64) -> Result<T, DecodeError> {
+    let mut reader = bytes;
+    let value = options(limit)
+        .deserialize_from(&mut reader)
+        .map_err(|e| match *e {
+            bincode::ErrorKind::Io(ref io) if io.kind() == std::io::ErrorKind::UnexpectedEof => {
+                DecodeError::Truncated
+            }
+            bincode::ErrorKind::SizeLimit => DecodeError::TooLarge { limit },
+            other => DecodeError::Malformed(other.to_string()),
+        })?;
+    if !reader.is_empty() {
+        return Err(DecodeError::TrailingBytes(reader.len()));
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::{Batch, Frame, Proposal, ProducerSeq};
+    use proptest::prelude::*;
+
+    fn sample_batch() -> Batch {
+        Batch {
+            appended_at_ms: 1_700_000_000_000,
+            proposals: vec![Proposal {
+                producer: Some(ProducerSeq {
+                    producer: 9,
+                    seq: 3,
+                }),
+                frame: Frame {
+                    kind: 1,
+                    version: 1,
+                    body: vec![0xab; 40],
+                },
+            }],
+        }
+    }
+
+    #[test]
+    fn batch_round_trips() {
+        let batch = sample_batch();
+        let bytes = encode(&batch);
+        assert_eq!(decode::<Batch>(&bytes, 1 << 20), Ok(batch));
+    }
+
+    #[test]
+    fn every_truncation_is_a_typed_error() {
+        let bytes = encode(&sample_batch());
+        for cut in 0..bytes.len() {
+            assert_eq!(
+                decode::<Batch>(&bytes[..cut], 1 << 20),
+                Err(DecodeError::Truncated),
+                "cut at {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn huge_length_prefix_is_refused_without_allocating() {
+        // appended_at_ms, then a proposal count of u64::MAX.
+        let mut bytes = 0u64.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(
+            decode::<Batch>(&bytes, 1 << 20),
+            Err(DecodeError::TooLarge { limit: 1 << 20 })
+        );
+    }
+
+    #[test]
+    fn trailing_bytes_are_refused() {
+        let mut bytes = encode(&sample_batch());
+        bytes.push(0);
+        assert_eq!(
+            decode::<Batch>(&bytes, 1 << 20),
+            Err(DecodeError::TrailingBytes(1))
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode::<Batch>(&bytes, 1 << 16);
+            let _ = decode::<crate::log::LogEntry>(&bytes, 1 << 16);
+        }
+
+        #[test]
+        fn flipping_any_byte_never_panics(flip in 0usize..200, value in any::<u8>()) {
+            let mut bytes = encode(&sample_batch());
+            let at = flip % bytes.len();
+            bytes[at] = value;
+            let _ = decode::<Batch>(&bytes, 1 << 16);
+        }
+    }
+}

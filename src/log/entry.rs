@@ -1,0 +1,70 @@
+//! The entry model: proposals, the batch a Raft entry carries, and the per-command log entry.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Command, Frame, Offset, ProducerId, Seq, Term};
+
+/// Identifies one append of an idempotent producer. A retry carries the same pair, and the
+/// replicated state machine answers it with the original offset instead of appending again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ProducerSeq {
+    pub producer: ProducerId,
+    pub seq: Seq,
+}
+
+/// One command as a producer proposes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proposal {
+    pub producer: Option<ProducerSeq>,
+    pub frame: Frame,
+}
+
+impl Proposal {
+    /// The bytes this proposal adds to a batch, for the proposer's size bound.
+    pub fn encoded_len(&self) -> usize {
+        // Option tag (1) + producer id and seq (16) + frame.
+        17 + self.frame.encoded_len()
+    }
+}
+
+/// The application data of one Raft entry: the proposals the leader coalesced into it.
+///
+/// `appended_at_ms` is stamped by the leader *before* proposing, so that applying the entry
+/// never reads a clock and stays deterministic.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batch {
+    pub appended_at_ms: u64,
+    pub proposals: Vec<Proposal>,
+}
+
+impl std::fmt::Display for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Batch(commands: {}, appended_at_ms: {})",
+            self.proposals.len(),
+            self.appended_at_ms
+        )
+    }
+}
+
+/// One command of the control log as subscribers see it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogEntry {
+    pub offset: Offset,
+    /// The Raft term of the entry that carried this command.
+    pub term: Term,
+    /// The leader's wall clock when the batch was proposed.
+    pub appended_at_ms: u64,
+    pub producer: Option<ProducerSeq>,
+    /// The command as written. Decode it with [`LogEntry::command`] so that the reader's own
+    /// vocabulary decides what is `Unknown`.
+    pub frame: Frame,
+}
+
+impl LogEntry {
+    /// The command, decoded against this build's vocabulary.
+    pub fn command(&self) -> Command {
+        Command::from_frame(self.frame.clone())
+    }
+}

@@ -1,0 +1,190 @@
+//! A replica's configuration: what `ctrlog serve` reads from flags or a TOML file.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::client::Member;
+use crate::log::COMMAND_BYTES_MAX_DEFAULT;
+use crate::NodeId;
+
+/// Everything a replica needs to start. Every field has a default except the identity and the
+/// data directory, so a TOML file states only what differs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReplicaConfig {
+    /// This replica's Raft node id. Unique in the cluster, never reused.
+    pub id: NodeId,
+    /// Where this replica listens for Raft RPCs from its peers. Port 0 picks a free port.
+    pub peer_addr: SocketAddr,
+    /// Where this replica listens for clients and containers. Port 0 picks a free port.
+    pub client_addr: SocketAddr,
+    /// The sled database (vote, snapshots) and the WAL (the Raft log) live here.
+    pub data_dir: PathBuf,
+    /// The founding members, each with its address pair. The lowest id initialises the cluster
+    /// once, when its log is empty; every other replica waits to be contacted.
+    pub initial_members: BTreeMap<NodeId, Member>,
+    /// Leader heartbeat period. Small enough to detect a dead leader quickly; each one costs an
+    /// RPC per follower.
+    pub heartbeat_interval_ms: u64,
+    /// A follower that hears nothing for a random time in this range starts an election. Must
+    /// exceed the heartbeat by a wide margin so that one slow fsync does not depose a leader.
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// Build a snapshot once this many entries were applied since the last one.
+    pub snapshot_logs_since_last: u64,
+    /// Entries kept in the log after a snapshot (openraft's `max_in_snapshot_log_to_keep`), so
+    /// that recent history can still be fetched and slightly lagging followers catch up from
+    /// the log rather than by snapshot.
+    pub snapshot_logs_to_keep: u64,
+    /// The largest command body accepted on append.
+    pub command_bytes_max: usize,
+    /// The largest frame accepted on the client port.
+    pub client_frame_bytes_max: usize,
+    /// Requests one client connection may have in flight; more are refused until some finish.
+    pub client_requests_in_flight_max: usize,
+}
+
+impl Default for ReplicaConfig {
+    fn default() -> Self {
+        ReplicaConfig {
+            id: 0,
+            peer_addr: "127.0.0.1:0".parse().expect("literal address"),
+            client_addr: "127.0.0.1:0".parse().expect("literal address"),
+            data_dir: PathBuf::new(),
+            initial_members: BTreeMap::new(),
+            heartbeat_interval_ms: 100,
+            election_timeout_min_ms: 500,
+            election_timeout_max_ms: 1000,
+            snapshot_logs_since_last: 10_000,
+            snapshot_logs_to_keep: 1_000,
+            command_bytes_max: COMMAND_BYTES_MAX_DEFAULT,
+            client_frame_bytes_max: 2 * COMMAND_BYTES_MAX_DEFAULT + (64 << 10),
+            client_requests_in_flight_max: 1024,
+        }
+    }
+}
+
+/// A configuration that cannot work, with the field at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid configuration: {field}: {reason}")]
+pub struct ConfigError {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+fn refuse(field: &'static str, reason: impl Into<String>) -> Result<(), ConfigError> {
+    Err(ConfigError {
+        field,
+        reason: reason.into(),
+    })
+}
+
+impl ReplicaConfig {
+    /// Refuses combinations that would misbehave at run time, naming the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.data_dir.as_os_str().is_empty() {
+            refuse("data_dir", "must be set")?;
+        }
+        if self.election_timeout_min_ms <= self.heartbeat_interval_ms {
+            refuse(
+                "election_timeout_min_ms",
+                "must exceed heartbeat_interval_ms, or followers start elections between heartbeats",
+            )?;
+        }
+        if self.election_timeout_max_ms <= self.election_timeout_min_ms {
+            refuse("election_timeout_max_ms", "must exceed election_timeout_min_ms")?;
+        }
+        if self.snapshot_logs_since_last == 0 {
+            refuse("snapshot_logs_since_last", "must be at least 1")?;
+        }
+        if self.command_bytes_max == 0 {
+            refuse("command_bytes_max", "must be at least 1")?;
+        }
+        if self.client_frame_bytes_max <= self.command_bytes_max {
+            refuse(
+                "client_frame_bytes_max",
+                "must exceed command_bytes_max, or a command of the full size cannot be sent",
+            )?;
+        }
+        if !self.initial_members.is_empty() && !self.initial_members.contains_key(&self.id) {
+            refuse("initial_members", format!("does not include this replica's id {}", self.id))?;
+        }
+        Ok(())
+    }
+}
+
+/// Parses `1=PEER/CLIENT,2=PEER/CLIENT,...`.
+pub fn parse_members(text: &str) -> Result<BTreeMap<NodeId, Member>, ConfigError> {
+    let bad = |reason: String| ConfigError {
+        field: "initial_members",
+        reason,
+    };
+    let mut members = BTreeMap::new();
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (id, addrs) = item
+            .split_once('=')
+            .ok_or_else(|| bad(format!("`{item}` is not ID=PEER/CLIENT")))?;
+        let id: NodeId = id
+            .trim()
+            .parse()
+            .map_err(|_| bad(format!("`{id}` is not a node id")))?;
+        let (peer, client) = addrs
+            .split_once('/')
+            .ok_or_else(|| bad(format!("`{addrs}` is not PEER/CLIENT")))?;
+        for addr in [peer, client] {
+            addr.parse::<SocketAddr>()
+                .map_err(|_| bad(format!("`{addr}` is not HOST:PORT")))?;
+        }
+        if members
+            .insert(
+                id,
+                Member {
+                    peer_addr: peer.to_string(),
+                    client_addr: client.to_string(),
+                },
+            )
+            .is_some()
+        {
+            return Err(bad(format!("id {id} appears twice")));
+        }
+    }
+    Ok(members)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_parse_and_errors_name_the_field() {
+        let members = parse_members("1=127.0.0.1:1/127.0.0.1:2, 2=127.0.0.1:3/127.0.0.1:4").unwrap();
+        assert_eq!(members[&2].client_addr, "127.0.0.1:4");
+        assert_eq!(parse_members("1=nope").unwrap_err().field, "initial_members");
+        assert!(parse_members("1=127.0.0.1:1/127.0.0.1:2,1=127.0.0.1:1/127.0.0.1:2").is_err());
+    }
+
+    #[test]
+    fn election_timeout_must_exceed_heartbeat() {
+        let config = ReplicaConfig {
+            data_dir: "x".into(),
+            heartbeat_interval_ms: 500,
+            election_timeout_min_ms: 500,
+            ..ReplicaConfig::default()
+        };
+        assert_eq!(config.validate().unwrap_err().field, "election_timeout_min_ms");
+    }
+
+    #[test]
+    fn toml_file_needs_only_what_differs() {
+        let config: ReplicaConfig = toml::from_str(
+            "id = 2\ndata_dir = \"/var/lib/ctrlog\"\npeer_addr = \"127.0.0.1:7002\"\n",
+        )
+        .unwrap();
+        assert_eq!(config.id, 2);
+        assert_eq!(config.heartbeat_interval_ms, 100);
+        assert!(toml::from_str::<ReplicaConfig>("idd = 2").is_err());
+    }
+}

@@ -1,0 +1,149 @@
+//! A cluster of replicas in this process, on loopback ports: what the demo, the benchmarks and
+//! the integration tests run. Replicas can be stopped and restarted on the same data directory
+//! and the same ports.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::config::ReplicaConfig;
+use super::node::{Replica, StartError};
+use crate::client::Member;
+use crate::NodeId;
+
+pub struct LocalCluster {
+    dir: PathBuf,
+    configs: BTreeMap<NodeId, ReplicaConfig>,
+    replicas: BTreeMap<NodeId, Replica>,
+}
+
+/// Why waiting on the cluster failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct WaitError(pub String);
+
+impl LocalCluster {
+    /// Starts replicas `1..=size` under `dir` on `127.0.0.1:0`, lets `tune` adjust each
+    /// configuration, and initialises them as one cluster.
+    pub async fn start(
+        dir: &Path,
+        size: u64,
+        tune: impl Fn(&mut ReplicaConfig),
+    ) -> Result<LocalCluster, StartError> {
+        let mut cluster = LocalCluster {
+            dir: dir.to_path_buf(),
+            configs: BTreeMap::new(),
+            replicas: BTreeMap::new(),
+        };
+        for id in 1..=size {
+            cluster.start_new(id, &tune).await?;
+        }
+        let members: BTreeMap<NodeId, Member> =
+            cluster.replicas.iter().map(|(id, r)| (*id, r.member())).collect();
+        for config in cluster.configs.values_mut() {
+            config.initial_members = members.clone();
+        }
+        cluster.replicas[&1].initialize(members).await?;
+        Ok(cluster)
+    }
+
+    /// Starts a new, empty replica `id` that is not yet a member (for membership changes).
+    pub async fn start_new(
+        &mut self,
+        id: NodeId,
+        tune: impl Fn(&mut ReplicaConfig),
+    ) -> Result<&Replica, StartError> {
+        let mut config = ReplicaConfig {
+            id,
+            data_dir: self.dir.join(format!("replica-{id}")),
+            ..ReplicaConfig::default()
+        };
+        tune(&mut config);
+        let replica = Replica::start(config.clone()).await?;
+        // Restarts rebind the same ports, which the membership records.
+        config.peer_addr = replica.peer_addr();
+        config.client_addr = replica.client_addr();
+        self.configs.insert(id, config);
+        self.replicas.insert(id, replica);
+        Ok(&self.replicas[&id])
+    }
+
+    pub fn replica(&self, id: NodeId) -> &Replica {
+        self.replicas.get(&id).unwrap_or_else(|| panic!("replica {id} is not running"))
+    }
+
+    pub fn running(&self) -> impl Iterator<Item = &Replica> {
+        self.replicas.values()
+    }
+
+    pub fn running_ids(&self) -> Vec<NodeId> {
+        self.replicas.keys().copied().collect()
+    }
+
+    /// Client addresses of the running replicas.
+    pub fn client_addrs(&self) -> Vec<String> {
+        self.replicas.values().map(|r| r.client_addr().to_string()).collect()
+    }
+
+    /// Waits until the running replicas agree on one leader among them, and returns it.
+    pub async fn wait_for_leader(&self, timeout: Duration) -> Result<NodeId, WaitError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let leaders: Vec<Option<NodeId>> = self.replicas.values().map(|r| r.metrics().current_leader).collect();
+            if let Some(Some(leader)) = leaders.first() {
+                if self.replicas.contains_key(leader)
+                    && leaders.iter().all(|l| *l == Some(*leader))
+                    && self.replicas[leader].metrics().state == openraft::ServerState::Leader
+                {
+                    return Ok(*leader);
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(WaitError(format!("no agreed leader within {timeout:?}: {leaders:?}")));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until every running replica has applied at least `offset`.
+    pub async fn wait_for_applied(&self, offset: u64, timeout: Duration) -> Result<(), WaitError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        for replica in self.replicas.values() {
+            let mut applied = replica.applied();
+            tokio::time::timeout_at(deadline, applied.wait_for(|a| a.last_offset >= offset))
+                .await
+                .map_err(|_| {
+                    WaitError(format!(
+                        "replica {} applied only {} of {offset} within {timeout:?}",
+                        replica.id(),
+                        replica.applied_offset()
+                    ))
+                })?
+                .map_err(|_| WaitError(format!("replica {} stopped", replica.id())))?;
+        }
+        Ok(())
+    }
+
+    /// Stops replica `id` (its data stays).
+    pub async fn stop(&mut self, id: NodeId) {
+        if let Some(replica) = self.replicas.remove(&id) {
+            replica.shutdown().await;
+        }
+    }
+
+    /// Starts replica `id` again on its data directory and ports.
+    pub async fn restart(&mut self, id: NodeId) -> Result<&Replica, StartError> {
+        let config = self.configs[&id].clone();
+        let replica = Replica::start(config).await?;
+        self.replicas.insert(id, replica);
+        Ok(&self.replicas[&id])
+    }
+
+    /// Stops every replica.
+    pub async fn shutdown(mut self) {
+        let ids = self.running_ids();
+        for id in ids {
+            self.stop(id).await;
+        }
+    }
+}

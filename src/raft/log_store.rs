@@ -1,0 +1,316 @@
+//! openraft's `RaftLogStorage` over the segmented [`Wal`], with the vote and purge point in
+//! sled ([`MetaStore`]).
+//!
+//! Concurrency: one mutex guards the WAL. Appends write under it and hand the active segment's
+//! file to the [`Syncer`] thread, which `fdatasync`s it and only then calls openraft's flush
+//! callback. `append` therefore returns before the disk does, and the leader replicates to its
+//! followers while its own `fdatasync` runs (openraft 0.9 waits for each flush before the next
+//! append, so that overlap is what there is to win).
+
+use std::fmt::Debug;
+use std::fs::File;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{OptionalSend, RaftLogReader};
+
+use super::meta_store::MetaStore;
+use super::types::{Entry, LogId, StorageError, StorageIOError, TypeConfig, Vote};
+use super::wal::{Wal, RECORD_BYTES_MAX};
+use crate::log::{decode, encode};
+
+const VOTE_KEY: &str = "vote";
+const PURGED_KEY: &str = "purged";
+const COMMITTED_KEY: &str = "committed";
+
+/// Bytes per WAL segment. Purge frees whole segments, so this is also the granularity of disk
+/// reclamation: big enough that rotation (an extra `fdatasync`) is rare, small enough that a
+/// purged prefix is given back soon.
+pub const SEGMENT_BYTES_MAX: u64 = 64 << 20;
+
+struct WalState {
+    wal: Wal,
+    last_log_id: Option<LogId>,
+    last_purged: Option<LogId>,
+}
+
+struct Shared {
+    wal: Mutex<WalState>,
+    meta: Arc<MetaStore>,
+    syncer: Syncer,
+    /// The first log index still present, for the state machine's offset index.
+    first_index: AtomicU64,
+}
+
+/// The Raft log store. Clones share one log; a clone is also the log reader.
+#[derive(Clone)]
+pub struct LogStore {
+    shared: Arc<Shared>,
+}
+
+fn read_err(e: impl std::error::Error + 'static) -> StorageError {
+    StorageIOError::read_logs(&e).into()
+}
+
+fn write_err(e: impl std::error::Error + 'static) -> StorageError {
+    StorageIOError::write_logs(&e).into()
+}
+
+impl LogStore {
+    /// Opens the log in `dir` (the WAL) with its metadata in `meta`.
+    pub fn open(dir: &Path, meta: Arc<MetaStore>) -> io::Result<LogStore> {
+        Self::open_with_segment_bytes(dir, meta, SEGMENT_BYTES_MAX)
+    }
+
+    pub fn open_with_segment_bytes(
+        dir: &Path,
+        meta: Arc<MetaStore>,
+        segment_bytes_max: u64,
+    ) -> io::Result<LogStore> {
+        let last_purged: Option<LogId> = match meta.get(PURGED_KEY)? {
+            Some(bytes) => Some(decode(&bytes, 1024).map_err(io::Error::other)?),
+            None => None,
+        };
+        let wal = Wal::open(dir, last_purged.map(|l| l.index), segment_bytes_max)?;
+        let last_log_id = if wal.is_empty() {
+            last_purged
+        } else {
+            Some(decode_entry(&wal, wal.next_index() - 1)?.log_id)
+        };
+        let first_index = wal.first_index();
+        Ok(LogStore {
+            shared: Arc::new(Shared {
+                wal: Mutex::new(WalState {
+                    wal,
+                    last_log_id,
+                    last_purged,
+                }),
+                meta,
+                syncer: Syncer::start(),
+                first_index: AtomicU64::new(first_index),
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, WalState> {
+        self.shared.wal.lock().expect("a panic while holding the wal lock is a bug")
+    }
+
+    /// The first log index still on disk (entries before it are purged).
+    pub fn first_index(&self) -> u64 {
+        self.shared.first_index.load(Ordering::Acquire)
+    }
+
+    /// Reads one entry, or `None` if it is purged or not yet written.
+    pub fn entry(&self, index: u64) -> io::Result<Option<Entry>> {
+        let state = self.lock();
+        if index < state.wal.first_index() || index >= state.wal.next_index() {
+            return Ok(None);
+        }
+        decode_entry(&state.wal, index).map(Some)
+    }
+
+    /// Bytes the log takes on disk.
+    pub fn disk_bytes(&self) -> u64 {
+        self.lock().wal.disk_bytes()
+    }
+}
+
+fn decode_entry(wal: &Wal, index: u64) -> io::Result<Entry> {
+    let bytes = wal
+        .read(index)?
+        .ok_or_else(|| io::Error::other(format!("entry {index} vanished")))?;
+    let entry: Entry = decode(&bytes, RECORD_BYTES_MAX as u64)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("entry {index}: {e}")))?;
+    if entry.log_id.index != index {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("record {index} holds entry {}", entry.log_id.index),
+        ));
+    }
+    Ok(entry)
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError> {
+        let state = self.lock();
+        let start = match range.start_bound() {
+            Bound::Included(&i) => i,
+            Bound::Excluded(&i) => i + 1,
+            Bound::Unbounded => 0,
+        }
+        .max(state.wal.first_index());
+        let end = match range.end_bound() {
+            Bound::Included(&i) => i.saturating_add(1),
+            Bound::Excluded(&i) => i,
+            Bound::Unbounded => u64::MAX,
+        }
+        .min(state.wal.next_index());
+        (start..end)
+            .map(|index| decode_entry(&state.wal, index).map_err(read_err))
+            .collect()
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        let state = self.lock();
+        Ok(LogState {
+            last_purged_log_id: state.last_purged,
+            last_log_id: state.last_log_id,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
+        self.shared
+            .meta
+            .put_durable(VOTE_KEY, &encode(vote))
+            .map_err(|e| StorageIOError::write_vote(&e).into())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
+        let bytes = self
+            .shared
+            .meta
+            .get(VOTE_KEY)
+            .map_err(|e| StorageError::from(StorageIOError::read_vote(&e)))?;
+        bytes
+            .map(|b| decode(&b, 1024).map_err(|e| StorageIOError::read_vote(&e).into()))
+            .transpose()
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        // Advisory: it only lets a restart re-apply up to here at once, so it need not be
+        // durable, and a stale value only means less is re-applied at start.
+        self.shared
+            .meta
+            .put(COMMITTED_KEY, &encode(&committed))
+            .map_err(write_err)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+        match self.shared.meta.get(COMMITTED_KEY).map_err(read_err)? {
+            Some(bytes) => decode(&bytes, 1024).map_err(read_err),
+            None => Ok(None),
+        }
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let Some(last) = entries.last().map(|e| e.log_id) else {
+            callback.log_io_completed(Ok(()));
+            return Ok(());
+        };
+        let payloads: Vec<Vec<u8>> = entries.iter().map(encode).collect();
+        let file = {
+            let mut state = self.lock();
+            state
+                .wal
+                .append(entries[0].log_id.index, &payloads)
+                .map_err(write_err)?;
+            state.last_log_id = Some(last);
+            state.wal.active_file()
+        };
+        self.shared.syncer.sync(file, callback);
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        let mut state = self.lock();
+        state.wal.truncate_from(log_id.index).map_err(write_err)?;
+        state.last_log_id = if state.wal.is_empty() {
+            state.last_purged
+        } else {
+            Some(decode_entry(&state.wal, state.wal.next_index() - 1).map_err(read_err)?.log_id)
+        };
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        // Durable first: a restart must not bring back what the WAL is about to delete.
+        self.shared
+            .meta
+            .put_durable(PURGED_KEY, &encode(&log_id))
+            .map_err(write_err)?;
+        let mut state = self.lock();
+        state.wal.purge_upto(log_id.index).map_err(write_err)?;
+        state.last_purged = Some(log_id);
+        if state.last_log_id.is_none_or(|last| last.index < log_id.index) {
+            state.last_log_id = Some(log_id);
+        }
+        self.shared
+            .first_index
+            .store(state.wal.first_index(), Ordering::Release);
+        Ok(())
+    }
+}
+
+/// Group commit: a thread that `fdatasync`s the WAL and then acknowledges the appends it covers.
+///
+/// Protocol: `sync` sends the file the append was written to together with openraft's callback.
+/// The thread takes every request queued so far, syncs each distinct file once, and calls the
+/// callbacks in order. When the last `Syncer` handle is dropped the channel closes and the
+/// thread exits after answering what it already received.
+struct Syncer {
+    requests: mpsc::Sender<SyncRequest>,
+}
+
+struct SyncRequest {
+    file: Arc<File>,
+    callback: LogFlushed<TypeConfig>,
+}
+
+impl Syncer {
+    fn start() -> Syncer {
+        let (requests, incoming) = mpsc::channel::<SyncRequest>();
+        std::thread::Builder::new()
+            .name("ctrlog-wal-sync".into())
+            .spawn(move || {
+                while let Ok(first) = incoming.recv() {
+                    let mut batch = vec![first];
+                    batch.extend(incoming.try_iter());
+                    let mut synced: Vec<(Arc<File>, Result<(), io::ErrorKind>)> = Vec::new();
+                    for request in batch {
+                        let result = match synced.iter().find(|(f, _)| Arc::ptr_eq(f, &request.file)) {
+                            Some((_, result)) => *result,
+                            None => {
+                                let result = request.file.sync_data().map_err(|e| e.kind());
+                                synced.push((request.file.clone(), result));
+                                result
+                            }
+                        };
+                        request
+                            .callback
+                            .log_io_completed(result.map_err(io::Error::from));
+                    }
+                }
+            })
+            .expect("spawning the wal sync thread");
+        Syncer { requests }
+    }
+
+    fn sync(&self, file: Arc<File>, callback: LogFlushed<TypeConfig>) {
+        if let Err(mpsc::SendError(request)) = self.requests.send(SyncRequest { file, callback }) {
+            request
+                .callback
+                .log_io_completed(Err(io::Error::other("the wal sync thread has stopped")));
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! Raft RPC between replicas over tarpc (bincode over TCP): the service each replica serves on
+//! its peer port, and openraft's `RaftNetworkFactory` that calls it.
+//!
+//! Every call carries a deadline derived from openraft's `RPCOption` (its hard TTL), so a dead
+//! or partitioned peer costs at most that long. A broken connection is dropped and re-dialled
+//! on the next call; openraft's backoff paces the retries.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use openraft::error::{NetworkError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use tarpc::server::{BaseChannel, Channel};
+use tarpc::tokio_serde::formats::Bincode;
+use tarpc::{client, context};
+
+use super::types::*;
+use crate::client::Member;
+use crate::NodeId;
+
+/// The largest frame on the peer port. It must exceed the biggest AppendEntries message
+/// (`RAFT_PAYLOAD_ENTRIES_MAX` batches) and openraft's snapshot chunk.
+pub const PEER_FRAME_BYTES_MAX: usize = 256 << 20;
+
+/// How long dialling a peer may take before the call counts as unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The service on every replica's peer port.
+#[tarpc::service]
+pub trait RaftRpc {
+    async fn append_entries(request: AppendEntriesRequest) -> Result<AppendEntriesResponse, RaftError>;
+    async fn vote(request: VoteRequest) -> Result<VoteResponse, RaftError>;
+    async fn install_snapshot(
+        request: InstallSnapshotRequest,
+    ) -> Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>>;
+}
+
+#[derive(Clone)]
+struct RaftRpcServer {
+    raft: Raft,
+}
+
+impl RaftRpc for RaftRpcServer {
+    async fn append_entries(
+        self,
+        _: context::Context,
+        request: AppendEntriesRequest,
+    ) -> Result<AppendEntriesResponse, RaftError> {
+        self.raft.append_entries(request).await
+    }
+
+    async fn vote(self, _: context::Context, request: VoteRequest) -> Result<VoteResponse, RaftError> {
+        self.raft.vote(request).await
+    }
+
+    async fn install_snapshot(
+        self,
+        _: context::Context,
+        request: InstallSnapshotRequest,
+    ) -> Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>> {
+        self.raft.install_snapshot(request).await
+    }
+}
+
+/// A bound, not yet serving, peer listener.
+pub type PeerListener = tarpc::serde_transport::tcp::Incoming<
+    ServingRequest,
+    ServingResponse,
+    Bincode<ServingRequest, ServingResponse>,
+    fn() -> Bincode<ServingRequest, ServingResponse>,
+>;
+type ServingRequest = tarpc::ClientMessage<RaftRpcRequest>;
+type ServingResponse = tarpc::Response<RaftRpcResponse>;
+
+/// Binds the peer port with the peer frame limit.
+pub async fn bind_peers(addr: SocketAddr) -> std::io::Result<PeerListener> {
+    let mut listener = tarpc::serde_transport::tcp::listen(
+        addr,
+        Bincode::default as fn() -> Bincode<ServingRequest, ServingResponse>,
+    )
+    .await?;
+    listener.config_mut().max_frame_length(PEER_FRAME_BYTES_MAX);
+    Ok(listener)
+}
+
+/// Serves Raft RPCs on every accepted connection until aborted. A connection that sends a
+/// malformed frame is closed; the others keep going.
+pub async fn serve_peers(listener: PeerListener, raft: Raft) {
+    listener
+        .filter_map(|conn| async move {
+            match conn {
+                Ok(conn) => Some(conn),
+                Err(error) => {
+                    tracing::warn!(%error, "accepting a peer connection failed");
+                    None
+                }
+            }
+        })
+        .for_each_concurrent(None, |transport| {
+            let server = RaftRpcServer { raft: raft.clone() };
+            async move {
+                BaseChannel::with_defaults(transport)
+                    .execute(server.serve())
+                    .for_each(|response| async move {
+                        tokio::spawn(response);
+                    })
+                    .await;
+            }
+        })
+        .await;
+}
+
+/// Creates one [`PeerClient`] per target; openraft asks for a new one when it needs to.
+#[derive(Clone, Default)]
+pub struct PeerNetwork;
+
+impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &Member) -> PeerClient {
+        PeerClient {
+            target,
+            addr: node.peer_addr.clone(),
+            client: None,
+        }
+    }
+}
+
+/// A connection to one peer, dialled lazily and re-dialled after it breaks.
+pub struct PeerClient {
+    target: NodeId,
+    addr: String,
+    client: Option<RaftRpcClient>,
+}
+
+/// Why a call did not produce the peer's answer.
+enum CallError {
+    /// Could not connect, or the connection broke: the peer may be down.
+    Unreachable(String),
+    /// Connected, but the call failed (deadline exceeded and the like).
+    Network(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Message(String);
+
+impl CallError {
+    fn into_rpc<E: std::error::Error>(self) -> openraft::error::RPCError<NodeId, Member, E> {
+        match self {
+            CallError::Unreachable(m) => {
+                openraft::error::RPCError::Unreachable(Unreachable::new(&Message(m)))
+            }
+            CallError::Network(m) => {
+                openraft::error::RPCError::Network(NetworkError::new(&Message(m)))
+            }
+        }
+    }
+}
+
+impl PeerClient {
+    async fn connected(&mut self, ttl: Duration) -> Result<RaftRpcClient, CallError> {
+        if let Some(client) = &self.client {
+            return Ok(client.clone());
+        }
+        let mut connect = tarpc::serde_transport::tcp::connect(&self.addr, Bincode::default);
+        connect.config_mut().max_frame_length(PEER_FRAME_BYTES_MAX);
+        let transport = tokio::time::timeout(ttl.min(CONNECT_TIMEOUT), connect)
+            .await
+            .map_err(|_| CallError::Unreachable(format!("connecting to {} timed out", self.addr)))?
+            .map_err(|e| CallError::Unreachable(format!("connecting to {}: {e}", self.addr)))?;
+        let client = RaftRpcClient::new(client::Config::default(), transport).spawn();
+        self.client = Some(client.clone());
+        Ok(client)
+    }
+
+    fn context(option: &RPCOption) -> context::Context {
+        let mut ctx = context::current();
+        ctx.deadline = Instant::now() + option.hard_ttl();
+        ctx
+    }
+
+    fn failed(&mut self, error: tarpc::client::RpcError) -> CallError {
+        use tarpc::client::RpcError;
+        match error {
+            RpcError::DeadlineExceeded => CallError::Network(format!("{} timed out", self.target)),
+            other => {
+                // The connection is unusable; dial again next time.
+                self.client = None;
+                CallError::Unreachable(format!("peer {}: {other}", self.target))
+            }
+        }
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        request: AppendEntriesRequest,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse, RpcError> {
+        let client = self.connected(option.hard_ttl()).await.map_err(CallError::into_rpc)?;
+        match client.append_entries(Self::context(&option), request).await {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(remote)) => Err(openraft::error::RPCError::RemoteError(RemoteError::new(
+                self.target,
+                remote,
+            ))),
+            Err(e) => Err(self.failed(e).into_rpc()),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        request: InstallSnapshotRequest,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse, RpcError<InstallSnapshotError>> {
+        let client = self.connected(option.hard_ttl()).await.map_err(CallError::into_rpc)?;
+        match client.install_snapshot(Self::context(&option), request).await {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(remote)) => Err(openraft::error::RPCError::RemoteError(RemoteError::new(
+                self.target,
+                remote,
+            ))),
+            Err(e) => Err(self.failed(e).into_rpc()),
+        }
+    }
+
+    async fn vote(&mut self, request: VoteRequest, option: RPCOption) -> Result<VoteResponse, RpcError> {
+        let client = self.connected(option.hard_ttl()).await.map_err(CallError::into_rpc)?;
+        match client.vote(Self::context(&option), request).await {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(remote)) => Err(openraft::error::RPCError::RemoteError(RemoteError::new(
+                self.target,
+                remote,
+            ))),
+            Err(e) => Err(self.failed(e).into_rpc()),
+        }
+    }
+}

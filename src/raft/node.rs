@@ -1,0 +1,432 @@
+//! A replica: storage, Raft, the peer and client listeners and the proposer, wired together.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{ServerState, SnapshotPolicy};
+use tokio::task::JoinHandle;
+
+use super::config::{ConfigError, ReplicaConfig};
+use super::log_store::LogStore;
+use super::meta_store::MetaStore;
+use super::network::{bind_peers, serve_peers, PeerNetwork};
+use super::proposer::{Proposer, BATCH_BYTES_MAX};
+use super::service::{bind_clients, serve_clients};
+use super::state_machine::{expand_entry, StateMachineStore};
+use super::types::{Raft, RaftMetrics};
+use crate::client::{ApiError, AppendResult, FetchRequest, FetchResponse, Member, MemberStatus, Status};
+use crate::log::{Offset, Proposal};
+use crate::NodeId;
+
+/// Entries per AppendEntries message. With batches of up to [`BATCH_BYTES_MAX`] plus one
+/// command, this keeps a message well inside the peer frame limit.
+pub const RAFT_PAYLOAD_ENTRIES_MAX: u64 = 64;
+
+/// How long a new learner may take to catch up before `add_member` gives up on promoting it.
+pub const MEMBER_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A learner this close to the leader's last entry counts as caught up. Under traffic the
+/// leader keeps appending, so demanding exact equality could wait forever.
+const MEMBER_CATCH_UP_ENTRIES_MAX: u64 = 64;
+
+/// Why a replica did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("storage: {0}")]
+    Storage(#[from] std::io::Error),
+    #[error("raft: {0}")]
+    Raft(String),
+}
+
+struct Inner {
+    id: NodeId,
+    raft: Raft,
+    log: LogStore,
+    state_machine: StateMachineStore,
+    proposer: Proposer,
+    peer_addr: SocketAddr,
+    client_addr: SocketAddr,
+    command_bytes_max: usize,
+}
+
+/// A cheap, cloneable handle to a running replica: the library API.
+#[derive(Clone)]
+pub struct ReplicaHandle {
+    inner: Arc<Inner>,
+}
+
+/// A running replica. Dropping it without [`Replica::shutdown`] aborts its listeners.
+pub struct Replica {
+    handle: ReplicaHandle,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::ops::Deref for Replica {
+    type Target = ReplicaHandle;
+    fn deref(&self) -> &ReplicaHandle {
+        &self.handle
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+fn raft_config(config: &ReplicaConfig) -> Result<openraft::Config, StartError> {
+    openraft::Config {
+        cluster_name: "ctrlog".into(),
+        heartbeat_interval: config.heartbeat_interval_ms,
+        election_timeout_min: config.election_timeout_min_ms,
+        election_timeout_max: config.election_timeout_max_ms,
+        // A chunk is applied with an fsync of sled on the receiver; give it time.
+        install_snapshot_timeout: 10_000,
+        max_payload_entries: RAFT_PAYLOAD_ENTRIES_MAX,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_logs_since_last),
+        max_in_snapshot_log_to_keep: config.snapshot_logs_to_keep,
+        ..Default::default()
+    }
+    .validate()
+    .map_err(|e| StartError::Raft(e.to_string()))
+}
+
+impl Replica {
+    /// Opens storage, binds both ports and starts Raft. Initialises the cluster when this is
+    /// the lowest initial member and its log is empty (never on a restart).
+    pub async fn start(config: ReplicaConfig) -> Result<Replica, StartError> {
+        config.validate()?;
+        let meta = Arc::new(MetaStore::open(&config.data_dir.join("meta"))?);
+        let log = LogStore::open(&config.data_dir.join("log"), meta.clone())?;
+        let state_machine = StateMachineStore::open(meta, log.clone())?;
+        let raft = Raft::new(
+            config.id,
+            Arc::new(raft_config(&config)?),
+            PeerNetwork,
+            log.clone(),
+            state_machine.clone(),
+        )
+        .await
+        .map_err(|e| StartError::Raft(e.to_string()))?;
+
+        let peer_listener = bind_peers(config.peer_addr).await?;
+        let client_listener = bind_clients(config.client_addr, config.client_frame_bytes_max).await?;
+        let (peer_addr, client_addr) = (peer_listener.local_addr(), client_listener.local_addr());
+        let handle = ReplicaHandle {
+            inner: Arc::new(Inner {
+                id: config.id,
+                raft: raft.clone(),
+                log,
+                state_machine,
+                proposer: Proposer::start(raft.clone()),
+                peer_addr,
+                client_addr,
+                command_bytes_max: config.command_bytes_max,
+            }),
+        };
+        let replica = Replica {
+            tasks: vec![
+                tokio::spawn(serve_peers(peer_listener, raft.clone())),
+                tokio::spawn(serve_clients(
+                    client_listener,
+                    handle.clone(),
+                    config.client_requests_in_flight_max,
+                )),
+            ],
+            handle,
+        };
+        tracing::info!(id = config.id, %peer_addr, %client_addr, "replica started");
+
+        let lowest = config.initial_members.keys().next().copied();
+        let initialized = raft
+            .is_initialized()
+            .await
+            .map_err(|e| StartError::Raft(e.to_string()))?;
+        if lowest == Some(config.id) && !initialized {
+            replica.initialize(config.initial_members.clone()).await?;
+        }
+        Ok(replica)
+    }
+
+    /// Stops Raft and the listeners. Storage is closed once the last handle is gone.
+    pub async fn shutdown(mut self) {
+        for task in self.tasks.drain(..) {
+            task.abort();
+            let _ = task.await;
+        }
+        if let Err(error) = self.handle.inner.raft.shutdown().await {
+            tracing::warn!(%error, "raft did not shut down cleanly");
+        }
+    }
+}
+
+/// Maps a failed Raft write (append, membership change) to what the caller can act on.
+fn write_error(error: RaftError<NodeId, ClientWriteError<NodeId, Member>>) -> ApiError {
+    match error {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => ApiError::NotLeader {
+            leader_id: forward.leader_id,
+            leader_client_addr: forward.leader_node.map(|m| m.client_addr),
+        },
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => ApiError::Rejected(e.to_string()),
+        RaftError::Fatal(e) => ApiError::Unavailable(e.to_string()),
+    }
+}
+
+impl ReplicaHandle {
+    pub fn id(&self) -> NodeId {
+        self.inner.id
+    }
+
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.inner.peer_addr
+    }
+
+    pub fn client_addr(&self) -> SocketAddr {
+        self.inner.client_addr
+    }
+
+    /// This replica's address pair as stored in the membership.
+    pub fn member(&self) -> Member {
+        Member {
+            peer_addr: self.inner.peer_addr.to_string(),
+            client_addr: self.inner.client_addr.to_string(),
+        }
+    }
+
+    /// The underlying Raft handle, for tests and tools that wait on its metrics.
+    pub fn raft(&self) -> &Raft {
+        &self.inner.raft
+    }
+
+    pub fn metrics(&self) -> RaftMetrics {
+        self.inner.raft.metrics().borrow().clone()
+    }
+
+    /// Initialises a new cluster with these members. Refused if this replica already has state.
+    pub async fn initialize(&self, members: BTreeMap<NodeId, Member>) -> Result<(), StartError> {
+        match self.inner.raft.initialize(members).await {
+            Ok(()) => Ok(()),
+            Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => Ok(()),
+            Err(e) => Err(StartError::Raft(e.to_string())),
+        }
+    }
+
+    /// Appends one command through the proposer; answered once committed and applied.
+    pub async fn append(&self, proposal: Proposal) -> AppendResult {
+        let size = proposal.frame.body.len();
+        if size > self.inner.command_bytes_max {
+            return Err(ApiError::TooLarge {
+                size: size as u64,
+                limit: self.inner.command_bytes_max as u64,
+            });
+        }
+        debug_assert!(self.inner.command_bytes_max <= BATCH_BYTES_MAX * 16);
+        self.inner.proposer.propose(proposal).await
+    }
+
+    /// Reads committed entries starting at `request.from` from the Raft log itself.
+    pub fn fetch(&self, request: &FetchRequest) -> Result<FetchResponse, ApiError> {
+        let (applied_offset, snapshot_offset, spans) = self.inner.state_machine.read(|state| {
+            let applied = state.job.last_offset();
+            let from_span = state
+                .offset_index
+                .range(..=request.from)
+                .next_back()
+                .map(|(first, _)| *first)
+                .unwrap_or(request.from);
+            let spans: Vec<_> = state
+                .offset_index
+                .range(from_span..)
+                .take(request.entries_max.max(1) as usize)
+                .map(|(first, span)| (*first, span.clone()))
+                .collect();
+            (applied, self.inner.state_machine.snapshot_offset(), spans)
+        });
+        let empty = |next_offset| FetchResponse {
+            entries: Vec::new(),
+            next_offset,
+            applied_offset,
+        };
+        if request.from > applied_offset {
+            return Ok(empty(request.from));
+        }
+        let compacted = ApiError::Compacted {
+            first_offset: spans.first().map_or(applied_offset + 1, |(first, _)| *first),
+            snapshot_offset,
+        };
+        match spans.first() {
+            Some((first, _)) if *first <= request.from => {}
+            _ => return Err(compacted),
+        }
+        let mut entries = Vec::new();
+        let mut bytes = 0usize;
+        'spans: for (first_offset, span) in spans {
+            let Some(raft_entry) = self
+                .inner
+                .log
+                .entry(span.log_index)
+                .map_err(|e| ApiError::Unavailable(e.to_string()))?
+            else {
+                if entries.is_empty() {
+                    return Err(compacted);
+                }
+                break;
+            };
+            for entry in expand_entry(first_offset, &span, &raft_entry) {
+                if entry.offset < request.from {
+                    continue;
+                }
+                if entry.offset > applied_offset
+                    || entries.len() >= request.entries_max as usize
+                    || (!entries.is_empty() && bytes + entry.frame.body.len() > request.bytes_max as usize)
+                {
+                    break 'spans;
+                }
+                bytes += entry.frame.body.len();
+                entries.push(entry);
+            }
+        }
+        let next_offset = entries.last().map_or(request.from, |e| e.offset + 1);
+        Ok(FetchResponse {
+            entries,
+            next_offset,
+            applied_offset,
+        })
+    }
+
+    /// This replica's view of the cluster.
+    pub fn status(&self) -> Status {
+        let metrics = self.metrics();
+        let membership = metrics.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let role = match metrics.state {
+            ServerState::Leader => "Leader",
+            ServerState::Follower => "Follower",
+            ServerState::Candidate => "Candidate",
+            ServerState::Learner => "Learner",
+            ServerState::Shutdown => "Shutdown",
+        };
+        Status {
+            id: self.inner.id,
+            role: role.to_string(),
+            term: metrics.current_term,
+            leader_id: metrics.current_leader,
+            members: membership
+                .nodes()
+                .map(|(id, member)| MemberStatus {
+                    id: *id,
+                    member: member.clone(),
+                    voter: voters.contains(id),
+                })
+                .collect(),
+            last_log_index: metrics.last_log_index,
+            applied_index: metrics.last_applied.map(|l| l.index),
+            applied_offset: self.applied_offset(),
+            snapshot_index: metrics.snapshot.map(|l| l.index),
+            purged_index: metrics.purged.map(|l| l.index),
+        }
+    }
+
+    /// Watches the applied position (log index and offset).
+    pub fn applied(&self) -> tokio::sync::watch::Receiver<super::state_machine::Applied> {
+        self.inner.state_machine.applied()
+    }
+
+    /// The last offset applied on this replica.
+    pub fn applied_offset(&self) -> Offset {
+        self.inner.state_machine.read(|s| s.job.last_offset())
+    }
+
+    /// Adds a replica as a learner, waits until it has caught up, then promotes it to voter.
+    pub async fn add_member(&self, id: NodeId, member: Member) -> Result<(), ApiError> {
+        let raft = &self.inner.raft;
+        raft.add_learner(id, member, true)
+            .await
+            .map_err(write_error)?;
+        let mut metrics = raft.metrics();
+        let deadline = tokio::time::Instant::now() + MEMBER_CATCH_UP_TIMEOUT;
+        loop {
+            let caught_up = {
+                let m = metrics.borrow_and_update();
+                let matched = m
+                    .replication
+                    .as_ref()
+                    .and_then(|r| r.get(&id).copied().flatten())
+                    .map(|l| l.index);
+                match (matched, m.last_log_index) {
+                    (Some(matched), Some(last)) => matched + MEMBER_CATCH_UP_ENTRIES_MAX >= last,
+                    _ => false,
+                }
+            };
+            if caught_up {
+                break;
+            }
+            match tokio::time::timeout_at(deadline, metrics.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(ApiError::ShuttingDown),
+                Err(_) => {
+                    return Err(ApiError::Unavailable(format!(
+                        "learner {id} did not catch up within {MEMBER_CATCH_UP_TIMEOUT:?}; it stays a learner"
+                    )))
+                }
+            }
+        }
+        let mut voters: BTreeSet<NodeId> = self.metrics().membership_config.membership().voter_ids().collect();
+        voters.insert(id);
+        raft.change_membership(voters, false)
+            .await
+            .map_err(write_error)?;
+        tracing::info!(member = id, "promoted to voter");
+        Ok(())
+    }
+
+    /// Removes a replica (voter or learner) from the cluster.
+    pub async fn remove_member(&self, id: NodeId) -> Result<(), ApiError> {
+        let membership = self.metrics().membership_config.membership().clone();
+        let mut voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        if !voters.remove(&id) && membership.get_node(&id).is_none() {
+            return Err(ApiError::Rejected(format!("{id} is not a member")));
+        }
+        if voters.is_empty() {
+            return Err(ApiError::Rejected("cannot remove the last voter".into()));
+        }
+        self.inner
+            .raft
+            .change_membership(voters, false)
+            .await
+            .map_err(write_error)?;
+        tracing::info!(member = id, "removed");
+        Ok(())
+    }
+
+    /// Forces a snapshot now (and the purge that follows it).
+    pub async fn snapshot_now(&self) -> Result<(), ApiError> {
+        self.inner
+            .raft
+            .trigger()
+            .snapshot()
+            .await
+            .map_err(|e| ApiError::Unavailable(e.to_string()))
+    }
+
+    /// Bytes this replica's log and metadata take on disk.
+    pub fn log_disk_bytes(&self) -> u64 {
+        self.inner.log.disk_bytes()
+    }
+}
+
+/// Runs one replica until `shutdown` resolves: what `ctrlog serve` does.
+pub async fn serve(config: ReplicaConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), StartError> {
+    let replica = Replica::start(config).await?;
+    shutdown.await;
+    tracing::info!(id = replica.id(), "shutting down");
+    replica.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,396 @@
+//! openraft's `RaftStateMachine`: applies committed batches to [`JobState`], keeps the index
+//! from offset to Raft entry, and builds, stores, installs and restores snapshots in sled.
+//!
+//! Snapshots are stored in sled in chunks of [`VALUE_BYTES_MAX`] (below sled's unsynced-blob
+//! threshold, see `meta_store`) under a fresh id; the pointer to the current snapshot is
+//! switched and made durable only after every chunk is, and the previous snapshot's chunks are
+//! deleted after that. A crash at any point leaves either the old or the new snapshot whole.
+//!
+//! The state machine itself is in memory. It is rebuilt at start from the current snapshot and
+//! then openraft re-applies the retained log up to the committed index.
+
+use std::collections::BTreeMap;
+use std::io::{self, Cursor};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use openraft::storage::RaftStateMachine;
+use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::log_store::LogStore;
+use super::meta_store::{MetaStore, VALUE_BYTES_MAX};
+use super::types::{
+    Entry, LogId, Snapshot, SnapshotMeta, StorageError, StorageIOError, StoredMembership,
+    TypeConfig,
+};
+use crate::jobs::{JobState, Outcome};
+use crate::log::{decode, encode, Batch, LogEntry, Offset};
+
+const SNAPSHOT_TREE: &str = "snapshot";
+const CURRENT_KEY: &[u8] = b"current";
+
+/// A snapshot larger than this is refused on decode: a corrupt length must not allocate
+/// without bound. JobState for a very large job is tens of MiB.
+pub const SNAPSHOT_BYTES_MAX: u64 = 1 << 30;
+
+/// Where the commands of one Raft entry sit in the offset space.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntrySpan {
+    pub log_index: u64,
+    /// Positions in the batch of proposals that were duplicates and took no offset. Almost
+    /// always empty.
+    pub duplicates: Vec<u32>,
+}
+
+/// Everything the state machine holds; also exactly what a snapshot contains.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct MachineState {
+    pub last_applied: Option<LogId>,
+    pub last_membership: StoredMembership,
+    pub job: JobState,
+    /// First offset of each retained entry that carries commands → its Raft entry. Lets a
+    /// fetch from any offset find its entry without a second copy of the log.
+    pub offset_index: BTreeMap<Offset, EntrySpan>,
+}
+
+impl MachineState {
+    fn apply(&mut self, entry: &Entry) -> Vec<Outcome> {
+        self.last_applied = Some(entry.log_id);
+        match &entry.payload {
+            EntryPayload::Blank => Vec::new(),
+            EntryPayload::Membership(membership) => {
+                self.last_membership = StoredMembership::new(Some(entry.log_id), membership.clone());
+                Vec::new()
+            }
+            EntryPayload::Normal(batch) => {
+                let first_offset = self.job.next_offset();
+                let outcomes = self.job.apply_batch(entry.log_id.leader_id.term, batch, |_| {});
+                let duplicates: Vec<u32> = outcomes
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, o)| matches!(o, Outcome::Duplicate { .. }))
+                    .map(|(i, _)| i as u32)
+                    .collect();
+                if self.job.next_offset() > first_offset {
+                    self.offset_index.insert(
+                        first_offset,
+                        EntrySpan {
+                            log_index: entry.log_id.index,
+                            duplicates,
+                        },
+                    );
+                }
+                outcomes
+            }
+        }
+    }
+}
+
+/// Expands one applied entry back into the log entries it produced, given its span.
+pub fn expand_entry(first_offset: Offset, span: &EntrySpan, entry: &Entry) -> Vec<LogEntry> {
+    let EntryPayload::Normal(Batch {
+        appended_at_ms,
+        proposals,
+    }) = &entry.payload
+    else {
+        return Vec::new();
+    };
+    let mut offset = first_offset;
+    let mut out = Vec::with_capacity(proposals.len());
+    for (position, proposal) in proposals.iter().enumerate() {
+        if span.duplicates.contains(&(position as u32)) {
+            continue;
+        }
+        out.push(LogEntry {
+            offset,
+            term: entry.log_id.leader_id.term,
+            appended_at_ms: *appended_at_ms,
+            producer: proposal.producer,
+            frame: proposal.frame.clone(),
+        });
+        offset += 1;
+    }
+    out
+}
+
+/// The state machine's position after an apply: what long-polling readers wait on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    pub log_index: Option<u64>,
+    pub last_offset: Offset,
+}
+
+/// The pointer to the current snapshot, stored under [`CURRENT_KEY`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct StoredSnapshotHeader {
+    meta: SnapshotMeta,
+    /// Chunks live under this id, so a new snapshot never overwrites the current one.
+    storage_id: u64,
+    chunks: u32,
+    bytes: u64,
+    crc: u32,
+}
+
+struct Shared {
+    state: RwLock<MachineState>,
+    meta: Arc<MetaStore>,
+    log: LogStore,
+    applied: watch::Sender<Applied>,
+    next_storage_id: AtomicU64,
+    /// The last offset the current snapshot covers, for `Compacted` answers.
+    snapshot_offset: AtomicU64,
+    /// Serialises snapshot writes (a build and an install must not interleave).
+    snapshot_lock: tokio::sync::Mutex<()>,
+}
+
+/// The state machine store. Clones share one state machine.
+#[derive(Clone)]
+pub struct StateMachineStore {
+    shared: Arc<Shared>,
+}
+
+fn snapshot_read_err(e: impl std::error::Error + 'static) -> StorageError {
+    StorageIOError::read_snapshot(None, &e).into()
+}
+
+fn snapshot_write_err(e: impl std::error::Error + 'static) -> StorageError {
+    StorageIOError::write_snapshot(None, &e).into()
+}
+
+fn chunk_key(storage_id: u64, chunk: u32) -> [u8; 12] {
+    let mut key = [0u8; 12];
+    key[..8].copy_from_slice(&storage_id.to_be_bytes());
+    key[8..].copy_from_slice(&chunk.to_be_bytes());
+    key
+}
+
+impl StateMachineStore {
+    /// Opens the state machine, restoring it from the current snapshot if there is one.
+    pub fn open(meta: Arc<MetaStore>, log: LogStore) -> io::Result<StateMachineStore> {
+        let tree = meta.tree(SNAPSHOT_TREE)?;
+        let (state, next_storage_id) = match read_header(&tree)? {
+            Some(header) => {
+                let bytes = read_chunks(&tree, &header)?;
+                let state: MachineState =
+                    decode(&bytes, SNAPSHOT_BYTES_MAX).map_err(io::Error::other)?;
+                (state, header.storage_id + 1)
+            }
+            None => (MachineState::default(), 1),
+        };
+        let snapshot_offset = state.job.last_offset();
+        let applied = Applied {
+            log_index: state.last_applied.map(|l| l.index),
+            last_offset: state.job.last_offset(),
+        };
+        Ok(StateMachineStore {
+            shared: Arc::new(Shared {
+                state: RwLock::new(state),
+                meta,
+                log,
+                applied: watch::Sender::new(applied),
+                next_storage_id: AtomicU64::new(next_storage_id),
+                snapshot_offset: AtomicU64::new(snapshot_offset),
+                snapshot_lock: tokio::sync::Mutex::new(()),
+            }),
+        })
+    }
+
+    /// Runs `f` with read access to the state.
+    pub fn read<T>(&self, f: impl FnOnce(&MachineState) -> T) -> T {
+        f(&self.shared.state.read().expect("state lock poisoned"))
+    }
+
+    /// The last offset the current snapshot covers (0 without a snapshot).
+    pub fn snapshot_offset(&self) -> Offset {
+        self.shared.snapshot_offset.load(Ordering::Acquire)
+    }
+
+    /// Watches the applied position; changes after every applied batch of entries.
+    pub fn applied(&self) -> watch::Receiver<Applied> {
+        self.shared.applied.subscribe()
+    }
+
+    /// Persists `bytes` as the current snapshot with `meta`, durably, replacing the previous one.
+    async fn store_snapshot(&self, meta: &SnapshotMeta, bytes: &[u8]) -> io::Result<()> {
+        let _guard = self.shared.snapshot_lock.lock().await;
+        let tree = self.shared.meta.tree(SNAPSHOT_TREE)?;
+        let storage_id = self.shared.next_storage_id.fetch_add(1, Ordering::Relaxed);
+        let previous = read_header(&tree)?;
+        let mut chunks = 0u32;
+        for chunk in bytes.chunks(VALUE_BYTES_MAX) {
+            tree.insert(chunk_key(storage_id, chunks), chunk)
+                .map_err(io::Error::other)?;
+            chunks += 1;
+        }
+        let header = StoredSnapshotHeader {
+            meta: meta.clone(),
+            storage_id,
+            chunks,
+            bytes: bytes.len() as u64,
+            crc: crc32fast::hash(bytes),
+        };
+        // Chunks first, then the pointer: both durable before the old chunks go.
+        self.shared.meta.sync()?;
+        tree.insert(CURRENT_KEY, encode(&header))
+            .map_err(io::Error::other)?;
+        self.shared.meta.sync()?;
+        if let Some(previous) = previous {
+            for chunk in 0..previous.chunks {
+                tree.remove(chunk_key(previous.storage_id, chunk))
+                    .map_err(io::Error::other)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets the spans of purged entries; they can no longer be read anyway.
+    fn prune_offset_index(state: &mut MachineState, first_log_index: u64) {
+        while let Some(entry) = state.offset_index.first_entry() {
+            if entry.get().log_index >= first_log_index {
+                break;
+            }
+            entry.remove();
+        }
+    }
+}
+
+fn read_header(tree: &sled::Tree) -> io::Result<Option<StoredSnapshotHeader>> {
+    match tree.get(CURRENT_KEY).map_err(io::Error::other)? {
+        Some(bytes) => Ok(Some(decode(&bytes, 1 << 20).map_err(io::Error::other)?)),
+        None => Ok(None),
+    }
+}
+
+fn read_chunks(tree: &sled::Tree, header: &StoredSnapshotHeader) -> io::Result<Vec<u8>> {
+    let mut bytes = Vec::with_capacity(header.bytes as usize);
+    for chunk in 0..header.chunks {
+        let value = tree
+            .get(chunk_key(header.storage_id, chunk))
+            .map_err(io::Error::other)?
+            .ok_or_else(|| io::Error::other(format!("snapshot chunk {chunk} is missing")))?;
+        bytes.extend_from_slice(&value);
+    }
+    if bytes.len() as u64 != header.bytes || crc32fast::hash(&bytes) != header.crc {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "stored snapshot fails its length or checksum",
+        ));
+    }
+    Ok(bytes)
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
+        let (bytes, meta, offset) = {
+            let state = self.shared.state.read().expect("state lock poisoned");
+            let meta = SnapshotMeta {
+                last_log_id: state.last_applied,
+                last_membership: state.last_membership.clone(),
+                snapshot_id: format!(
+                    "{}-{}",
+                    state.last_applied.map_or(0, |l| l.index),
+                    self.shared.next_storage_id.load(Ordering::Relaxed)
+                ),
+            };
+            (encode(&*state), meta, state.job.last_offset())
+        };
+        let started = std::time::Instant::now();
+        self.store_snapshot(&meta, &bytes)
+            .await
+            .map_err(snapshot_write_err)?;
+        self.shared.snapshot_offset.store(offset, Ordering::Release);
+        tracing::info!(
+            snapshot = %meta.snapshot_id,
+            bytes = bytes.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "snapshot built"
+        );
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = StateMachineStore;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let state = self.shared.state.read().expect("state lock poisoned");
+        Ok((state.last_applied, state.last_membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<Outcome>>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let first_log_index = self.shared.log.first_index();
+        let mut state = self.shared.state.write().expect("state lock poisoned");
+        let replies: Vec<Vec<Outcome>> = entries.into_iter().map(|e| state.apply(&e)).collect();
+        Self::prune_offset_index(&mut state, first_log_index);
+        let applied = Applied {
+            log_index: state.last_applied.map(|l| l.index),
+            last_offset: state.job.last_offset(),
+        };
+        drop(state);
+        self.shared.applied.send_replace(applied);
+        Ok(replies)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let bytes = snapshot.into_inner();
+        // Check before writing: a snapshot that does not decode is never stored.
+        let new_state: MachineState = decode(&bytes, SNAPSHOT_BYTES_MAX).map_err(snapshot_read_err)?;
+        if new_state.last_applied != meta.last_log_id {
+            return Err(snapshot_read_err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "snapshot content does not match its metadata",
+            )));
+        }
+        self.store_snapshot(meta, &bytes)
+            .await
+            .map_err(snapshot_write_err)?;
+        let applied = Applied {
+            log_index: new_state.last_applied.map(|l| l.index),
+            last_offset: new_state.job.last_offset(),
+        };
+        self.shared
+            .snapshot_offset
+            .store(new_state.job.last_offset(), Ordering::Release);
+        *self.shared.state.write().expect("state lock poisoned") = new_state;
+        self.shared.applied.send_replace(applied);
+        tracing::info!(snapshot = %meta.snapshot_id, bytes = bytes.len(), "snapshot installed");
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
+        let tree = self
+            .shared
+            .meta
+            .tree(SNAPSHOT_TREE)
+            .map_err(snapshot_read_err)?;
+        let Some(header) = read_header(&tree).map_err(snapshot_read_err)? else {
+            return Ok(None);
+        };
+        let bytes = read_chunks(&tree, &header).map_err(snapshot_read_err)?;
+        Ok(Some(Snapshot {
+            meta: header.meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        }))
+    }
+}
