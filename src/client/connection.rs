@@ -168,13 +168,19 @@ impl ControlClient {
     /// original offset instead of appending twice.
     pub async fn append(&self, command: Command) -> Result<Outcome, ClientError> {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        let proposal = Proposal {
+        self.append_proposal(Proposal {
             producer: Some(ProducerSeq {
                 producer: self.producer,
                 seq,
             }),
             frame: command.into_frame(),
-        };
+        })
+        .await
+    }
+
+    /// Appends a proposal exactly as given, with the caller's own `(producer, seq)` if any.
+    /// Retries are idempotent only if the proposal carries a producer pair.
+    pub async fn append_proposal(&self, proposal: Proposal) -> Result<Outcome, ClientError> {
         self.with_retries(true, |rpc, ctx| {
             let proposal = proposal.clone();
             async move { rpc.append(ctx, proposal).await }

@@ -76,11 +76,7 @@ impl LogStore {
             None => None,
         };
         let wal = Wal::open(dir, last_purged.map(|l| l.index), segment_bytes_max)?;
-        let last_log_id = if wal.is_empty() {
-            last_purged
-        } else {
-            Some(decode_entry(&wal, wal.next_index() - 1)?.log_id)
-        };
+        let last_log_id = last_log_id(&wal, last_purged)?;
         let first_index = wal.first_index();
         Ok(LogStore {
             shared: Arc::new(Shared {
@@ -107,11 +103,7 @@ impl LogStore {
 
     /// Reads one entry, or `None` if it is purged or not yet written.
     pub fn entry(&self, index: u64) -> io::Result<Option<Entry>> {
-        let state = self.lock();
-        if index < state.wal.first_index() || index >= state.wal.next_index() {
-            return Ok(None);
-        }
-        decode_entry(&state.wal, index).map(Some)
+        read_entry(&self.lock().wal, index)
     }
 
     /// Bytes the log takes on disk.
@@ -120,10 +112,11 @@ impl LogStore {
     }
 }
 
-fn decode_entry(wal: &Wal, index: u64) -> io::Result<Entry> {
-    let bytes = wal
-        .read(index)?
-        .ok_or_else(|| io::Error::other(format!("entry {index} vanished")))?;
+/// Reads and checks one entry; `None` if the index holds nothing.
+fn read_entry(wal: &Wal, index: u64) -> io::Result<Option<Entry>> {
+    let Some(bytes) = wal.read(index)? else {
+        return Ok(None);
+    };
     let entry: Entry = decode(&bytes, RECORD_BYTES_MAX as u64)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("entry {index}: {e}")))?;
     if entry.log_id.index != index {
@@ -132,7 +125,17 @@ fn decode_entry(wal: &Wal, index: u64) -> io::Result<Entry> {
             format!("record {index} holds entry {}", entry.log_id.index),
         ));
     }
-    Ok(entry)
+    Ok(Some(entry))
+}
+
+/// The id of the last entry present, or the purge point when none is.
+fn last_log_id(wal: &Wal, last_purged: Option<LogId>) -> io::Result<Option<LogId>> {
+    if wal.is_empty() {
+        return Ok(last_purged);
+    }
+    let last = wal.next_index() - 1;
+    let entry = read_entry(wal, last)?.ok_or_else(|| io::Error::other(format!("entry {last} vanished")))?;
+    Ok(Some(entry.log_id))
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -154,7 +157,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         }
         .min(state.wal.next_index());
         (start..end)
-            .map(|index| decode_entry(&state.wal, index).map_err(read_err))
+            .filter_map(|index| read_entry(&state.wal, index).map_err(read_err).transpose())
             .collect()
     }
 }
@@ -235,11 +238,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
         let mut state = self.lock();
         state.wal.truncate_from(log_id.index).map_err(write_err)?;
-        state.last_log_id = if state.wal.is_empty() {
-            state.last_purged
-        } else {
-            Some(decode_entry(&state.wal, state.wal.next_index() - 1).map_err(read_err)?.log_id)
-        };
+        state.last_log_id = last_log_id(&state.wal, state.last_purged).map_err(read_err)?;
         Ok(())
     }
 

@@ -179,6 +179,13 @@ fn write_error(error: RaftError<NodeId, ClientWriteError<NodeId, Member>>) -> Ap
     }
 }
 
+impl Replica {
+    /// A handle that outlives this borrow (it does not keep the listeners alive).
+    pub fn clone_handle(&self) -> ReplicaHandle {
+        self.handle.clone()
+    }
+}
+
 impl ReplicaHandle {
     pub fn id(&self) -> NodeId {
         self.inner.id

@@ -171,14 +171,19 @@ impl Wal {
         wal.drop_purged_segments()?;
         let mut expected = None;
         for segment in wal.segments.values() {
-            if expected.is_some_and(|e| e != segment.first_index) {
+            if expected.is_some_and(|e| segment.first_index < e) {
                 return Err(corrupt(format!(
-                    "segment {} does not follow the previous one, which ends before {}",
+                    "segment {} overlaps the previous one, which ends before {}",
                     segment.first_index,
                     expected.unwrap_or_default()
                 )));
             }
             expected = Some(segment.end_index());
+        }
+        if let Some(oldest) = wal.segments.keys().next() {
+            // The log may start later than the purge point says (it began empty at a later
+            // index), never earlier.
+            wal.first_index = wal.first_index.max(*oldest);
         }
         if wal.next_index() < first_index || wal.segments.is_empty() {
             // Everything on disk is purged (or nothing is there): start a fresh segment where
@@ -245,11 +250,19 @@ impl Wal {
     /// written but not yet durable: `fdatasync` [`Wal::active_file`] before acknowledging.
     pub fn append(&mut self, first: u64, payloads: &[Vec<u8>]) -> io::Result<()> {
         let expected = self.next_index();
-        if first != expected {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("append at {first} would leave a hole: the log continues at {expected}"),
-            ));
+        if first < expected {
+            // Raft's log matching: an append at `first` replaces everything from there on.
+            self.truncate_from(first)?;
+        } else if first > expected {
+            if self.is_empty() {
+                // Nothing is present, so nothing is skipped: the log simply starts later.
+                self.reset_at(first)?;
+            } else {
+                // openraft never asks for this (its storage suite does). Keep the records
+                // apart in a segment of their own, so that every segment stays contiguous.
+                tracing::warn!(first, expected, "append leaves a hole in the log");
+                self.rotate_to(first)?;
+            }
         }
         let mut buffer = Vec::new();
         let mut pending = Vec::new();
@@ -291,10 +304,14 @@ impl Wal {
 
     /// Seals the active segment durably and starts the next one.
     fn rotate(&mut self) -> io::Result<()> {
-        let active = self.active();
-        active.file.sync_data()?;
-        let next = active.end_index();
-        self.create_segment(next)
+        let next = self.active().end_index();
+        self.rotate_to(next)
+    }
+
+    /// Seals the active segment durably and starts one at `first_index`.
+    fn rotate_to(&mut self, first_index: u64) -> io::Result<()> {
+        self.active().file.sync_data()?;
+        self.create_segment(first_index)
     }
 
     /// Reads the payload at `index`, verifying its checksum again (what was written is checked
@@ -308,7 +325,9 @@ impl Wal {
             .range(..=index)
             .next_back()
             .expect("an unpurged index lies in some segment");
-        let record = segment.records[(index - segment.first_index) as usize];
+        let Some(&record) = segment.records.get((index - segment.first_index) as usize) else {
+            return Ok(None); // a hole between segments
+        };
         let mut bytes = vec![0u8; RECORD_HEADER_BYTES + record.len as usize];
         segment.file.read_exact_at(&mut bytes, record.pos)?;
         let crc = u32::from_le_bytes(bytes[4..8].try_into().unwrap());
@@ -392,7 +411,7 @@ impl Wal {
             std::fs::remove_file(segment_path(&self.dir, first))?;
         }
         sync_dir(&self.dir)?;
-        self.first_index = self.first_index.max(first_index);
+        self.first_index = first_index;
         Ok(())
     }
 
@@ -436,11 +455,14 @@ mod tests {
     }
 
     #[test]
-    fn append_that_leaves_a_hole_is_refused() {
+    fn append_below_the_end_replaces_the_tail() {
         let dir = tempfile::tempdir().unwrap();
         let mut wal = Wal::open(dir.path(), None, 1 << 20).unwrap();
-        fill(&mut wal, 0, 3);
-        assert!(wal.append(5, &[payload(5)]).is_err());
+        fill(&mut wal, 0, 5);
+        wal.append(3, &[b"new".to_vec()]).unwrap();
+        assert_eq!(wal.next_index(), 4);
+        assert_eq!(wal.read(3).unwrap(), Some(b"new".to_vec()));
+        assert_eq!(wal.read(4).unwrap(), None);
     }
 
     #[test]

@@ -1,0 +1,263 @@
+//! In-process clusters on real sockets (127.0.0.1:0) and real data directories.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use common::*;
+use ctrlog::client::{ApiError, ControlClient, FetchRequest};
+use ctrlog::jobs::Outcome;
+use ctrlog::log::{Command, ProducerSeq, Proposal};
+use ctrlog::raft::LocalCluster;
+
+/// Goal: three replicas elect exactly one leader and hold identical committed logs.
+/// Steps: start 3; wait for an agreed leader; append 200 commands concurrently; every replica
+/// applies all of them, with offsets 1..=200, and the three logs are equal entry for entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_elect_one_leader_and_hold_identical_logs() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let leaders: BTreeSet<_> = cluster
+        .running()
+        .filter(|r| r.metrics().state == openraft::ServerState::Leader)
+        .map(|r| r.id())
+        .collect();
+    assert_eq!(leaders, BTreeSet::from([leader]));
+
+    let mut offsets = append_many(&cluster, 1, 200).await;
+    offsets.sort_unstable();
+    assert_eq!(offsets, (1..=200).collect::<Vec<_>>(), "each command got its own offset");
+    cluster.wait_for_applied(200, WAIT).await.unwrap();
+    let logs: Vec<_> = cluster.running().map(|r| read_all(r)).collect();
+    assert_eq!(logs[0].len(), 200);
+    assert_contiguous(&logs[0]);
+    assert_eq!(logs[0], logs[1]);
+    assert_eq!(logs[0], logs[2]);
+    cluster.shutdown().await;
+}
+
+/// Goal: killing the leader loses no committed entry, and a client finds the new leader.
+/// Steps: append 50; stop the leader; a client that knows only one surviving follower appends
+/// 50 more (following `NotLeader` after the election); the survivors hold all 100 in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_new_leader_commits_without_losing_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let before = append_many(&cluster, 1, 50).await;
+    let old_leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let expected_before = read_all(cluster.replica(old_leader));
+    assert_eq!(expected_before.len(), 50);
+    cluster.stop(old_leader).await;
+
+    let survivor = cluster.running_ids()[0];
+    let client = ControlClient::connect(&[cluster.replica(survivor).client_addr().to_string()])
+        .await
+        .unwrap();
+    let mut after = Vec::new();
+    for i in 51..=100 {
+        match client.append(Command::custom(1, 1, format!("cmd-{i}").into_bytes())).await {
+            Ok(Outcome::Appended { offset }) => after.push(offset),
+            other => panic!("append {i}: {other:?}"),
+        }
+    }
+    assert_eq!(after, (51..=100).collect::<Vec<_>>());
+    assert!(before.iter().all(|o| *o <= 50));
+    let new_leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    assert_ne!(new_leader, old_leader);
+    cluster.wait_for_applied(100, WAIT).await.unwrap();
+    for replica in cluster.running() {
+        let log = read_all(replica);
+        assert_eq!(log.len(), 100);
+        assert_contiguous(&log);
+        assert_eq!(log[..50], expected_before[..], "replica {} changed history", replica.id());
+    }
+    cluster.shutdown().await;
+}
+
+/// Goal: a follower stopped and restarted on its own directory catches up.
+/// Steps: append 30; stop a follower; append 70 more; restart it; it applies all 100 and its
+/// log equals the leader's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_restarted_on_same_directory_catches_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    append_many(&cluster, 1, 30).await;
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let follower = *cluster.running_ids().iter().find(|id| **id != leader).unwrap();
+    cluster.wait_for_applied(30, WAIT).await.unwrap();
+    cluster.stop(follower).await;
+    append_many(&cluster, 31, 70).await;
+    cluster.restart(follower).await.unwrap();
+    cluster.wait_for_applied(100, WAIT).await.unwrap();
+    assert_eq!(read_all(cluster.replica(follower)), read_all(cluster.replica(leader)));
+    cluster.shutdown().await;
+}
+
+/// Goal: after snapshot and purge, a lagging replica catches up by snapshot install, and a
+/// fetch below the retained log gets an explicit `Compacted`.
+/// Steps: snapshot every 20 entries, keep 5; stop a follower; append 300 commands one at a
+/// time (300 entries) so the leader snapshots and purges; restart the follower: it installs
+/// the snapshot (its snapshot index jumps past what it had) and applies everything; fetching
+/// offset 1 is `Compacted`, fetching the retained tail works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lagging_replica_catches_up_by_snapshot_install_after_purge() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 3, |c| {
+        c.snapshot_logs_since_last = 20;
+        c.snapshot_logs_to_keep = 5;
+    })
+    .await
+    .unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let follower = *cluster.running_ids().iter().find(|id| **id != leader).unwrap();
+    cluster.stop(follower).await;
+    let handle = cluster.replica(leader).clone_handle();
+    for i in 1..=300 {
+        handle.append(command(i, 64)).await.unwrap();
+    }
+    cluster.wait_for_applied(300, WAIT).await.unwrap();
+    let purged = handle.metrics().purged.map(|l| l.index).unwrap_or(0);
+    assert!(purged > 100, "leader purged its log behind a snapshot (purged up to {purged})");
+
+    cluster.restart(follower).await.unwrap();
+    cluster.wait_for_applied(300, WAIT).await.unwrap();
+    let restarted = cluster.replica(follower).clone_handle();
+    let snapshot = restarted.metrics().snapshot.map(|l| l.index).unwrap_or(0);
+    assert!(snapshot > 100, "the follower installed a snapshot (at {snapshot})");
+    match restarted.fetch(&FetchRequest {
+        from: 1,
+        entries_max: 10,
+        bytes_max: 1 << 20,
+    }) {
+        Err(ApiError::Compacted {
+            first_offset,
+            snapshot_offset,
+        }) => {
+            assert!(first_offset > 1 && snapshot_offset >= first_offset - 1);
+            let tail = read_from(&restarted, first_offset);
+            assert_eq!(tail.last().map(|e| e.offset), Some(300));
+            assert_eq!(tail, read_from(&handle, first_offset));
+        }
+        other => panic!("expected Compacted, got {other:?}"),
+    }
+    cluster.shutdown().await;
+}
+
+/// Goal: stopping and restarting every replica keeps every committed entry.
+/// Steps: append 100; stop all three; restart all three on their directories; a leader is
+/// elected and every replica serves the same 100 entries; appends continue at offset 101.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_replicas_restarted_keep_every_committed_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 3, |c| c.snapshot_logs_since_last = 40)
+        .await
+        .unwrap();
+    append_many(&cluster, 1, 100).await;
+    cluster.wait_for_applied(100, WAIT).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let before = read_all(cluster.replica(leader));
+    for id in [1, 2, 3] {
+        cluster.stop(id).await;
+    }
+    for id in [1, 2, 3] {
+        cluster.restart(id).await.unwrap();
+    }
+    cluster.wait_for_applied(100, WAIT).await.unwrap();
+    for replica in cluster.running() {
+        assert_eq!(read_all(replica), before, "replica {}", replica.id());
+    }
+    let next = append_many(&cluster, 101, 1).await;
+    assert_eq!(next, vec![101]);
+    cluster.shutdown().await;
+}
+
+/// Goal: membership 3 → 4 → 3 with traffic flowing.
+/// Steps: a writer appends continuously; start replica 4 and add it (learner, then voter once
+/// caught up); remove replica 1 (a founding member, possibly the leader); the writer never
+/// fails for good; the final voters are {2, 3, 4}; replica 4 holds the same log as the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_grows_to_four_and_shrinks_to_three_under_traffic() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    let client = Arc::new(ControlClient::connect(&cluster.client_addrs()).await.unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let appended = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (client, stop, appended) = (client.clone(), stop.clone(), appended.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                client
+                    .append(Command::custom(1, 1, b"traffic".to_vec()))
+                    .await
+                    .expect("appends keep succeeding through membership changes");
+                appended.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+
+    let joining = cluster.start_new(4, |_| {}).await.unwrap().member();
+    client.add_member(4, joining).await.unwrap();
+    let voters = |cluster: &LocalCluster, id| -> BTreeSet<u64> {
+        cluster.replica(id).metrics().membership_config.membership().voter_ids().collect()
+    };
+    assert_eq!(voters(&cluster, 4), BTreeSet::from([1, 2, 3, 4]));
+    client.remove_member(1).await.unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while voters(&cluster, 4) != BTreeSet::from([2, 3, 4]) {
+        assert!(tokio::time::Instant::now() < deadline, "replica 4 never saw the removal");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    cluster.stop(1).await;
+    // Traffic still commits on the three remaining voters.
+    let mark = appended.load(Ordering::Relaxed);
+    while appended.load(Ordering::Relaxed) < mark + 20 {
+        assert!(tokio::time::Instant::now() < deadline, "no progress after removing replica 1");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.await.unwrap();
+    let total = appended.load(Ordering::Relaxed);
+    cluster.wait_for_applied(total, WAIT).await.unwrap();
+    let reference = read_all(cluster.replica(2));
+    assert_eq!(reference.len() as u64, total);
+    assert_eq!(read_all(cluster.replica(4)), reference);
+    cluster.shutdown().await;
+}
+
+/// Goal: bad appends get typed errors and change nothing; idempotent retries do not append twice.
+/// Steps: a command over the limit gets `TooLarge`; a proposal retried with the same
+/// `(producer, seq)` returns the original offset; only one entry exists for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_commands_are_refused_and_retries_are_idempotent() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 3, |c| c.command_bytes_max = 1024)
+        .await
+        .unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    let client = ControlClient::connect(&cluster.client_addrs()).await.unwrap();
+    let error = client
+        .append(Command::custom(1, 1, vec![0; 2048]))
+        .await
+        .expect_err("over the limit");
+    assert!(
+        matches!(error, ctrlog::client::ClientError::Api(ApiError::TooLarge { size: 2048, limit: 1024 })),
+        "{error:?}"
+    );
+    let proposal = Proposal {
+        producer: Some(ProducerSeq { producer: 77, seq: 1 }),
+        frame: Command::custom(1, 1, b"once".to_vec()).into_frame(),
+    };
+    let first = client.append_proposal(proposal.clone()).await.unwrap();
+    let retry = client.append_proposal(proposal).await.unwrap();
+    assert_eq!(first, Outcome::Appended { offset: 1 });
+    assert_eq!(retry, Outcome::Duplicate { offset: Some(1) });
+    cluster.wait_for_applied(1, WAIT).await.unwrap();
+    for replica in cluster.running() {
+        assert_eq!(read_all(replica).len(), 1);
+    }
+    cluster.shutdown().await;
+}

@@ -1,0 +1,73 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use ctrlog::client::FetchRequest;
+use ctrlog::jobs::Outcome;
+use ctrlog::log::{Command, LogEntry, Proposal};
+use ctrlog::raft::{LocalCluster, ReplicaHandle};
+
+/// Generous: CI machines are shared and slow, and a deadline only bounds a failure.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+pub fn command(i: u64, size: usize) -> Proposal {
+    let mut body = format!("cmd-{i}:").into_bytes();
+    body.resize(size.max(body.len()), b'x');
+    Proposal {
+        producer: None,
+        frame: Command::custom(1, 1, body).into_frame(),
+    }
+}
+
+/// Appends `count` commands numbered from `from` on the current leader, concurrently, and
+/// returns the offsets they were acknowledged at, in numbering order.
+pub async fn append_many(cluster: &LocalCluster, from: u64, count: u64) -> Vec<u64> {
+    let leader = cluster.wait_for_leader(WAIT).await.expect("leader");
+    let handle = cluster.replica(leader).clone_handle();
+    let tasks: Vec<_> = (from..from + count)
+        .map(|i| {
+            let handle = handle.clone();
+            tokio::spawn(async move { handle.append(command(i, 32)).await })
+        })
+        .collect();
+    let mut offsets = Vec::new();
+    for task in tasks {
+        match task.await.expect("append task") {
+            Ok(Outcome::Appended { offset }) => offsets.push(offset),
+            other => panic!("append failed: {other:?}"),
+        }
+    }
+    offsets
+}
+
+/// Every entry a replica has, from offset 1.
+pub fn read_all(replica: &ReplicaHandle) -> Vec<LogEntry> {
+    read_from(replica, 1)
+}
+
+pub fn read_from(replica: &ReplicaHandle, from: u64) -> Vec<LogEntry> {
+    let mut entries = Vec::new();
+    let mut next = from;
+    loop {
+        let response = replica
+            .fetch(&FetchRequest {
+                from: next,
+                entries_max: 1000,
+                bytes_max: 16 << 20,
+            })
+            .expect("fetch");
+        if response.entries.is_empty() {
+            return entries;
+        }
+        next = response.next_offset;
+        entries.extend(response.entries);
+    }
+}
+
+/// Asserts that `entries` are offsets 1..=n with no gap.
+pub fn assert_contiguous(entries: &[LogEntry]) {
+    for (i, entry) in entries.iter().enumerate() {
+        assert_eq!(entry.offset, i as u64 + 1, "offsets must be contiguous from 1");
+    }
+}

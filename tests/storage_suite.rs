@@ -1,0 +1,32 @@
+//! openraft's own storage conformance suite against ctrlog's log store (segmented WAL + sled)
+//! and state machine (JobState + sled snapshots).
+
+use std::sync::Arc;
+
+use ctrlog::raft::log_store::LogStore;
+use ctrlog::raft::meta_store::MetaStore;
+use ctrlog::raft::state_machine::StateMachineStore;
+use ctrlog::raft::TypeConfig;
+use openraft::testing::{StoreBuilder, Suite};
+use openraft::StorageError;
+use tempfile::TempDir;
+
+struct Builder;
+
+impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for Builder {
+    async fn build(&self) -> Result<(TempDir, LogStore, StateMachineStore), StorageError<u64>> {
+        let dir = TempDir::new().expect("temp dir");
+        let meta = Arc::new(MetaStore::open(&dir.path().join("meta")).expect("sled"));
+        // Small segments, so the suite's purges and truncations cross segment boundaries.
+        let log = LogStore::open_with_segment_bytes(&dir.path().join("log"), meta.clone(), 256).expect("wal");
+        let state_machine = StateMachineStore::open(meta, log.clone()).expect("state machine");
+        Ok((dir, log, state_machine))
+    }
+}
+
+/// Goal: the storage layer honours every contract openraft checks.
+/// Steps: run `Suite::test_all`, which builds fresh stores per case.
+#[test]
+fn log_store_and_state_machine_pass_openraft_storage_suite() -> Result<(), StorageError<u64>> {
+    Suite::test_all(Builder)
+}
