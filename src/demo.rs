@@ -44,7 +44,10 @@ pub async fn run(data: Option<PathBuf>) -> anyhow::Result<()> {
     let client = ControlClient::connect(&cluster.client_addrs()).await?;
     let started = Instant::now();
     let offsets = append_some(&client, 1, 5).await?;
-    println!("== appended 5 commands at offsets {offsets:?} in {:?}", started.elapsed());
+    println!(
+        "== appended 5 commands at offsets {offsets:?} in {:?}",
+        started.elapsed()
+    );
 
     println!("== killing the leader, replica {leader}");
     cluster.stop(leader).await;

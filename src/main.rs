@@ -9,7 +9,11 @@ use ctrlog::client::{ControlClient, Member};
 use ctrlog::raft::{parse_members, ReplicaConfig};
 
 #[derive(Parser)]
-#[command(name = "ctrlog", version, about = "A replicated job control log on Raft")]
+#[command(
+    name = "ctrlog",
+    version,
+    about = "A replicated job control log on Raft"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -88,7 +92,8 @@ enum MembersCmd {
 fn serve_config(args: ServeArgs) -> anyhow::Result<ReplicaConfig> {
     let mut config = match &args.config {
         Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
             toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?
         }
         None => ReplicaConfig::default(),
@@ -133,7 +138,12 @@ async fn shutdown_signal() {
 fn print_status(status: &ctrlog::client::Status) {
     println!(
         "replica {} is {} in term {}; leader: {:?}; applied offset {}; log index {:?}",
-        status.id, status.role, status.term, status.leader_id, status.applied_offset, status.last_log_index
+        status.id,
+        status.role,
+        status.term,
+        status.leader_id,
+        status.applied_offset,
+        status.last_log_index
     );
     for m in &status.members {
         println!(
@@ -150,7 +160,8 @@ fn print_status(status: &ctrlog::client::Status) {
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,openraft=warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,openraft=warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -173,7 +184,15 @@ async fn main() -> anyhow::Result<()> {
                 client_addr,
             } => {
                 let client = ControlClient::connect(&cluster).await?;
-                client.add_member(id, Member { peer_addr, client_addr }).await?;
+                client
+                    .add_member(
+                        id,
+                        Member {
+                            peer_addr,
+                            client_addr,
+                        },
+                    )
+                    .await?;
                 println!("replica {id} added and promoted to voter");
             }
             MembersCmd::Remove { cluster, id } => {

@@ -29,7 +29,11 @@ async fn three_replicas_elect_one_leader_and_hold_identical_logs() {
 
     let mut offsets = append_many(&cluster, 1, 200).await;
     offsets.sort_unstable();
-    assert_eq!(offsets, (1..=200).collect::<Vec<_>>(), "each command got its own offset");
+    assert_eq!(
+        offsets,
+        (1..=200).collect::<Vec<_>>(),
+        "each command got its own offset"
+    );
     cluster.wait_for_applied(200, WAIT).await.unwrap();
     let logs: Vec<_> = cluster.running().map(|r| read_all(r)).collect();
     assert_eq!(logs[0].len(), 200);
@@ -58,7 +62,10 @@ async fn leader_killed_new_leader_commits_without_losing_entries() {
         .unwrap();
     let mut after = Vec::new();
     for i in 51..=100 {
-        match client.append(Command::custom(1, 1, format!("cmd-{i}").into_bytes())).await {
+        match client
+            .append(Command::custom(1, 1, format!("cmd-{i}").into_bytes()))
+            .await
+        {
             Ok(Outcome::Appended { offset }) => after.push(offset),
             other => panic!("append {i}: {other:?}"),
         }
@@ -72,7 +79,12 @@ async fn leader_killed_new_leader_commits_without_losing_entries() {
         let log = read_all(replica);
         assert_eq!(log.len(), 100);
         assert_contiguous(&log);
-        assert_eq!(log[..50], expected_before[..], "replica {} changed history", replica.id());
+        assert_eq!(
+            log[..50],
+            expected_before[..],
+            "replica {} changed history",
+            replica.id()
+        );
     }
     cluster.shutdown().await;
 }
@@ -86,13 +98,20 @@ async fn follower_restarted_on_same_directory_catches_up() {
     let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
     append_many(&cluster, 1, 30).await;
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
-    let follower = *cluster.running_ids().iter().find(|id| **id != leader).unwrap();
+    let follower = *cluster
+        .running_ids()
+        .iter()
+        .find(|id| **id != leader)
+        .unwrap();
     cluster.wait_for_applied(30, WAIT).await.unwrap();
     cluster.stop(follower).await;
     append_many(&cluster, 31, 70).await;
     cluster.restart(follower).await.unwrap();
     cluster.wait_for_applied(100, WAIT).await.unwrap();
-    assert_eq!(read_all(cluster.replica(follower)), read_all(cluster.replica(leader)));
+    assert_eq!(
+        read_all(cluster.replica(follower)),
+        read_all(cluster.replica(leader))
+    );
     cluster.shutdown().await;
 }
 
@@ -112,7 +131,11 @@ async fn lagging_replica_catches_up_by_snapshot_install_after_purge() {
     .await
     .unwrap();
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
-    let follower = *cluster.running_ids().iter().find(|id| **id != leader).unwrap();
+    let follower = *cluster
+        .running_ids()
+        .iter()
+        .find(|id| **id != leader)
+        .unwrap();
     cluster.stop(follower).await;
     let handle = cluster.replica(leader).clone_handle();
     for i in 1..=300 {
@@ -120,13 +143,19 @@ async fn lagging_replica_catches_up_by_snapshot_install_after_purge() {
     }
     cluster.wait_for_applied(300, WAIT).await.unwrap();
     let purged = handle.metrics().purged.map(|l| l.index).unwrap_or(0);
-    assert!(purged > 100, "leader purged its log behind a snapshot (purged up to {purged})");
+    assert!(
+        purged > 100,
+        "leader purged its log behind a snapshot (purged up to {purged})"
+    );
 
     cluster.restart(follower).await.unwrap();
     cluster.wait_for_applied(300, WAIT).await.unwrap();
     let restarted = cluster.replica(follower).clone_handle();
     let snapshot = restarted.metrics().snapshot.map(|l| l.index).unwrap_or(0);
-    assert!(snapshot > 100, "the follower installed a snapshot (at {snapshot})");
+    assert!(
+        snapshot > 100,
+        "the follower installed a snapshot (at {snapshot})"
+    );
     match restarted.fetch(&FetchRequest {
         from: 1,
         entries_max: 10,
@@ -183,7 +212,11 @@ async fn membership_grows_to_four_and_shrinks_to_three_under_traffic() {
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
     cluster.wait_for_leader(WAIT).await.unwrap();
-    let client = Arc::new(ControlClient::connect(&cluster.client_addrs()).await.unwrap());
+    let client = Arc::new(
+        ControlClient::connect(&cluster.client_addrs())
+            .await
+            .unwrap(),
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let appended = Arc::new(AtomicU64::new(0));
     let writer = {
@@ -202,20 +235,32 @@ async fn membership_grows_to_four_and_shrinks_to_three_under_traffic() {
     let joining = cluster.start_new(4, |_| {}).await.unwrap().member();
     client.add_member(4, joining).await.unwrap();
     let voters = |cluster: &LocalCluster, id| -> BTreeSet<u64> {
-        cluster.replica(id).metrics().membership_config.membership().voter_ids().collect()
+        cluster
+            .replica(id)
+            .metrics()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect()
     };
     assert_eq!(voters(&cluster, 4), BTreeSet::from([1, 2, 3, 4]));
     client.remove_member(1).await.unwrap();
     let deadline = tokio::time::Instant::now() + WAIT;
     while voters(&cluster, 4) != BTreeSet::from([2, 3, 4]) {
-        assert!(tokio::time::Instant::now() < deadline, "replica 4 never saw the removal");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "replica 4 never saw the removal"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     cluster.stop(1).await;
     // Traffic still commits on the three remaining voters.
     let mark = appended.load(Ordering::Relaxed);
     while appended.load(Ordering::Relaxed) < mark + 20 {
-        assert!(tokio::time::Instant::now() < deadline, "no progress after removing replica 1");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no progress after removing replica 1"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     stop.store(true, Ordering::Relaxed);
@@ -238,17 +283,28 @@ async fn oversized_commands_are_refused_and_retries_are_idempotent() {
         .await
         .unwrap();
     cluster.wait_for_leader(WAIT).await.unwrap();
-    let client = ControlClient::connect(&cluster.client_addrs()).await.unwrap();
+    let client = ControlClient::connect(&cluster.client_addrs())
+        .await
+        .unwrap();
     let error = client
         .append(Command::custom(1, 1, vec![0; 2048]))
         .await
         .expect_err("over the limit");
     assert!(
-        matches!(error, ctrlog::client::ClientError::Api(ApiError::TooLarge { size: 2048, limit: 1024 })),
+        matches!(
+            error,
+            ctrlog::client::ClientError::Api(ApiError::TooLarge {
+                size: 2048,
+                limit: 1024
+            })
+        ),
         "{error:?}"
     );
     let proposal = Proposal {
-        producer: Some(ProducerSeq { producer: 77, seq: 1 }),
+        producer: Some(ProducerSeq {
+            producer: 77,
+            seq: 1,
+        }),
         frame: Command::custom(1, 1, b"once".to_vec()).into_frame(),
     };
     let first = client.append_proposal(proposal.clone()).await.unwrap();

@@ -52,7 +52,11 @@ fn spawn(id: u64, args: &[String], log_dir: &Path) -> Child {
 }
 
 fn body(producer: u64) -> Vec<u8> {
-    let size = if producer % LARGE_EVERY == 0 { LARGE_BYTES } else { 64 };
+    let size = if producer % LARGE_EVERY == 0 {
+        LARGE_BYTES
+    } else {
+        64
+    };
     let mut body = producer.to_le_bytes().to_vec();
     body.resize(size, (producer % 251) as u8);
     body
@@ -70,7 +74,9 @@ async fn read_retained(addr: &str) -> Vec<LogEntry> {
             bytes_max: 8 << 20,
         };
         let response = match client.fetch(request).await {
-            Err(ClientError::Api(ApiError::Compacted { first_offset, .. })) if entries.is_empty() => {
+            Err(ClientError::Api(ApiError::Compacted { first_offset, .. }))
+                if entries.is_empty() =>
+            {
                 next = first_offset;
                 continue;
             }
@@ -100,7 +106,13 @@ async fn sigkill_loop_never_loses_an_acknowledged_append() {
     let addrs: BTreeMap<u64, (String, String)> = ids
         .iter()
         .map(|id| {
-            (*id, (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port())))
+            (
+                *id,
+                (
+                    format!("127.0.0.1:{}", free_port()),
+                    format!("127.0.0.1:{}", free_port()),
+                ),
+            )
         })
         .collect();
     let members = addrs
@@ -160,10 +172,12 @@ async fn sigkill_loop_never_loses_an_acknowledged_append() {
                 };
                 // An error means the fate is unknown (not acknowledged): nothing to check.
                 match client.append_proposal(proposal).await {
-                    Ok(Outcome::Appended { offset }) => acked.lock().unwrap().push((producer, offset)),
-                    Ok(Outcome::Duplicate { offset: Some(offset) }) => {
+                    Ok(Outcome::Appended { offset }) => {
                         acked.lock().unwrap().push((producer, offset))
                     }
+                    Ok(Outcome::Duplicate {
+                        offset: Some(offset),
+                    }) => acked.lock().unwrap().push((producer, offset)),
                     Ok(other) => panic!("unexpected outcome {other:?}"),
                     Err(_) => {}
                 }
@@ -177,7 +191,10 @@ async fn sigkill_loop_never_loses_an_acknowledged_append() {
         let target = progress(&acked) + APPENDS_MIN / KILL_ROUNDS;
         let deadline = tokio::time::Instant::now() + WAIT;
         while progress(&acked) < target {
-            assert!(tokio::time::Instant::now() < deadline, "writers stalled in round {round}");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "writers stalled in round {round}"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let victim = if round % 2 == 0 {
@@ -196,30 +213,50 @@ async fn sigkill_loop_never_loses_an_acknowledged_append() {
     }
 
     let acked = acked.lock().unwrap().clone();
-    assert!(acked.len() >= APPENDS_MIN, "only {} appends acknowledged", acked.len());
+    assert!(
+        acked.len() >= APPENDS_MIN,
+        "only {} appends acknowledged",
+        acked.len()
+    );
     let last = acked.iter().map(|(_, offset)| *offset).max().unwrap();
     // Every replica applies at least everything acknowledged.
     let deadline = tokio::time::Instant::now() + WAIT;
     for replica in &replicas {
-        let client = ControlClient::connect(&[replica.client_addr.clone()]).await.unwrap();
+        let client = ControlClient::connect(std::slice::from_ref(&replica.client_addr))
+            .await
+            .unwrap();
         while client.status().await.unwrap().applied_offset < last {
-            assert!(tokio::time::Instant::now() < deadline, "replica {} did not catch up", replica.id);
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "replica {} did not catch up",
+                replica.id
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    let logs = futures::future::join_all(replicas.iter().map(|r| read_retained(&r.client_addr))).await;
+    let logs =
+        futures::future::join_all(replicas.iter().map(|r| read_retained(&r.client_addr))).await;
     // Replicas purge at different points, so compare where their retained ranges overlap. A
     // replica may also lack a trailing unacknowledged append: only content may not differ.
-    let maps: Vec<BTreeMap<u64, &LogEntry>> =
-        logs.iter().map(|log| log.iter().map(|e| (e.offset, e)).collect()).collect();
+    let maps: Vec<BTreeMap<u64, &LogEntry>> = logs
+        .iter()
+        .map(|log| log.iter().map(|e| (e.offset, e)).collect())
+        .collect();
     for (i, map) in maps.iter().enumerate().skip(1) {
         for (offset, entry) in map {
             if let Some(other) = maps[0].get(offset) {
-                assert!(entry == other, "replica {} diverges from replica 1 at offset {offset}", i + 1);
+                assert!(
+                    entry == other,
+                    "replica {} diverges from replica 1 at offset {offset}",
+                    i + 1
+                );
             }
         }
     }
-    let longest = logs.iter().max_by_key(|l| l.last().map(|e| e.offset)).unwrap();
+    let longest = logs
+        .iter()
+        .max_by_key(|l| l.last().map(|e| e.offset))
+        .unwrap();
     // The first retained offset may be above 1 after purges; everything retained is contiguous.
     for pair in longest.windows(2) {
         assert_eq!(pair[1].offset, pair[0].offset + 1, "gap in the log");
@@ -235,34 +272,48 @@ async fn sigkill_loop_never_loses_an_acknowledged_append() {
         let entry = by_offset
             .get(offset)
             .unwrap_or_else(|| panic!("acknowledged offset {offset} is missing"));
-        assert_eq!(entry.producer, Some(ProducerSeq { producer: *producer, seq: 1 }));
+        assert_eq!(
+            entry.producer,
+            Some(ProducerSeq {
+                producer: *producer,
+                seq: 1
+            })
+        );
         assert_eq!(entry.frame.body, body(*producer), "body at offset {offset}");
     }
     // Appends behind the snapshot are checked through the replicated producer table: a retry
     // of each must be answered with the offset it was acknowledged at.
     let retry_client = Arc::new(ControlClient::connect(&client_addrs).await.unwrap());
-    let retries = compacted.chunks(compacted.len().div_ceil(8).max(1)).map(|chunk| {
-        let (client, chunk) = (retry_client.clone(), chunk.to_vec());
-        tokio::spawn(async move {
-            for (producer, offset) in chunk {
-                let proposal = Proposal {
-                    producer: Some(ProducerSeq { producer, seq: 1 }),
-                    frame: Command::custom(1, 1, body(producer)).into_frame(),
-                };
-                assert_eq!(
-                    client.append_proposal(proposal).await.unwrap(),
-                    Outcome::Duplicate { offset: Some(offset) },
-                    "retry of compacted producer {producer}"
-                );
-            }
-        })
-    });
+    let retries = compacted
+        .chunks(compacted.len().div_ceil(8).max(1))
+        .map(|chunk| {
+            let (client, chunk) = (retry_client.clone(), chunk.to_vec());
+            tokio::spawn(async move {
+                for (producer, offset) in chunk {
+                    let proposal = Proposal {
+                        producer: Some(ProducerSeq { producer, seq: 1 }),
+                        frame: Command::custom(1, 1, body(producer)).into_frame(),
+                    };
+                    assert_eq!(
+                        client.append_proposal(proposal).await.unwrap(),
+                        Outcome::Duplicate {
+                            offset: Some(offset)
+                        },
+                        "retry of compacted producer {producer}"
+                    );
+                }
+            })
+        });
     for retry in futures::future::join_all(retries).await {
         retry.unwrap();
     }
     let mut seen = HashSet::new();
     for entry in longest {
-        assert!(seen.insert(entry.producer), "producer pair delivered twice at {}", entry.offset);
+        assert!(
+            seen.insert(entry.producer),
+            "producer pair delivered twice at {}",
+            entry.offset
+        );
     }
     for mut replica in replicas {
         replica.child.kill().unwrap();

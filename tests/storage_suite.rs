@@ -18,7 +18,8 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for Builder 
         let dir = TempDir::new().expect("temp dir");
         let meta = Arc::new(MetaStore::open(&dir.path().join("meta")).expect("sled"));
         // Small segments, so the suite's purges and truncations cross segment boundaries.
-        let log = LogStore::open_with_segment_bytes(&dir.path().join("log"), meta.clone(), 256).expect("wal");
+        let log = LogStore::open_with_segment_bytes(&dir.path().join("log"), meta.clone(), 256)
+            .expect("wal");
         let state_machine = StateMachineStore::open(meta, log.clone()).expect("state machine");
         Ok((dir, log, state_machine))
     }
@@ -27,6 +28,8 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for Builder 
 /// Goal: the storage layer honours every contract openraft checks.
 /// Steps: run `Suite::test_all`, which builds fresh stores per case.
 #[test]
-fn log_store_and_state_machine_pass_openraft_storage_suite() -> Result<(), StorageError<u64>> {
-    Suite::test_all(Builder)
+fn log_store_and_state_machine_pass_openraft_storage_suite() {
+    if let Err(error) = Suite::test_all(Builder) {
+        panic!("storage suite failed: {error}");
+    }
 }

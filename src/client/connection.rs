@@ -80,7 +80,9 @@ impl ControlClient {
 
     async fn dial(addr: &str) -> Result<ControlLogClient, String> {
         let mut connect = tarpc::serde_transport::tcp::connect(addr, Bincode::default);
-        connect.config_mut().max_frame_length(CLIENT_FRAME_BYTES_MAX);
+        connect
+            .config_mut()
+            .max_frame_length(CLIENT_FRAME_BYTES_MAX);
         let transport = tokio::time::timeout(Duration::from_secs(2), connect)
             .await
             .map_err(|_| format!("connecting to {addr} timed out"))?
@@ -151,7 +153,12 @@ impl ControlClient {
         }
     }
 
-    async fn pause(&self, started: Instant, backoff: &mut Duration, last: String) -> Result<(), ClientError> {
+    async fn pause(
+        &self,
+        started: Instant,
+        backoff: &mut Duration,
+        last: String,
+    ) -> Result<(), ClientError> {
         if started.elapsed() + *backoff > self.retry_deadline {
             return Err(ClientError::GaveUp {
                 elapsed: started.elapsed(),
@@ -199,8 +206,11 @@ impl ControlClient {
 
     /// The status of whichever replica answers.
     pub async fn status(&self) -> Result<Status, ClientError> {
-        self.with_retries(false, |rpc, ctx| async move { rpc.status(ctx).await.map(Ok) })
-            .await
+        self.with_retries(
+            false,
+            |rpc, ctx| async move { rpc.status(ctx).await.map(Ok) },
+        )
+        .await
     }
 
     /// The leader's status (follows redirects until a leader answers).
@@ -233,7 +243,10 @@ impl ControlClient {
 
     /// Removes a replica.
     pub async fn remove_member(&self, id: NodeId) -> Result<(), ClientError> {
-        self.with_retries(true, |rpc, ctx| async move { rpc.remove_member(ctx, id).await })
-            .await
+        self.with_retries(
+            true,
+            |rpc, ctx| async move { rpc.remove_member(ctx, id).await },
+        )
+        .await
     }
 }

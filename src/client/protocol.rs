@@ -40,7 +40,9 @@ pub enum ApiError {
     TooLarge { size: u64, limit: u64 },
     /// The requested offset is below the first retained one: load the snapshot and resume at
     /// `snapshot_offset + 1`.
-    #[error("offsets below {first_offset} are compacted; a snapshot covers up to {snapshot_offset}")]
+    #[error(
+        "offsets below {first_offset} are compacted; a snapshot covers up to {snapshot_offset}"
+    )]
     Compacted {
         first_offset: Offset,
         snapshot_offset: Offset,

@@ -49,7 +49,9 @@ pub struct ProducerTable {
 pub enum Seen {
     New,
     /// Already appended. `offset` is known while the pair is within the producer's window.
-    Duplicate { offset: Option<Offset> },
+    Duplicate {
+        offset: Option<Offset>,
+    },
 }
 
 impl ProducerTable {
@@ -136,9 +138,6 @@ mod tests {
         }
         assert_eq!(table.len(), PRODUCERS_MAX);
         assert_eq!(table.check(pair(0, 1)), Seen::New, "producer 0 was evicted");
-        assert_eq!(
-            table.check(pair(1, 1)),
-            Seen::Duplicate { offset: Some(2) }
-        );
+        assert_eq!(table.check(pair(1, 1)), Seen::Duplicate { offset: Some(2) });
     }
 }

@@ -55,7 +55,7 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8], limit: u64) -> Result<T, Decode
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::log::{Batch, Frame, Proposal, ProducerSeq};
+    use crate::log::{Batch, Frame, ProducerSeq, Proposal};
     use proptest::prelude::*;
 
     fn sample_batch() -> Batch {

@@ -24,7 +24,7 @@ mod entry;
 
 pub use codec::{decode, encode, DecodeError};
 pub use command::{Command, Frame, Kind, CUSTOM_KIND_MIN};
-pub use entry::{Batch, LogEntry, Proposal, ProducerSeq};
+pub use entry::{Batch, LogEntry, ProducerSeq, Proposal};
 
 /// The position of one command in the control log: 1, 2, 3, … with no gaps.
 pub type Offset = u64;

@@ -95,7 +95,10 @@ impl ReplicaConfig {
             )?;
         }
         if self.election_timeout_max_ms <= self.election_timeout_min_ms {
-            refuse("election_timeout_max_ms", "must exceed election_timeout_min_ms")?;
+            refuse(
+                "election_timeout_max_ms",
+                "must exceed election_timeout_min_ms",
+            )?;
         }
         if self.snapshot_logs_since_last == 0 {
             refuse("snapshot_logs_since_last", "must be at least 1")?;
@@ -110,7 +113,10 @@ impl ReplicaConfig {
             )?;
         }
         if !self.initial_members.is_empty() && !self.initial_members.contains_key(&self.id) {
-            refuse("initial_members", format!("does not include this replica's id {}", self.id))?;
+            refuse(
+                "initial_members",
+                format!("does not include this replica's id {}", self.id),
+            )?;
         }
         Ok(())
     }
@@ -160,9 +166,13 @@ mod tests {
 
     #[test]
     fn members_parse_and_errors_name_the_field() {
-        let members = parse_members("1=127.0.0.1:1/127.0.0.1:2, 2=127.0.0.1:3/127.0.0.1:4").unwrap();
+        let members =
+            parse_members("1=127.0.0.1:1/127.0.0.1:2, 2=127.0.0.1:3/127.0.0.1:4").unwrap();
         assert_eq!(members[&2].client_addr, "127.0.0.1:4");
-        assert_eq!(parse_members("1=nope").unwrap_err().field, "initial_members");
+        assert_eq!(
+            parse_members("1=nope").unwrap_err().field,
+            "initial_members"
+        );
         assert!(parse_members("1=127.0.0.1:1/127.0.0.1:2,1=127.0.0.1:1/127.0.0.1:2").is_err());
     }
 
@@ -174,7 +184,10 @@ mod tests {
             election_timeout_min_ms: 500,
             ..ReplicaConfig::default()
         };
-        assert_eq!(config.validate().unwrap_err().field, "election_timeout_min_ms");
+        assert_eq!(
+            config.validate().unwrap_err().field,
+            "election_timeout_min_ms"
+        );
     }
 
     #[test]

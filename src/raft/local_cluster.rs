@@ -38,8 +38,11 @@ impl LocalCluster {
         for id in 1..=size {
             cluster.start_new(id, &tune).await?;
         }
-        let members: BTreeMap<NodeId, Member> =
-            cluster.replicas.iter().map(|(id, r)| (*id, r.member())).collect();
+        let members: BTreeMap<NodeId, Member> = cluster
+            .replicas
+            .iter()
+            .map(|(id, r)| (*id, r.member()))
+            .collect();
         for config in cluster.configs.values_mut() {
             config.initial_members = members.clone();
         }
@@ -69,7 +72,9 @@ impl LocalCluster {
     }
 
     pub fn replica(&self, id: NodeId) -> &Replica {
-        self.replicas.get(&id).unwrap_or_else(|| panic!("replica {id} is not running"))
+        self.replicas
+            .get(&id)
+            .unwrap_or_else(|| panic!("replica {id} is not running"))
     }
 
     pub fn running(&self) -> impl Iterator<Item = &Replica> {
@@ -82,14 +87,21 @@ impl LocalCluster {
 
     /// Client addresses of the running replicas.
     pub fn client_addrs(&self) -> Vec<String> {
-        self.replicas.values().map(|r| r.client_addr().to_string()).collect()
+        self.replicas
+            .values()
+            .map(|r| r.client_addr().to_string())
+            .collect()
     }
 
     /// Waits until the running replicas agree on one leader among them, and returns it.
     pub async fn wait_for_leader(&self, timeout: Duration) -> Result<NodeId, WaitError> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let leaders: Vec<Option<NodeId>> = self.replicas.values().map(|r| r.metrics().current_leader).collect();
+            let leaders: Vec<Option<NodeId>> = self
+                .replicas
+                .values()
+                .map(|r| r.metrics().current_leader)
+                .collect();
             if let Some(Some(leader)) = leaders.first() {
                 if self.replicas.contains_key(leader)
                     && leaders.iter().all(|l| *l == Some(*leader))
@@ -99,7 +111,9 @@ impl LocalCluster {
                 }
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(WaitError(format!("no agreed leader within {timeout:?}: {leaders:?}")));
+                return Err(WaitError(format!(
+                    "no agreed leader within {timeout:?}: {leaders:?}"
+                )));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

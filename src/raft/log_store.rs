@@ -93,7 +93,10 @@ impl LogStore {
     }
 
     fn lock(&self) -> MutexGuard<'_, WalState> {
-        self.shared.wal.lock().expect("a panic while holding the wal lock is a bug")
+        self.shared
+            .wal
+            .lock()
+            .expect("a panic while holding the wal lock is a bug")
     }
 
     /// The first log index still on disk (entries before it are purged).
@@ -134,7 +137,8 @@ fn last_log_id(wal: &Wal, last_purged: Option<LogId>) -> io::Result<Option<LogId
         return Ok(last_purged);
     }
     let last = wal.next_index() - 1;
-    let entry = read_entry(wal, last)?.ok_or_else(|| io::Error::other(format!("entry {last} vanished")))?;
+    let entry =
+        read_entry(wal, last)?.ok_or_else(|| io::Error::other(format!("entry {last} vanished")))?;
     Ok(Some(entry.log_id))
 }
 
@@ -211,7 +215,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
     }
 
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -251,7 +259,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut state = self.lock();
         state.wal.purge_upto(log_id.index).map_err(write_err)?;
         state.last_purged = Some(log_id);
-        if state.last_log_id.is_none_or(|last| last.index < log_id.index) {
+        if state
+            .last_log_id
+            .is_none_or(|last| last.index < log_id.index)
+        {
             state.last_log_id = Some(log_id);
         }
         self.shared
@@ -287,14 +298,15 @@ impl Syncer {
                     batch.extend(incoming.try_iter());
                     let mut synced: Vec<(Arc<File>, Result<(), io::ErrorKind>)> = Vec::new();
                     for request in batch {
-                        let result = match synced.iter().find(|(f, _)| Arc::ptr_eq(f, &request.file)) {
-                            Some((_, result)) => *result,
-                            None => {
-                                let result = request.file.sync_data().map_err(|e| e.kind());
-                                synced.push((request.file.clone(), result));
-                                result
-                            }
-                        };
+                        let result =
+                            match synced.iter().find(|(f, _)| Arc::ptr_eq(f, &request.file)) {
+                                Some((_, result)) => *result,
+                                None => {
+                                    let result = request.file.sync_data().map_err(|e| e.kind());
+                                    synced.push((request.file.clone(), result));
+                                    result
+                                }
+                            };
                         request
                             .callback
                             .log_io_completed(result.map_err(io::Error::from));

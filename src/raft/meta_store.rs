@@ -56,14 +56,20 @@ impl MetaStore {
 
     /// Inserts a small value and makes it durable before returning.
     pub fn put_durable(&self, key: &str, value: &[u8]) -> io::Result<()> {
-        assert!(value.len() <= VALUE_BYTES_MAX, "sled values stay below the blob threshold");
+        assert!(
+            value.len() <= VALUE_BYTES_MAX,
+            "sled values stay below the blob threshold"
+        );
         self.db.insert(key, value).map_err(io::Error::other)?;
         self.sync()
     }
 
     /// Inserts a value without waiting for it to be durable (for advisory data).
     pub fn put(&self, key: &str, value: &[u8]) -> io::Result<()> {
-        assert!(value.len() <= VALUE_BYTES_MAX, "sled values stay below the blob threshold");
+        assert!(
+            value.len() <= VALUE_BYTES_MAX,
+            "sled values stay below the blob threshold"
+        );
         self.db.insert(key, value).map_err(io::Error::other)?;
         Ok(())
     }

@@ -29,7 +29,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The service on every replica's peer port.
 #[tarpc::service]
 pub trait RaftRpc {
-    async fn append_entries(request: AppendEntriesRequest) -> Result<AppendEntriesResponse, RaftError>;
+    async fn append_entries(
+        request: AppendEntriesRequest,
+    ) -> Result<AppendEntriesResponse, RaftError>;
     async fn vote(request: VoteRequest) -> Result<VoteResponse, RaftError>;
     async fn install_snapshot(
         request: InstallSnapshotRequest,
@@ -50,7 +52,11 @@ impl RaftRpc for RaftRpcServer {
         self.raft.append_entries(request).await
     }
 
-    async fn vote(self, _: context::Context, request: VoteRequest) -> Result<VoteResponse, RaftError> {
+    async fn vote(
+        self,
+        _: context::Context,
+        request: VoteRequest,
+    ) -> Result<VoteResponse, RaftError> {
         self.raft.vote(request).await
     }
 
@@ -200,7 +206,10 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         request: AppendEntriesRequest,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse, RpcError> {
-        let client = self.connected(option.hard_ttl()).await.map_err(CallError::into_rpc)?;
+        let client = self
+            .connected(option.hard_ttl())
+            .await
+            .map_err(CallError::into_rpc)?;
         match client.append_entries(Self::context(&option), request).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(remote)) => Err(openraft::error::RPCError::RemoteError(RemoteError::new(
@@ -216,8 +225,14 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         request: InstallSnapshotRequest,
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse, RpcError<InstallSnapshotError>> {
-        let client = self.connected(option.hard_ttl()).await.map_err(CallError::into_rpc)?;
-        match client.install_snapshot(Self::context(&option), request).await {
+        let client = self
+            .connected(option.hard_ttl())
+            .await
+            .map_err(CallError::into_rpc)?;
+        match client
+            .install_snapshot(Self::context(&option), request)
+            .await
+        {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(remote)) => Err(openraft::error::RPCError::RemoteError(RemoteError::new(
                 self.target,
@@ -227,8 +242,15 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         }
     }
 
-    async fn vote(&mut self, request: VoteRequest, option: RPCOption) -> Result<VoteResponse, RpcError> {
-        let client = self.connected(option.hard_ttl()).await.map_err(CallError::into_rpc)?;
+    async fn vote(
+        &mut self,
+        request: VoteRequest,
+        option: RPCOption,
+    ) -> Result<VoteResponse, RpcError> {
+        let client = self
+            .connected(option.hard_ttl())
+            .await
+            .map_err(CallError::into_rpc)?;
         match client.vote(Self::context(&option), request).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(remote)) => Err(openraft::error::RPCError::RemoteError(RemoteError::new(

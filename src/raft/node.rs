@@ -17,7 +17,9 @@ use super::proposer::{Proposer, BATCH_BYTES_MAX};
 use super::service::{bind_clients, serve_clients};
 use super::state_machine::{expand_entry, StateMachineStore};
 use super::types::{Raft, RaftMetrics};
-use crate::client::{ApiError, AppendResult, FetchRequest, FetchResponse, Member, MemberStatus, Status};
+use crate::client::{
+    ApiError, AppendResult, FetchRequest, FetchResponse, Member, MemberStatus, Status,
+};
 use crate::log::{Offset, Proposal};
 use crate::NodeId;
 
@@ -117,7 +119,8 @@ impl Replica {
         .map_err(|e| StartError::Raft(e.to_string()))?;
 
         let peer_listener = bind_peers(config.peer_addr).await?;
-        let client_listener = bind_clients(config.client_addr, config.client_frame_bytes_max).await?;
+        let client_listener =
+            bind_clients(config.client_addr, config.client_frame_bytes_max).await?;
         let (peer_addr, client_addr) = (peer_listener.local_addr(), client_listener.local_addr());
         let handle = ReplicaHandle {
             inner: Arc::new(Inner {
@@ -174,7 +177,9 @@ fn write_error(error: RaftError<NodeId, ClientWriteError<NodeId, Member>>) -> Ap
             leader_id: forward.leader_id,
             leader_client_addr: forward.leader_node.map(|m| m.client_addr),
         },
-        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => ApiError::Rejected(e.to_string()),
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            ApiError::Rejected(e.to_string())
+        }
         RaftError::Fatal(e) => ApiError::Unavailable(e.to_string()),
     }
 }
@@ -265,7 +270,9 @@ impl ReplicaHandle {
             return Ok(empty(request.from));
         }
         let compacted = ApiError::Compacted {
-            first_offset: spans.first().map_or(applied_offset + 1, |(first, _)| *first),
+            first_offset: spans
+                .first()
+                .map_or(applied_offset + 1, |(first, _)| *first),
             snapshot_offset,
         };
         match spans.first() {
@@ -292,7 +299,8 @@ impl ReplicaHandle {
                 }
                 if entry.offset > applied_offset
                     || entries.len() >= request.entries_max as usize
-                    || (!entries.is_empty() && bytes + entry.frame.body.len() > request.bytes_max as usize)
+                    || (!entries.is_empty()
+                        && bytes + entry.frame.body.len() > request.bytes_max as usize)
                 {
                     break 'spans;
                 }
@@ -385,7 +393,12 @@ impl ReplicaHandle {
                 }
             }
         }
-        let mut voters: BTreeSet<NodeId> = self.metrics().membership_config.membership().voter_ids().collect();
+        let mut voters: BTreeSet<NodeId> = self
+            .metrics()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect();
         voters.insert(id);
         raft.change_membership(voters, false)
             .await
@@ -430,7 +443,10 @@ impl ReplicaHandle {
 }
 
 /// Runs one replica until `shutdown` resolves: what `ctrlog serve` does.
-pub async fn serve(config: ReplicaConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), StartError> {
+pub async fn serve(
+    config: ReplicaConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), StartError> {
     let replica = Replica::start(config).await?;
     shutdown.await;
     tracing::info!(id = replica.id(), "shutting down");

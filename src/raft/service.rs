@@ -13,8 +13,8 @@ use tarpc::{context, ClientMessage, Response};
 
 use super::node::ReplicaHandle;
 use crate::client::{
-    ApiError, AppendResult, ControlLog, ControlLogRequest, ControlLogResponse, FetchRequest, FetchResponse,
-    Member, Status,
+    ApiError, AppendResult, ControlLog, ControlLogRequest, ControlLogResponse, FetchRequest,
+    FetchResponse, Member, Status,
 };
 use crate::log::Proposal;
 use crate::NodeId;
@@ -23,19 +23,33 @@ type Request = ClientMessage<ControlLogRequest>;
 type Reply = Response<ControlLogResponse>;
 
 /// A bound, not yet serving, client listener.
-pub type ClientListener =
-    tarpc::serde_transport::tcp::Incoming<Request, Reply, Bincode<Request, Reply>, fn() -> Bincode<Request, Reply>>;
+pub type ClientListener = tarpc::serde_transport::tcp::Incoming<
+    Request,
+    Reply,
+    Bincode<Request, Reply>,
+    fn() -> Bincode<Request, Reply>,
+>;
 
 /// Binds the client port with the given frame limit.
-pub async fn bind_clients(addr: SocketAddr, frame_bytes_max: usize) -> std::io::Result<ClientListener> {
-    let mut listener =
-        tarpc::serde_transport::tcp::listen(addr, Bincode::default as fn() -> Bincode<Request, Reply>).await?;
+pub async fn bind_clients(
+    addr: SocketAddr,
+    frame_bytes_max: usize,
+) -> std::io::Result<ClientListener> {
+    let mut listener = tarpc::serde_transport::tcp::listen(
+        addr,
+        Bincode::default as fn() -> Bincode<Request, Reply>,
+    )
+    .await?;
     listener.config_mut().max_frame_length(frame_bytes_max);
     Ok(listener)
 }
 
 /// Serves clients until aborted.
-pub async fn serve_clients(listener: ClientListener, replica: ReplicaHandle, requests_in_flight_max: usize) {
+pub async fn serve_clients(
+    listener: ClientListener,
+    replica: ReplicaHandle,
+    requests_in_flight_max: usize,
+) {
     listener
         .filter_map(|conn| async move {
             match conn {
@@ -73,7 +87,11 @@ impl ControlLog for ControlLogServer {
         self.replica.append(proposal).await
     }
 
-    async fn fetch(self, _: context::Context, request: FetchRequest) -> Result<FetchResponse, ApiError> {
+    async fn fetch(
+        self,
+        _: context::Context,
+        request: FetchRequest,
+    ) -> Result<FetchResponse, ApiError> {
         self.replica.fetch(&request)
     }
 
@@ -81,7 +99,12 @@ impl ControlLog for ControlLogServer {
         self.replica.status()
     }
 
-    async fn add_member(self, _: context::Context, id: NodeId, member: Member) -> Result<(), ApiError> {
+    async fn add_member(
+        self,
+        _: context::Context,
+        id: NodeId,
+        member: Member,
+    ) -> Result<(), ApiError> {
         self.replica.add_member(id, member).await
     }
 

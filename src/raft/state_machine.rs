@@ -61,12 +61,15 @@ impl MachineState {
         match &entry.payload {
             EntryPayload::Blank => Vec::new(),
             EntryPayload::Membership(membership) => {
-                self.last_membership = StoredMembership::new(Some(entry.log_id), membership.clone());
+                self.last_membership =
+                    StoredMembership::new(Some(entry.log_id), membership.clone());
                 Vec::new()
             }
             EntryPayload::Normal(batch) => {
                 let first_offset = self.job.next_offset();
-                let outcomes = self.job.apply_batch(entry.log_id.leader_id.term, batch, |_| {});
+                let outcomes = self
+                    .job
+                    .apply_batch(entry.log_id.leader_id.term, batch, |_| {});
                 let duplicates: Vec<u32> = outcomes
                     .iter()
                     .enumerate()
@@ -355,7 +358,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     ) -> Result<(), StorageError> {
         let bytes = snapshot.into_inner();
         // Check before writing: a snapshot that does not decode is never stored.
-        let new_state: MachineState = decode(&bytes, SNAPSHOT_BYTES_MAX).map_err(snapshot_read_err)?;
+        let new_state: MachineState =
+            decode(&bytes, SNAPSHOT_BYTES_MAX).map_err(snapshot_read_err)?;
         if new_state.last_applied != meta.last_log_id {
             return Err(snapshot_read_err(io::Error::new(
                 io::ErrorKind::InvalidData,

@@ -200,7 +200,10 @@ impl Wal {
 
     /// The index the next append must carry.
     pub fn next_index(&self) -> u64 {
-        self.segments.values().next_back().map_or(self.first_index, Segment::end_index)
+        self.segments
+            .values()
+            .next_back()
+            .map_or(self.first_index, Segment::end_index)
     }
 
     /// True when no unpurged record is present.
@@ -270,7 +273,10 @@ impl Wal {
             if payload.len() > RECORD_BYTES_MAX {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
-                    format!("record of {} bytes exceeds {RECORD_BYTES_MAX}", payload.len()),
+                    format!(
+                        "record of {} bytes exceeds {RECORD_BYTES_MAX}",
+                        payload.len()
+                    ),
                 ));
             }
             let active_len = self.active().len;
@@ -290,7 +296,11 @@ impl Wal {
         self.flush_buffer(&mut buffer, &mut pending)
     }
 
-    fn flush_buffer(&mut self, buffer: &mut Vec<u8>, pending: &mut Vec<RecordPos>) -> io::Result<()> {
+    fn flush_buffer(
+        &mut self,
+        buffer: &mut Vec<u8>,
+        pending: &mut Vec<RecordPos>,
+    ) -> io::Result<()> {
         if buffer.is_empty() {
             return Ok(());
         }
@@ -333,7 +343,9 @@ impl Wal {
         let crc = u32::from_le_bytes(bytes[4..8].try_into().unwrap());
         let payload = bytes.split_off(RECORD_HEADER_BYTES);
         if crc32fast::hash(&payload) != crc {
-            return Err(corrupt(format!("record {index} fails its checksum on read")));
+            return Err(corrupt(format!(
+                "record {index} fails its checksum on read"
+            )));
         }
         Ok(Some(payload))
     }

@@ -68,6 +68,10 @@ pub fn read_from(replica: &ReplicaHandle, from: u64) -> Vec<LogEntry> {
 /// Asserts that `entries` are offsets 1..=n with no gap.
 pub fn assert_contiguous(entries: &[LogEntry]) {
     for (i, entry) in entries.iter().enumerate() {
-        assert_eq!(entry.offset, i as u64 + 1, "offsets must be contiguous from 1");
+        assert_eq!(
+            entry.offset,
+            i as u64 + 1,
+            "offsets must be contiguous from 1"
+        );
     }
 }
