@@ -72,11 +72,12 @@ async fn main() -> anyhow::Result<()> {
         );
     }
 
-    // Restart: fill to 100,000 commands (snapshots every 10,000 entries by default), stop a
-    // follower, restart it, and time until it has applied everything the leader has.
+    // Restart: fill to 100,000 Raft entries (one writer, so one command per entry; snapshots
+    // every 10,000 entries by default), stop a follower, restart it, and time until it has
+    // applied everything the leader has.
     let target = 100_000;
-    while leader.applied_offset() < target {
-        run_phase(&leader, 256, Duration::from_millis(500)).await;
+    while leader.metrics().last_log_index.unwrap_or(0) < target {
+        run_phase(&leader, 1, Duration::from_millis(500)).await;
     }
     let applied = leader.applied_offset();
     cluster.wait_for_applied(applied, WAIT).await?;
