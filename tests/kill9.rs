@@ -191,10 +191,22 @@ async fn sigkill_loop_never_loses_an_acknowledged_append() {
         let target = progress(&acked) + APPENDS_MIN / KILL_ROUNDS;
         let deadline = tokio::time::Instant::now() + WAIT;
         while progress(&acked) < target {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "writers stalled in round {round}"
-            );
+            if tokio::time::Instant::now() >= deadline {
+                let tails: Vec<String> = ids
+                    .iter()
+                    .map(|id| {
+                        let log =
+                            std::fs::read_to_string(dir.path().join(format!("replica-{id}.log")))
+                                .unwrap_or_default();
+                        let lines: Vec<&str> = log.lines().collect();
+                        format!(
+                            "replica {id}:\n{}",
+                            lines[lines.len().saturating_sub(15)..].join("\n")
+                        )
+                    })
+                    .collect();
+                panic!("writers stalled in round {round}\n{}", tails.join("\n"));
+            }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let victim = if round % 2 == 0 {

@@ -95,12 +95,22 @@ mod tests {
     }
 
     #[test]
-    fn huge_length_prefix_is_refused_without_allocating() {
-        // appended_at_ms, then a proposal count of u64::MAX.
+    fn huge_length_prefix_fails_without_allocating_it() {
+        // appended_at_ms, then a proposal count of u64::MAX with nothing behind it.
         let mut bytes = 0u64.to_le_bytes().to_vec();
         bytes.extend_from_slice(&u64::MAX.to_le_bytes());
         assert_eq!(
             decode::<Batch>(&bytes, 1 << 20),
+            Err(DecodeError::Truncated)
+        );
+    }
+
+    #[test]
+    fn value_above_the_limit_is_refused() {
+        let mut batch = sample_batch();
+        batch.proposals[0].frame.body = vec![1; 2 << 20];
+        assert_eq!(
+            decode::<Batch>(&encode(&batch), 1 << 20),
             Err(DecodeError::TooLarge { limit: 1 << 20 })
         );
     }

@@ -200,17 +200,24 @@ impl PeerClient {
     }
 }
 
-impl RaftNetwork<TypeConfig> for PeerClient {
-    async fn append_entries(
+impl PeerClient {
+    /// One RPC: dial if needed, send with the TTL's deadline, and sort the failure into what
+    /// openraft distinguishes (unreachable, network, the peer's own Raft error).
+    async fn call<T, E, F, Fut>(
         &mut self,
-        request: AppendEntriesRequest,
-        option: RPCOption,
-    ) -> Result<AppendEntriesResponse, RpcError> {
+        option: &RPCOption,
+        send: F,
+    ) -> Result<T, openraft::error::RPCError<NodeId, Member, RaftError<E>>>
+    where
+        E: std::error::Error,
+        F: FnOnce(RaftRpcClient, context::Context) -> Fut,
+        Fut: std::future::Future<Output = Result<Result<T, RaftError<E>>, tarpc::client::RpcError>>,
+    {
         let client = self
             .connected(option.hard_ttl())
             .await
             .map_err(CallError::into_rpc)?;
-        match client.append_entries(Self::context(&option), request).await {
+        match send(client, Self::context(option)).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(remote)) => Err(openraft::error::RPCError::RemoteError(RemoteError::new(
                 self.target,
@@ -218,6 +225,19 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             ))),
             Err(e) => Err(self.failed(e).into_rpc()),
         }
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        request: AppendEntriesRequest,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse, RpcError> {
+        self.call(&option, |client, ctx| async move {
+            client.append_entries(ctx, request).await
+        })
+        .await
     }
 
     async fn install_snapshot(
@@ -225,21 +245,10 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         request: InstallSnapshotRequest,
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse, RpcError<InstallSnapshotError>> {
-        let client = self
-            .connected(option.hard_ttl())
-            .await
-            .map_err(CallError::into_rpc)?;
-        match client
-            .install_snapshot(Self::context(&option), request)
-            .await
-        {
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(remote)) => Err(openraft::error::RPCError::RemoteError(RemoteError::new(
-                self.target,
-                remote,
-            ))),
-            Err(e) => Err(self.failed(e).into_rpc()),
-        }
+        self.call(&option, |client, ctx| async move {
+            client.install_snapshot(ctx, request).await
+        })
+        .await
     }
 
     async fn vote(
@@ -247,17 +256,9 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         request: VoteRequest,
         option: RPCOption,
     ) -> Result<VoteResponse, RpcError> {
-        let client = self
-            .connected(option.hard_ttl())
-            .await
-            .map_err(CallError::into_rpc)?;
-        match client.vote(Self::context(&option), request).await {
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(remote)) => Err(openraft::error::RPCError::RemoteError(RemoteError::new(
-                self.target,
-                remote,
-            ))),
-            Err(e) => Err(self.failed(e).into_rpc()),
-        }
+        self.call(&option, |client, ctx| async move {
+            client.vote(ctx, request).await
+        })
+        .await
     }
 }
