@@ -36,6 +36,14 @@ struct Replica {
     client_addr: String,
 }
 
+/// Kills the child even when the test panics, so no replica outlives its test.
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn spawn(id: u64, args: &[String], log_dir: &Path) -> Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -326,9 +334,5 @@ async fn sigkill_loop_never_loses_an_acknowledged_append() {
             "producer pair delivered twice at {}",
             entry.offset
         );
-    }
-    for mut replica in replicas {
-        replica.child.kill().unwrap();
-        replica.child.wait().unwrap();
     }
 }

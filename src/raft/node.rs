@@ -245,21 +245,27 @@ impl ReplicaHandle {
 
     /// Reads committed entries starting at `request.from` from the Raft log itself.
     pub fn fetch(&self, request: &FetchRequest) -> Result<FetchResponse, ApiError> {
-        let (applied_offset, snapshot_offset, spans) = self.inner.state_machine.read(|state| {
+        // Spans of purged entries linger until the next apply prunes them; skip them here.
+        let first_log_index = self.inner.log.first_index();
+        let (applied_offset, first_offset, spans) = self.inner.state_machine.read(|state| {
             let applied = state.job.last_offset();
+            let first_offset = state
+                .offset_index
+                .iter()
+                .find(|(_, span)| span.log_index >= first_log_index)
+                .map_or(applied + 1, |(first, _)| *first);
             let from_span = state
                 .offset_index
                 .range(..=request.from)
                 .next_back()
-                .map(|(first, _)| *first)
-                .unwrap_or(request.from);
+                .map_or(request.from, |(first, _)| *first);
             let spans: Vec<_> = state
                 .offset_index
-                .range(from_span..)
+                .range(from_span.max(first_offset)..)
                 .take(request.entries_max.max(1) as usize)
                 .map(|(first, span)| (*first, span.clone()))
                 .collect();
-            (applied, self.inner.state_machine.snapshot_offset(), spans)
+            (applied, first_offset, spans)
         });
         let empty = |next_offset| FetchResponse {
             entries: Vec::new(),
@@ -270,14 +276,11 @@ impl ReplicaHandle {
             return Ok(empty(request.from));
         }
         let compacted = ApiError::Compacted {
-            first_offset: spans
-                .first()
-                .map_or(applied_offset + 1, |(first, _)| *first),
-            snapshot_offset,
+            first_offset,
+            snapshot_offset: self.inner.state_machine.snapshot_offset(),
         };
-        match spans.first() {
-            Some((first, _)) if *first <= request.from => {}
-            _ => return Err(compacted),
+        if request.from < first_offset {
+            return Err(compacted);
         }
         let mut entries = Vec::new();
         let mut bytes = 0usize;
