@@ -451,8 +451,17 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), StartError> {
     let replica = Replica::start(config).await?;
-    shutdown.await;
+    // A replica whose Raft core stopped on a fatal (storage) error must not linger as a
+    // zombie: exit, so that a supervisor restarts it and recovery runs.
+    let mut metrics = replica.raft().metrics();
+    let fatal = async move {
+        let _ = metrics.wait_for(|m| m.running_state.is_err()).await;
+    };
+    let result = tokio::select! {
+        _ = shutdown => Ok(()),
+        _ = fatal => Err(StartError::Raft("the Raft core stopped on a fatal error".into())),
+    };
     tracing::info!(id = replica.id(), "shutting down");
     replica.shutdown().await;
-    Ok(())
+    result
 }
