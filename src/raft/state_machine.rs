@@ -67,9 +67,7 @@ impl MachineState {
             }
             EntryPayload::Normal(batch) => {
                 let first_offset = self.job.next_offset();
-                let outcomes = self
-                    .job
-                    .apply_batch(entry.log_id.leader_id.term, batch, |_| {});
+                let outcomes = self.job.apply_batch(batch);
                 let duplicates: Vec<u32> = outcomes
                     .iter()
                     .enumerate()
