@@ -81,11 +81,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let applied = leader.applied_offset();
     cluster.wait_for_applied(applied, WAIT).await?;
-    let follower = *cluster
-        .running_ids()
-        .iter()
-        .find(|id| **id != leader_id)
-        .unwrap();
+    let follower = cluster.follower_of(leader_id);
     cluster.stop(follower).await;
     let started = Instant::now();
     cluster.restart(follower).await?;

@@ -98,11 +98,7 @@ async fn follower_restarted_on_same_directory_catches_up() {
     let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
     append_many(&cluster, 1, 30).await;
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
-    let follower = *cluster
-        .running_ids()
-        .iter()
-        .find(|id| **id != leader)
-        .unwrap();
+    let follower = cluster.follower_of(leader);
     cluster.wait_for_applied(30, WAIT).await.unwrap();
     cluster.stop(follower).await;
     append_many(&cluster, 31, 70).await;
@@ -131,11 +127,7 @@ async fn lagging_replica_catches_up_by_snapshot_install_after_purge() {
     .await
     .unwrap();
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
-    let follower = *cluster
-        .running_ids()
-        .iter()
-        .find(|id| **id != leader)
-        .unwrap();
+    let follower = cluster.follower_of(leader);
     cluster.stop(follower).await;
     let handle = cluster.replica(leader).clone_handle();
     for i in 1..=300 {

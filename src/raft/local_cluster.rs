@@ -85,6 +85,15 @@ impl LocalCluster {
         self.replicas.keys().copied().collect()
     }
 
+    /// Some running replica other than `leader`.
+    pub fn follower_of(&self, leader: NodeId) -> NodeId {
+        *self
+            .replicas
+            .keys()
+            .find(|id| **id != leader)
+            .expect("a cluster of one has no follower")
+    }
+
     /// Client addresses of the running replicas.
     pub fn client_addrs(&self) -> Vec<String> {
         self.replicas
