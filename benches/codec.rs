@@ -4,7 +4,7 @@
 //! `cargo bench --bench codec`
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use ctrlog::log::{decode, encode, Batch, Command, ProducerSeq, Proposal};
+use ctrlog::log::{decode, encode, Batch, Command, ProducerSeq, Proposal, Target};
 
 fn batch(commands: usize) -> Batch {
     Batch {
@@ -12,6 +12,7 @@ fn batch(commands: usize) -> Batch {
         proposals: (0..commands as u64)
             .map(|seq| Proposal {
                 producer: Some(ProducerSeq { producer: 1, seq }),
+                target: Target::All,
                 frame: Command::custom(1, 1, vec![7; 256]).into_frame(),
             })
             .collect(),

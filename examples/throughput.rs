@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ctrlog::log::{Command, Proposal};
+use ctrlog::log::{Command, Proposal, Target};
 use ctrlog::raft::{LocalCluster, ReplicaHandle};
 use hdrhistogram::Histogram;
 
@@ -16,6 +16,7 @@ const WAIT: Duration = Duration::from_secs(120);
 fn proposal() -> Proposal {
     Proposal {
         producer: None,
+        target: Target::All,
         frame: Command::custom(1, 1, vec![7u8; 256]).into_frame(),
     }
 }

@@ -8,8 +8,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::client::{ControlClient, FetchRequest};
-use crate::jobs::Outcome;
-use crate::log::Command;
+use crate::log::{Command, Target};
 use crate::raft::LocalCluster;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -18,10 +17,10 @@ async fn append_some(client: &ControlClient, from: u32, count: u32) -> anyhow::R
     let mut offsets = Vec::new();
     for i in from..from + count {
         let payload = format!("config-change #{i}").into_bytes();
-        match client.append(Command::custom(1, 1, payload)).await? {
-            Outcome::Appended { offset } => offsets.push(offset),
-            other => anyhow::bail!("unexpected outcome {other:?}"),
-        }
+        let ack = client
+            .append(Target::All, Command::custom(1, 1, payload))
+            .await?;
+        offsets.push(ack.offset);
     }
     Ok(offsets)
 }
@@ -63,11 +62,10 @@ pub async fn run(data: Option<PathBuf>) -> anyhow::Result<()> {
     cluster.restart(leader).await?;
     let last = *offsets.last().expect("appended five");
     cluster.wait_for_applied(last, WAIT).await?;
-    let response = cluster.replica(leader).fetch(&FetchRequest {
-        from: 1,
-        entries_max: 100,
-        bytes_max: 1 << 20,
-    })?;
+    let response = cluster
+        .replica(leader)
+        .fetch(&FetchRequest::from(1), Duration::ZERO)
+        .await?;
     println!("== the control log as replica {leader} has it now:");
     for entry in &response.entries {
         if let Command::Custom { payload, .. } = entry.command() {

@@ -4,6 +4,8 @@
 //! log into the job's state, [`raft`] replicates it (feature `server`), and [`client`] is what
 //! containers link.
 
+#[cfg(feature = "server")]
+pub mod cli;
 pub mod client;
 #[cfg(feature = "server")]
 pub mod demo;

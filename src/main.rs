@@ -1,11 +1,14 @@
 //! The `ctrlog` binary: parses arguments and calls the library.
 
+use std::io::Write;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
+use ctrlog::cli;
 use ctrlog::client::{ControlClient, Member};
+use ctrlog::log::{Filter, Frame, ProducerSeq, Target};
 use ctrlog::raft::{parse_members, ReplicaConfig};
 
 #[derive(Parser)]
@@ -15,6 +18,9 @@ use ctrlog::raft::{parse_members, ReplicaConfig};
     about = "A replicated job control log on Raft"
 )]
 struct Cli {
+    /// Client addresses of any replicas of the cluster (for the client subcommands).
+    #[arg(long, global = true, env = "CTRLOG_CLUSTER", value_delimiter = ',')]
+    cluster: Vec<String>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -23,12 +29,38 @@ struct Cli {
 enum Cmd {
     /// Run one replica until SIGINT or SIGTERM.
     Serve(ServeArgs),
+    /// Append one command and print its offset.
+    Append(AppendArgs),
+    /// Print committed commands, one per line.
+    Tail {
+        /// The first offset to print.
+        #[arg(long, default_value_t = 1)]
+        from: u64,
+        /// Keep printing new commands as they commit.
+        #[arg(long)]
+        follow: bool,
+        /// Stop after this many commands.
+        #[arg(long)]
+        max: Option<u64>,
+        /// `everything`, or `container:ID` for one container's commands plus broadcasts.
+        #[arg(long, default_value = "everything")]
+        filter: Filter,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show a replica's view of the cluster.
     Status {
-        /// Client addresses of any replicas.
-        #[arg(long, value_delimiter = ',', required = true)]
-        cluster: Vec<String>,
+        #[arg(long)]
+        json: bool,
     },
+    /// Show the job state folded from the log.
+    State {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Take a snapshot on the leader now (and purge what retention allows).
+    Snapshot,
     /// List, add or remove replicas.
     Members {
         #[command(subcommand)]
@@ -40,6 +72,33 @@ enum Cmd {
         #[arg(long)]
         data: Option<PathBuf>,
     },
+}
+
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("body").required(true).args(["payload", "payload_file"])))]
+struct AppendArgs {
+    /// The command kind: a number as stored, or `custom:N` for user kind N.
+    #[arg(long, value_parser = ctrlog::cli::parse_kind)]
+    kind: u32,
+    #[arg(long, default_value_t = 1)]
+    version: u16,
+    /// `all`, `coordinator` or `container:ID`.
+    #[arg(long, default_value = "all")]
+    target: Target,
+    /// The payload as text.
+    #[arg(long)]
+    payload: Option<String>,
+    /// The payload from a file, as bytes.
+    #[arg(long)]
+    payload_file: Option<PathBuf>,
+    /// An idempotent producer id; with `--seq`, running the same command twice appends once.
+    #[arg(long, requires = "seq")]
+    producer: Option<u64>,
+    #[arg(long, requires = "producer")]
+    seq: Option<u64>,
+    /// Print `{"offset":N,"duplicate":false}`.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -66,14 +125,9 @@ struct ServeArgs {
 
 #[derive(Subcommand)]
 enum MembersCmd {
-    List {
-        #[arg(long, value_delimiter = ',', required = true)]
-        cluster: Vec<String>,
-    },
+    List,
     /// Add a replica: it joins as a learner and is promoted once caught up.
     Add {
-        #[arg(long, value_delimiter = ',', required = true)]
-        cluster: Vec<String>,
         #[arg(long)]
         id: u64,
         #[arg(long)]
@@ -82,8 +136,6 @@ enum MembersCmd {
         client_addr: String,
     },
     Remove {
-        #[arg(long, value_delimiter = ',', required = true)]
-        cluster: Vec<String>,
         #[arg(long)]
         id: u64,
     },
@@ -135,29 +187,120 @@ async fn shutdown_signal() {
     }
 }
 
-fn print_status(status: &ctrlog::client::Status) {
-    println!(
-        "replica {} is {} in term {}; leader: {:?}; applied offset {}; log index {:?}",
-        status.id,
-        status.role,
-        status.term,
-        status.leader_id,
-        status.applied_offset,
-        status.last_log_index
-    );
-    for m in &status.members {
-        println!(
-            "  {} {} peer={} client={}",
-            m.id,
-            if m.voter { "voter  " } else { "learner" },
-            m.member.peer_addr,
-            m.member.client_addr
-        );
+async fn connect(cluster: &[String]) -> anyhow::Result<ControlClient> {
+    if cluster.is_empty() {
+        bail!("no cluster given: use --cluster ADDR,ADDR,... or set CTRLOG_CLUSTER");
     }
+    ControlClient::connect(cluster)
+        .await
+        .context("connecting to the cluster")
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    match cli.command {
+        Cmd::Serve(args) => ctrlog::raft::serve(serve_config(args)?, shutdown_signal()).await?,
+        Cmd::Append(args) => {
+            let body = match (args.payload, args.payload_file) {
+                (Some(text), _) => text.into_bytes(),
+                (None, Some(path)) => std::fs::read(&path)
+                    .with_context(|| format!("reading {}", path.display()))?,
+                (None, None) => unreachable!("clap requires one of them"),
+            };
+            let frame = Frame {
+                kind: args.kind,
+                version: args.version,
+                body,
+            };
+            let producer = args
+                .producer
+                .zip(args.seq)
+                .map(|(producer, seq)| ProducerSeq { producer, seq });
+            let client = connect(&cli.cluster).await?;
+            let ack = cli::append(&client, args.target, frame, producer).await?;
+            if args.json {
+                writeln!(out, "{}", serde_json::to_string(&ack)?)?;
+            } else if ack.duplicate {
+                writeln!(out, "{} (already appended)", ack.offset)?;
+            } else {
+                writeln!(out, "{}", ack.offset)?;
+            }
+        }
+        Cmd::Tail {
+            from,
+            follow,
+            max,
+            filter,
+            json,
+        } => {
+            let client = connect(&cli.cluster).await?;
+            let options = cli::TailOptions {
+                from,
+                follow,
+                max,
+                filter,
+                json,
+            };
+            cli::tail(&client, &options, &mut out).await?;
+        }
+        Cmd::Status { json } => {
+            let status = connect(&cli.cluster).await?.status().await?;
+            if json {
+                writeln!(out, "{}", cli::status_json(&status))?;
+            } else {
+                write!(out, "{}", cli::status_text(&status))?;
+            }
+        }
+        Cmd::State { json } => {
+            let at = connect(&cli.cluster).await?.state(0).await?;
+            if json {
+                writeln!(out, "{}", cli::state_json(&at))?;
+            } else {
+                write!(out, "{}", cli::state_text(&at))?;
+            }
+        }
+        Cmd::Snapshot => {
+            let offset = connect(&cli.cluster).await?.snapshot().await?;
+            writeln!(out, "snapshot taken; it covers offsets up to {offset}")?;
+        }
+        Cmd::Members { command } => {
+            let client = connect(&cli.cluster).await?;
+            match command {
+                MembersCmd::List => {
+                    write!(out, "{}", cli::status_text(&client.leader_status().await?))?
+                }
+                MembersCmd::Add {
+                    id,
+                    peer_addr,
+                    client_addr,
+                } => {
+                    let member = Member {
+                        peer_addr,
+                        client_addr,
+                    };
+                    client.add_member(id, member).await?;
+                    writeln!(out, "replica {id} added and promoted to voter")?;
+                }
+                MembersCmd::Remove { id } => {
+                    client.remove_member(id).await?;
+                    writeln!(out, "replica {id} removed")?;
+                }
+            }
+        }
+        Cmd::Demo { data } => ctrlog::demo::run(data).await?,
+    }
+    Ok(())
+}
+
+fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error
+        .downcast_ref::<std::io::Error>()
+        .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -165,45 +308,13 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
-    match cli.command {
-        Cmd::Serve(args) => ctrlog::raft::serve(serve_config(args)?, shutdown_signal()).await?,
-        Cmd::Status { cluster } => {
-            let client = ControlClient::connect(&cluster).await?;
-            print_status(&client.status().await?);
+    match run(Cli::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        // `ctrlog tail | head` closing the pipe is not an error.
+        Err(error) if is_broken_pipe(&error) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("ctrlog: {error:#}");
+            ExitCode::FAILURE
         }
-        Cmd::Members { command } => match command {
-            MembersCmd::List { cluster } => {
-                let client = ControlClient::connect(&cluster).await?;
-                print_status(&client.leader_status().await?);
-            }
-            MembersCmd::Add {
-                cluster,
-                id,
-                peer_addr,
-                client_addr,
-            } => {
-                let client = ControlClient::connect(&cluster).await?;
-                client
-                    .add_member(
-                        id,
-                        Member {
-                            peer_addr,
-                            client_addr,
-                        },
-                    )
-                    .await?;
-                println!("replica {id} added and promoted to voter");
-            }
-            MembersCmd::Remove { cluster, id } => {
-                let client = ControlClient::connect(&cluster)
-                    .await?
-                    .with_retry_deadline(Duration::from_secs(30));
-                client.remove_member(id).await?;
-                println!("replica {id} removed");
-            }
-        },
-        Cmd::Demo { data } => ctrlog::demo::run(data).await?,
     }
-    Ok(())
 }

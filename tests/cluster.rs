@@ -5,11 +5,11 @@ mod common;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::*;
-use ctrlog::client::{ApiError, ControlClient, FetchRequest};
-use ctrlog::jobs::Outcome;
-use ctrlog::log::{Command, ProducerSeq, Proposal};
+use ctrlog::client::{ApiError, AppendAck, ControlClient, FetchRequest};
+use ctrlog::log::{Command, ProducerSeq, Proposal, Target};
 use ctrlog::raft::LocalCluster;
 
 /// Goal: three replicas elect exactly one leader and hold identical committed logs.
@@ -35,7 +35,10 @@ async fn three_replicas_elect_one_leader_and_hold_identical_logs() {
         "each command got its own offset"
     );
     cluster.wait_for_applied(200, WAIT).await.unwrap();
-    let logs: Vec<_> = cluster.running().map(|r| read_all(r)).collect();
+    let mut logs = Vec::new();
+    for replica in cluster.running() {
+        logs.push(read_all(replica).await);
+    }
     assert_eq!(logs[0].len(), 200);
     assert_contiguous(&logs[0]);
     assert_eq!(logs[0], logs[1]);
@@ -52,7 +55,7 @@ async fn leader_killed_new_leader_commits_without_losing_entries() {
     let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
     let before = append_many(&cluster, 1, 50).await;
     let old_leader = cluster.wait_for_leader(WAIT).await.unwrap();
-    let expected_before = read_all(cluster.replica(old_leader));
+    let expected_before = read_all(cluster.replica(old_leader)).await;
     assert_eq!(expected_before.len(), 50);
     cluster.stop(old_leader).await;
 
@@ -63,10 +66,13 @@ async fn leader_killed_new_leader_commits_without_losing_entries() {
     let mut after = Vec::new();
     for i in 51..=100 {
         match client
-            .append(Command::custom(1, 1, format!("cmd-{i}").into_bytes()))
+            .append(Target::All, Command::custom(1, 1, format!("cmd-{i}").into_bytes()))
             .await
         {
-            Ok(Outcome::Appended { offset }) => after.push(offset),
+            Ok(AppendAck {
+                offset,
+                duplicate: false,
+            }) => after.push(offset),
             other => panic!("append {i}: {other:?}"),
         }
     }
@@ -76,7 +82,7 @@ async fn leader_killed_new_leader_commits_without_losing_entries() {
     assert_ne!(new_leader, old_leader);
     cluster.wait_for_applied(100, WAIT).await.unwrap();
     for replica in cluster.running() {
-        let log = read_all(replica);
+        let log = read_all(replica).await;
         assert_eq!(log.len(), 100);
         assert_contiguous(&log);
         assert_eq!(
@@ -105,8 +111,8 @@ async fn follower_restarted_on_same_directory_catches_up() {
     cluster.restart(follower).await.unwrap();
     cluster.wait_for_applied(100, WAIT).await.unwrap();
     assert_eq!(
-        read_all(cluster.replica(follower)),
-        read_all(cluster.replica(leader))
+        read_all(cluster.replica(follower)).await,
+        read_all(cluster.replica(leader)).await
     );
     cluster.shutdown().await;
 }
@@ -148,19 +154,15 @@ async fn lagging_replica_catches_up_by_snapshot_install_after_purge() {
         snapshot > 100,
         "the follower installed a snapshot (at {snapshot})"
     );
-    match restarted.fetch(&FetchRequest {
-        from: 1,
-        entries_max: 10,
-        bytes_max: 1 << 20,
-    }) {
+    match restarted.fetch(&FetchRequest::from(1), Duration::ZERO).await {
         Err(ApiError::Compacted {
             first_offset,
             snapshot_offset,
         }) => {
             assert!(first_offset > 1 && snapshot_offset >= first_offset - 1);
-            let tail = read_from(&restarted, first_offset);
+            let tail = read_from(&restarted, first_offset).await;
             assert_eq!(tail.last().map(|e| e.offset), Some(300));
-            assert_eq!(tail, read_from(&handle, first_offset));
+            assert_eq!(tail, read_from(&handle, first_offset).await);
         }
         other => panic!("expected Compacted, got {other:?}"),
     }
@@ -179,7 +181,7 @@ async fn all_replicas_restarted_keep_every_committed_entry() {
     append_many(&cluster, 1, 100).await;
     cluster.wait_for_applied(100, WAIT).await.unwrap();
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
-    let before = read_all(cluster.replica(leader));
+    let before = read_all(cluster.replica(leader)).await;
     for id in [1, 2, 3] {
         cluster.stop(id).await;
     }
@@ -188,7 +190,7 @@ async fn all_replicas_restarted_keep_every_committed_entry() {
     }
     cluster.wait_for_applied(100, WAIT).await.unwrap();
     for replica in cluster.running() {
-        assert_eq!(read_all(replica), before, "replica {}", replica.id());
+        assert_eq!(read_all(replica).await, before, "replica {}", replica.id());
     }
     let next = append_many(&cluster, 101, 1).await;
     assert_eq!(next, vec![101]);
@@ -216,7 +218,7 @@ async fn membership_grows_to_four_and_shrinks_to_three_under_traffic() {
         tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 client
-                    .append(Command::custom(1, 1, b"traffic".to_vec()))
+                    .append(Target::All, Command::custom(1, 1, b"traffic".to_vec()))
                     .await
                     .expect("appends keep succeeding through membership changes");
                 appended.fetch_add(1, Ordering::Relaxed);
@@ -259,9 +261,9 @@ async fn membership_grows_to_four_and_shrinks_to_three_under_traffic() {
     writer.await.unwrap();
     let total = appended.load(Ordering::Relaxed);
     cluster.wait_for_applied(total, WAIT).await.unwrap();
-    let reference = read_all(cluster.replica(2));
+    let reference = read_all(cluster.replica(2)).await;
     assert_eq!(reference.len() as u64, total);
-    assert_eq!(read_all(cluster.replica(4)), reference);
+    assert_eq!(read_all(cluster.replica(4)).await, reference);
     cluster.shutdown().await;
 }
 
@@ -279,7 +281,7 @@ async fn oversized_commands_are_refused_and_retries_are_idempotent() {
         .await
         .unwrap();
     let error = client
-        .append(Command::custom(1, 1, vec![0; 2048]))
+        .append(Target::All, Command::custom(1, 1, vec![0; 2048]))
         .await
         .expect_err("over the limit");
     assert!(
@@ -297,15 +299,28 @@ async fn oversized_commands_are_refused_and_retries_are_idempotent() {
             producer: 77,
             seq: 1,
         }),
+        target: Target::All,
         frame: Command::custom(1, 1, b"once".to_vec()).into_frame(),
     };
     let first = client.append_proposal(proposal.clone()).await.unwrap();
     let retry = client.append_proposal(proposal).await.unwrap();
-    assert_eq!(first, Outcome::Appended { offset: 1 });
-    assert_eq!(retry, Outcome::Duplicate { offset: Some(1) });
+    assert_eq!(
+        first,
+        AppendAck {
+            offset: 1,
+            duplicate: false
+        }
+    );
+    assert_eq!(
+        retry,
+        AppendAck {
+            offset: 1,
+            duplicate: true
+        }
+    );
     cluster.wait_for_applied(1, WAIT).await.unwrap();
     for replica in cluster.running() {
-        assert_eq!(read_all(replica).len(), 1);
+        assert_eq!(read_all(replica).await.len(), 1);
     }
     cluster.shutdown().await;
 }

@@ -7,9 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ctrlog::client::{ApiError, ClientError, ControlClient, FetchRequest};
-use ctrlog::jobs::Outcome;
-use ctrlog::log::{Command, LogEntry, ProducerSeq, Proposal};
+use ctrlog::client::{ApiError, AppendAck, ClientError, ControlClient, FetchRequest};
+use ctrlog::log::{Command, LogEntry, ProducerSeq, Proposal, Target};
 
 const WAIT: Duration = Duration::from_secs(60);
 const KILL_ROUNDS: usize = 6;
@@ -76,11 +75,7 @@ async fn read_retained(addr: &str) -> Vec<LogEntry> {
     let mut entries = Vec::new();
     let mut next = 1;
     loop {
-        let request = FetchRequest {
-            from: next,
-            entries_max: 500,
-            bytes_max: 8 << 20,
-        };
+        let request = FetchRequest::from(next);
         let response = match client.fetch(request).await {
             Err(ClientError::Api(ApiError::Compacted { first_offset, .. }))
                 if entries.is_empty() =>
@@ -176,17 +171,12 @@ async fn sigkill_loop_never_loses_an_acknowledged_append() {
                 let producer = n * WRITERS + writer;
                 let proposal = Proposal {
                     producer: Some(ProducerSeq { producer, seq: 1 }),
+                    target: Target::All,
                     frame: Command::custom(1, 1, body(producer)).into_frame(),
                 };
                 // An error means the fate is unknown (not acknowledged): nothing to check.
                 match client.append_proposal(proposal).await {
-                    Ok(Outcome::Appended { offset }) => {
-                        acked.lock().unwrap().push((producer, offset))
-                    }
-                    Ok(Outcome::Duplicate {
-                        offset: Some(offset),
-                    }) => acked.lock().unwrap().push((producer, offset)),
-                    Ok(other) => panic!("unexpected outcome {other:?}"),
+                    Ok(ack) => acked.lock().unwrap().push((producer, ack.offset)),
                     Err(_) => {}
                 }
             }
@@ -312,12 +302,14 @@ async fn sigkill_loop_never_loses_an_acknowledged_append() {
                 for (producer, offset) in chunk {
                     let proposal = Proposal {
                         producer: Some(ProducerSeq { producer, seq: 1 }),
+                        target: Target::All,
                         frame: Command::custom(1, 1, body(producer)).into_frame(),
                     };
                     assert_eq!(
                         client.append_proposal(proposal).await.unwrap(),
-                        Outcome::Duplicate {
-                            offset: Some(offset)
+                        AppendAck {
+                            offset,
+                            duplicate: true
                         },
                         "retry of compacted producer {producer}"
                     );

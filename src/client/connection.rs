@@ -1,7 +1,7 @@
 //! [`ControlClient`]: finds the leader, follows `NotLeader`, retries with bounded backoff.
 
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tarpc::tokio_serde::formats::Bincode;
@@ -9,15 +9,17 @@ use tarpc::{client, context};
 use tokio::sync::Mutex;
 
 use super::protocol::*;
-use crate::jobs::Outcome;
-use crate::log::{Command, ProducerSeq, Proposal};
+use super::sequences::Sequences;
+use super::subscription::Subscription;
+use crate::log::{Command, Filter, Offset, ProducerId, ProducerSeq, Proposal, Target};
 use crate::NodeId;
 
 /// How long one call keeps retrying (failover, reconnects) before giving up. An election on
 /// the default timeouts takes about a second; this leaves room for several.
 pub const RETRY_DEADLINE: Duration = Duration::from_secs(30);
-/// The per-request deadline sent with each call.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The per-request deadline sent with each call (a long poll adds its wait to it).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const BACKOFF_MIN: Duration = Duration::from_millis(20);
 const BACKOFF_MAX: Duration = Duration::from_millis(1000);
 /// Frames this client accepts: a fetch response of many entries.
@@ -29,53 +31,69 @@ pub enum ClientError {
     /// The cluster answered with an error retrying cannot fix.
     #[error(transparent)]
     Api(#[from] ApiError),
-    /// No replica could serve the call before the deadline.
+    /// No replica could serve the call before the deadline. For an append the outcome is
+    /// unknown: it may still commit. Appending the same command again through the same client
+    /// is a new append; use [`ControlClient::append_proposal`] with the same pair to retry it.
     #[error("gave up after {elapsed:?}: {last}")]
     GaveUp { elapsed: Duration, last: String },
+    /// A replica answered something that breaks the protocol's guarantees (for example a gap
+    /// in an unfiltered fetch). The client refuses to pass it on rather than skip silently.
+    #[error("protocol violation by {replica}: {detail}")]
+    Protocol { replica: String, detail: String },
 }
 
-/// A connection to a ctrlog cluster. Cheap to share behind an `Arc`.
-pub struct ControlClient {
-    seeds: Vec<String>,
+/// Settings shared by a client and the subscriptions it opens.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub seeds: Arc<Vec<String>>,
+    pub retry_deadline: Duration,
+}
+
+/// One connection to one replica at a time, replaced on failure: the retry engine behind
+/// every call. A [`Subscription`] owns its own, so that its long polls never queue behind
+/// (or count against the in-flight limit of) the client's appends.
+pub(crate) struct Connector {
+    settings: Settings,
     current: Mutex<Option<(String, ControlLogClient)>>,
-    producer: u64,
-    next_seq: AtomicU64,
-    retry_deadline: Duration,
+    /// Index into the seeds of the next replica to try; starts at a random one so that many
+    /// clients spread over the replicas.
+    next_seed: std::sync::atomic::AtomicUsize,
 }
 
 /// What to do after a failed attempt.
 enum Next {
     /// Try this address next (a `NotLeader` hint).
     Redirect(String),
+    /// Back off, then retry on the same connection (the replica is busy, not wrong).
+    Wait(String),
     /// Back off, then try the next seed.
-    Retry(String),
+    Reconnect(String),
 }
 
-impl ControlClient {
-    /// Connects to the cluster through any of `seeds` (client addresses).
-    pub async fn connect(seeds: &[String]) -> Result<ControlClient, ClientError> {
-        let client = ControlClient {
-            seeds: seeds.to_vec(),
+/// A random number without a dependency: std's hasher is randomly keyed per process, and the
+/// clock makes successive draws differ.
+pub(crate) fn random_u64() -> u64 {
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.finish()
+}
+
+impl Connector {
+    pub(crate) fn new(settings: Settings) -> Connector {
+        let start = (random_u64() as usize) % settings.seeds.len().max(1);
+        Connector {
+            settings,
             current: Mutex::new(None),
-            producer: std::collections::hash_map::RandomState::new()
-                .build_hasher()
-                .finish(),
-            next_seq: AtomicU64::new(1),
-            retry_deadline: RETRY_DEADLINE,
-        };
-        client.status().await?;
-        Ok(client)
+            next_seed: start.into(),
+        }
     }
 
-    /// Changes how long a call retries before giving up.
-    pub fn with_retry_deadline(mut self, deadline: Duration) -> Self {
-        self.retry_deadline = deadline;
-        self
-    }
-
-    /// This client's producer id, which makes its appends idempotent.
-    pub fn producer_id(&self) -> u64 {
-        self.producer
+    pub(crate) fn settings(&self) -> &Settings {
+        &self.settings
     }
 
     async fn dial(addr: &str) -> Result<ControlLogClient, String> {
@@ -83,23 +101,31 @@ impl ControlClient {
         connect
             .config_mut()
             .max_frame_length(CLIENT_FRAME_BYTES_MAX);
-        let transport = tokio::time::timeout(Duration::from_secs(2), connect)
+        let transport = tokio::time::timeout(CONNECT_TIMEOUT, connect)
             .await
             .map_err(|_| format!("connecting to {addr} timed out"))?
             .map_err(|e| format!("connecting to {addr}: {e}"))?;
         Ok(ControlLogClient::new(client::Config::default(), transport).spawn())
     }
 
+    fn next_seed(&self) -> String {
+        let seeds = &self.settings.seeds;
+        let i = self
+            .next_seed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        seeds[i % seeds.len()].clone()
+    }
+
     /// Runs `call` against the leader (or any replica when `leader_only` is false), following
-    /// redirects and retrying transient failures until the retry deadline.
-    async fn with_retries<T, F, Fut>(&self, leader_only: bool, call: F) -> Result<T, ClientError>
+    /// redirects and retrying transient failures until the retry deadline. `call` gets the
+    /// address of the replica it talks to, for its own checks.
+    pub(crate) async fn call<T, F, Fut>(&self, leader_only: bool, call: F) -> Result<T, ClientError>
     where
-        F: Fn(ControlLogClient, context::Context) -> Fut,
+        F: Fn(ControlLogClient, context::Context, String) -> Fut,
         Fut: std::future::Future<Output = Result<Result<T, ApiError>, tarpc::client::RpcError>>,
     {
         let started = Instant::now();
         let mut backoff = BACKOFF_MIN;
-        let mut seed = 0usize;
         let mut target: Option<String> = None;
         loop {
             let (addr, rpc) = {
@@ -109,10 +135,7 @@ impl ControlClient {
                     (Some((addr, rpc)), None) => (addr.clone(), rpc.clone()),
                     (Some((addr, rpc)), Some(w)) if *addr == w => (addr.clone(), rpc.clone()),
                     (_, wanted) => {
-                        let addr = wanted.unwrap_or_else(|| {
-                            seed += 1;
-                            self.seeds[seed % self.seeds.len()].clone()
-                        });
+                        let addr = wanted.unwrap_or_else(|| self.next_seed());
                         match Self::dial(&addr).await {
                             Ok(rpc) => {
                                 *current = Some((addr.clone(), rpc.clone()));
@@ -130,22 +153,26 @@ impl ControlClient {
             };
             let mut ctx = context::current();
             ctx.deadline = Instant::now() + REQUEST_TIMEOUT;
-            let next = match call(rpc, ctx).await {
+            let next = match call(rpc, ctx, addr.clone()).await {
                 Ok(Ok(value)) => return Ok(value),
                 Ok(Err(ApiError::NotLeader {
                     leader_client_addr: Some(leader),
                     ..
                 })) if leader_only && leader != addr => Next::Redirect(leader),
                 Ok(Err(ApiError::NotLeader { .. })) if leader_only => {
-                    Next::Retry(format!("{addr} knows no leader yet"))
+                    Next::Reconnect(format!("{addr} knows no leader yet"))
                 }
-                Ok(Err(ApiError::Unavailable(reason))) => Next::Retry(reason),
-                Ok(Err(other)) => return Err(other.into()),
-                Err(e) => Next::Retry(format!("{addr}: {e}")),
+                Ok(Err(error @ ApiError::Overloaded { .. })) => Next::Wait(error.to_string()),
+                Ok(Err(error)) if error.is_retriable() => {
+                    Next::Reconnect(format!("{addr}: {error}"))
+                }
+                Ok(Err(error)) => return Err(error.into()),
+                Err(e) => Next::Reconnect(format!("{addr}: {e}")),
             };
             match next {
                 Next::Redirect(leader) => target = Some(leader),
-                Next::Retry(reason) => {
+                Next::Wait(reason) => self.pause(started, &mut backoff, reason).await?,
+                Next::Reconnect(reason) => {
                     *self.current.lock().await = None;
                     self.pause(started, &mut backoff, reason).await?;
                 }
@@ -159,7 +186,7 @@ impl ControlClient {
         backoff: &mut Duration,
         last: String,
     ) -> Result<(), ClientError> {
-        if started.elapsed() + *backoff > self.retry_deadline {
+        if started.elapsed() + *backoff > self.settings.retry_deadline {
             return Err(ClientError::GaveUp {
                 elapsed: started.elapsed(),
                 last,
@@ -170,83 +197,208 @@ impl ControlClient {
         *backoff = (*backoff * 2).min(BACKOFF_MAX);
         Ok(())
     }
+}
+
+/// A connection to a ctrlog cluster: appends, reads, subscriptions and administration.
+/// Share it behind an `Arc`; concurrent calls are multiplexed over one connection.
+///
+/// ```no_run
+/// # async fn example() -> Result<(), ctrlog::client::ClientError> {
+/// use ctrlog::client::{ControlClient, SubscriptionItem};
+/// use ctrlog::log::{Command, ContainerId, Filter, Target};
+/// use futures::StreamExt;
+///
+/// let me = ContainerId::new("container-1").expect("a valid id");
+/// let client = ControlClient::connect(&["127.0.0.1:7101".to_string()]).await?;
+/// let mut commands = client.subscribe(1, Filter::Container(me));
+/// while let Some(item) = commands.next().await {
+///     match item? {
+///         SubscriptionItem::Entry(entry) => {
+///             // Obey the command, then answer through the same log.
+///             let ack = Command::custom(2, 1, entry.offset.to_be_bytes().to_vec());
+///             client.append(Target::Coordinator, ack).await?;
+///         }
+///         SubscriptionItem::Reset { state, offset } => {
+///             // Too far behind: the log was compacted. Rebuild from the state as of `offset`.
+///             let _ = (state, offset);
+///         }
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+pub struct ControlClient {
+    connector: Connector,
+    producer: ProducerId,
+    sequences: Sequences,
+}
+
+impl ControlClient {
+    /// Connects to the cluster through any of `seeds` (client addresses), retrying for up to
+    /// [`RETRY_DEADLINE`].
+    pub async fn connect(seeds: &[String]) -> Result<ControlClient, ClientError> {
+        ControlClient::connect_with_deadline(seeds, RETRY_DEADLINE).await
+    }
+
+    /// Connects with a different retry deadline, which then bounds every call of this client
+    /// and of its subscriptions.
+    pub async fn connect_with_deadline(
+        seeds: &[String],
+        retry_deadline: Duration,
+    ) -> Result<ControlClient, ClientError> {
+        if seeds.is_empty() {
+            return Err(ClientError::Api(ApiError::Invalid(
+                "no cluster addresses given".into(),
+            )));
+        }
+        let client = ControlClient {
+            connector: Connector::new(Settings {
+                seeds: Arc::new(seeds.to_vec()),
+                retry_deadline,
+            }),
+            producer: random_u64(),
+            sequences: Sequences::new(),
+        };
+        client.status().await?;
+        Ok(client)
+    }
+
+    /// This client's producer id, which makes its appends idempotent.
+    pub fn producer_id(&self) -> ProducerId {
+        self.producer
+    }
 
     /// Appends a command idempotently: a retry after a lost answer or a failover returns the
-    /// original offset instead of appending twice.
-    pub async fn append(&self, command: Command) -> Result<Outcome, ClientError> {
-        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        self.append_proposal(Proposal {
-            producer: Some(ProducerSeq {
-                producer: self.producer,
-                seq,
-            }),
-            frame: command.into_frame(),
-        })
-        .await
+    /// original offset instead of appending twice. Concurrent appends are pipelined (up to
+    /// the producer window, `jobs::PRODUCER_WINDOW`, unanswered at once) and commit in any
+    /// order.
+    pub async fn append(&self, target: Target, command: Command) -> Result<AppendAck, ClientError> {
+        let lease = self.sequences.issue().await;
+        let result = self
+            .append_proposal(Proposal {
+                producer: Some(ProducerSeq {
+                    producer: self.producer,
+                    seq: lease.seq(),
+                }),
+                target,
+                frame: command.into_frame(),
+            })
+            .await;
+        drop(lease);
+        result
     }
 
     /// Appends a proposal exactly as given, with the caller's own `(producer, seq)` if any.
     /// Retries are idempotent only if the proposal carries a producer pair.
-    pub async fn append_proposal(&self, proposal: Proposal) -> Result<Outcome, ClientError> {
-        self.with_retries(true, |rpc, ctx| {
-            let proposal = proposal.clone();
-            async move { rpc.append(ctx, proposal).await }
-        })
-        .await
+    pub async fn append_proposal(&self, proposal: Proposal) -> Result<AppendAck, ClientError> {
+        self.connector
+            .call(true, |rpc, ctx, _| {
+                let proposal = proposal.clone();
+                async move { rpc.append(ctx, proposal).await }
+            })
+            .await
     }
 
-    /// Reads committed entries from any replica.
+    /// One fetch from any replica (without waiting unless `request.max_wait_ms` says so).
+    /// Most readers want [`ControlClient::subscribe`].
     pub async fn fetch(&self, request: FetchRequest) -> Result<FetchResponse, ClientError> {
-        self.with_retries(false, |rpc, ctx| {
-            let request = request.clone();
-            async move { rpc.fetch(ctx, request).await }
-        })
-        .await
+        self.connector
+            .call(false, |rpc, mut ctx, _| {
+                let request = request.clone();
+                ctx.deadline += Duration::from_millis(request.max_wait_ms.into());
+                async move { rpc.fetch(ctx, request).await }
+            })
+            .await
+    }
+
+    /// Every committed command matching `filter` from offset `from` on, in offset order,
+    /// exactly once, across reconnects and leader changes. See [`Subscription`].
+    pub fn subscribe(&self, from: Offset, filter: Filter) -> Subscription {
+        Subscription::new(
+            Connector::new(self.connector.settings().clone()),
+            from,
+            filter,
+        )
+    }
+
+    /// The JobState as of an offset of at least `min_offset`, from any replica.
+    pub async fn state(&self, min_offset: Offset) -> Result<StateAt, ClientError> {
+        state_at(&self.connector, min_offset).await
     }
 
     /// The status of whichever replica answers.
     pub async fn status(&self) -> Result<Status, ClientError> {
-        self.with_retries(
-            false,
-            |rpc, ctx| async move { rpc.status(ctx).await.map(Ok) },
-        )
-        .await
+        self.connector
+            .call(false, |rpc, ctx, _| async move { rpc.status(ctx).await })
+            .await
     }
 
     /// The leader's status (follows redirects until a leader answers).
     pub async fn leader_status(&self) -> Result<Status, ClientError> {
-        self.with_retries(true, |rpc, ctx| async move {
-            rpc.status(ctx).await.map(|status| {
-                if status.leader_id == Some(status.id) {
-                    Ok(status)
-                } else {
-                    Err(ApiError::NotLeader {
-                        leader_id: status.leader_id,
-                        leader_client_addr: status.leader_client_addr().map(str::to_string),
+        self.connector
+            .call(true, |rpc, ctx, _| async move {
+                rpc.status(ctx).await.map(|answer| {
+                    answer.and_then(|status| {
+                        if status.leader_id == Some(status.id) {
+                            Ok(status)
+                        } else {
+                            Err(ApiError::NotLeader {
+                                leader_id: status.leader_id,
+                                leader_client_addr: status
+                                    .leader_client_addr()
+                                    .map(str::to_string),
+                            })
+                        }
                     })
-                }
+                })
             })
-        })
-        .await
+            .await
     }
 
     /// Adds a replica (learner first, voter once caught up).
     pub async fn add_member(&self, id: NodeId, member: Member) -> Result<(), ClientError> {
-        self.with_retries(true, |rpc, mut ctx| {
-            let member = member.clone();
-            // Catching up can take a while; the server bounds it itself.
-            ctx.deadline = Instant::now() + Duration::from_secs(90);
-            async move { rpc.add_member(ctx, id, member).await }
-        })
-        .await
+        self.connector
+            .call(true, |rpc, mut ctx, _| {
+                let member = member.clone();
+                // Catching up can take a while; the server bounds it itself.
+                ctx.deadline = Instant::now() + Duration::from_secs(90);
+                async move { rpc.add_member(ctx, id, member).await }
+            })
+            .await
     }
 
     /// Removes a replica.
     pub async fn remove_member(&self, id: NodeId) -> Result<(), ClientError> {
-        self.with_retries(
-            true,
-            |rpc, ctx| async move { rpc.remove_member(ctx, id).await },
-        )
-        .await
+        self.connector
+            .call(true, |rpc, ctx, _| async move {
+                rpc.remove_member(ctx, id).await
+            })
+            .await
     }
+
+    /// Takes a snapshot on the leader now; returns the last offset it covers.
+    pub async fn snapshot(&self) -> Result<Offset, ClientError> {
+        self.connector
+            .call(true, |rpc, mut ctx, _| async move {
+                ctx.deadline = Instant::now() + Duration::from_secs(40);
+                rpc.snapshot(ctx).await
+            })
+            .await
+    }
+}
+
+/// How long a `state` call waits for a lagging replica to reach the wanted offset before the
+/// client tries another.
+const STATE_WAIT: Duration = Duration::from_secs(5);
+
+pub(crate) async fn state_at(
+    connector: &Connector,
+    min_offset: Offset,
+) -> Result<StateAt, ClientError> {
+    connector
+        .call(false, |rpc, mut ctx, _| async move {
+            ctx.deadline += STATE_WAIT;
+            rpc.state(ctx, min_offset, STATE_WAIT.as_millis() as u32)
+                .await
+        })
+        .await
 }

@@ -1,21 +1,14 @@
-//! The container's side: the wire protocol and a client that finds the leader by itself.
+//! The container's side: the wire protocol, a client that finds the leader by itself, and
+//! subscriptions that resume across failures.
 //!
 //! Builds with `default-features = false, features = ["client"]`: it depends on `log`, `jobs`
-//! and tarpc only, never on openraft or sled.
-//!
-//! ```no_run
-//! # async fn example() -> Result<(), ctrlog::client::ClientError> {
-//! use ctrlog::client::ControlClient;
-//! use ctrlog::log::Command;
-//!
-//! let client = ControlClient::connect(&["127.0.0.1:7101".to_string()]).await?;
-//! let outcome = client.append(Command::custom(1, 1, b"hello".to_vec())).await?;
-//! println!("appended: {outcome:?}");
-//! # Ok(()) }
-//! ```
+//! and tarpc only, never on openraft or sled. See [`ControlClient`] for a container's loop.
 
 mod connection;
 mod protocol;
+mod sequences;
+mod subscription;
 
-pub use connection::{ClientError, ControlClient};
+pub use connection::{ClientError, ControlClient, CLIENT_FRAME_BYTES_MAX, REQUEST_TIMEOUT, RETRY_DEADLINE};
 pub use protocol::*;
+pub use subscription::{Subscription, SubscriptionItem, LONG_POLL_WAIT};

@@ -6,8 +6,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::jobs::Outcome;
-use crate::log::{LogEntry, Offset, Proposal};
+use crate::jobs::JobState;
+use crate::log::{Filter, LogEntry, Offset, ProducerId, Proposal, Seq};
 use crate::NodeId;
 
 /// The addresses of one replica, stored in the Raft membership so that any replica can tell a
@@ -38,8 +38,8 @@ pub enum ApiError {
     /// The command is larger than the configured limit.
     #[error("command of {size} bytes exceeds the {limit}-byte limit")]
     TooLarge { size: u64, limit: u64 },
-    /// The requested offset is below the first retained one: load the snapshot and resume at
-    /// `snapshot_offset + 1`.
+    /// The requested offset is below the first retained one: load the state (`state()`) and
+    /// resume after its offset. The client library's subscription does this by itself.
     #[error(
         "offsets below {first_offset} are compacted; a snapshot covers up to {snapshot_offset}"
     )]
@@ -47,11 +47,29 @@ pub enum ApiError {
         first_offset: Offset,
         snapshot_offset: Offset,
     },
+    /// The producer's sequence number is too far below its newest one for the replicated
+    /// de-duplication table to tell a retry from a late first attempt, so nothing was
+    /// appended. The client library's flow control prevents this; callers choosing their own
+    /// sequence numbers must keep unanswered ones within the window.
+    #[error("sequence {seq} of producer {producer} is below its window, which starts at {lowest}")]
+    SequenceOutOfWindow {
+        producer: ProducerId,
+        seq: Seq,
+        lowest: Seq,
+    },
+    /// This connection already has the maximum number of requests in flight. Retry once some
+    /// have been answered, or open another connection.
+    #[error("too many requests in flight on this connection (limit {in_flight_max})")]
+    Overloaded { in_flight_max: u32 },
+    /// The request itself is malformed (an invalid container id, a zero limit, ...); retrying
+    /// it unchanged will not help.
+    #[error("invalid request: {0}")]
+    Invalid(String),
     /// The request was refused for a reason stated in the message; retrying will not help.
     #[error("rejected: {0}")]
     Rejected(String),
-    /// The replica could not complete the request now (no quorum, storage trouble); retrying
-    /// later may help.
+    /// The replica could not complete the request now (no quorum, no leader known, storage
+    /// trouble); retrying later, possibly elsewhere, may help.
     #[error("unavailable: {0}")]
     Unavailable(String),
     /// The replica is shutting down.
@@ -59,28 +77,77 @@ pub enum ApiError {
     ShuttingDown,
 }
 
-/// What an append was answered with.
-pub type AppendResult = Result<Outcome, ApiError>;
+impl ApiError {
+    /// Whether the same request may succeed later or at another replica.
+    pub fn is_retriable(&self) -> bool {
+        matches!(
+            self,
+            ApiError::NotLeader { .. }
+                | ApiError::Overloaded { .. }
+                | ApiError::Unavailable(_)
+                | ApiError::ShuttingDown
+        )
+    }
+}
 
-/// A read of the committed log from an offset.
+/// How an append was answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppendAck {
+    /// The command's offset in the control log.
+    pub offset: Offset,
+    /// True when this `(producer, seq)` had been appended before: `offset` is the original
+    /// one and nothing new was appended.
+    pub duplicate: bool,
+}
+
+/// A read of the committed log from an offset: a long poll.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FetchRequest {
     /// The first offset wanted.
     pub from: Offset,
     /// Upper bound on entries returned.
     pub entries_max: u32,
-    /// Upper bound on body bytes returned (at least one entry is returned if any is available).
+    /// Upper bound on command bytes returned (at least one entry is returned if any matches).
     pub bytes_max: u32,
+    /// How long to wait for a matching entry when there is none yet. The replica clamps it
+    /// below the request's deadline, so a long poll answers (possibly empty) before the caller
+    /// gives up on it.
+    pub max_wait_ms: u32,
+    /// Which commands to return. Entries that do not match are skipped, and `next_offset`
+    /// moves past them.
+    pub filter: Filter,
+}
+
+impl FetchRequest {
+    /// Everything from `from`, with generous limits and no waiting.
+    pub fn from(from: Offset) -> FetchRequest {
+        FetchRequest {
+            from,
+            entries_max: 1024,
+            bytes_max: 4 << 20,
+            max_wait_ms: 0,
+            filter: Filter::Everything,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FetchResponse {
-    /// Consecutive entries starting at `from`.
+    /// Matching entries in increasing offset order, none below `from`. Without a filter they
+    /// are consecutive, starting at `from`.
     pub entries: Vec<LogEntry>,
-    /// The offset to ask for next.
+    /// The offset to ask for next: every offset below it was either returned or did not match.
     pub next_offset: Offset,
-    /// The last offset applied on this replica when the response was built.
+    /// The last offset applied (hence committed) on this replica when the response was built.
     pub applied_offset: Offset,
+}
+
+/// The folded job state as of one offset.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateAt {
+    /// The last offset folded into `state`.
+    pub offset: Offset,
+    pub state: JobState,
 }
 
 /// One replica in a [`Status`].
@@ -102,7 +169,13 @@ pub struct Status {
     pub members: Vec<MemberStatus>,
     pub last_log_index: Option<u64>,
     pub applied_index: Option<u64>,
+    /// The last offset applied here. Offsets are numbered when entries are applied, so this is
+    /// also the highest offset this replica knows to be committed.
     pub applied_offset: Offset,
+    /// The lowest offset still in the log; below it only the snapshot remains.
+    pub first_offset: Offset,
+    /// The last offset the current snapshot covers (0 without one).
+    pub snapshot_offset: Offset,
     pub snapshot_index: Option<u64>,
     pub purged_index: Option<u64>,
 }
@@ -121,14 +194,20 @@ impl Status {
 /// The service on every replica's client port.
 #[tarpc::service]
 pub trait ControlLog {
-    /// Appends one command; answered once it is committed and applied.
-    async fn append(proposal: Proposal) -> AppendResult;
-    /// Reads committed entries from an offset.
+    /// Appends one command at the leader; answered once it is committed and applied.
+    async fn append(proposal: Proposal) -> Result<AppendAck, ApiError>;
+    /// Reads committed entries from an offset, waiting up to `max_wait_ms` for one to match.
     async fn fetch(request: FetchRequest) -> Result<FetchResponse, ApiError>;
+    /// The JobState as of this replica's applied offset, once that is at least `min_offset`
+    /// (waiting up to `max_wait_ms` for it; `Unavailable` if it is not reached).
+    async fn state(min_offset: Offset, max_wait_ms: u32) -> Result<StateAt, ApiError>;
     /// This replica's view of the cluster.
-    async fn status() -> Status;
+    async fn status() -> Result<Status, ApiError>;
     /// Adds a replica: as a learner first, promoted to voter once it has caught up.
     async fn add_member(id: NodeId, member: Member) -> Result<(), ApiError>;
     /// Removes a replica from the cluster.
     async fn remove_member(id: NodeId) -> Result<(), ApiError>;
+    /// Takes a snapshot now (followed by the purge the retention allows); answers with the
+    /// last offset it covers.
+    async fn snapshot() -> Result<Offset, ApiError>;
 }

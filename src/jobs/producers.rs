@@ -9,32 +9,40 @@ use crate::log::{Offset, ProducerId, ProducerSeq, Seq};
 
 /// How many producers the table remembers. When a new producer arrives at a full table, the
 /// producer that appended least recently is forgotten; its retries would then append again.
-/// 65,536 producers × a 16-entry window is a few MiB of snapshot at most, while a job has far
-/// fewer live containers and coordinators than that.
+/// 65,536 producers × a full window is at most a few tens of MiB of snapshot, while a job has
+/// far fewer live containers and coordinators than that.
 pub const PRODUCERS_MAX: usize = 65_536;
 
-/// How many recent appends per producer keep their offset, so a retry of any of them learns
-/// the original offset. A retry older than the window is still recognised as a duplicate (its
-/// sequence is not above the last), only without its offset.
-pub const PRODUCER_WINDOW: usize = 16;
+/// The span of sequence numbers below a producer's highest accepted one that the table still
+/// decides exactly. Within it a retry learns its original offset and a late, never-appended
+/// sequence (concurrent appends may commit out of order) is appended. Below it the table cannot
+/// tell the two apart, so such an append is refused as [`Seen::OutOfWindow`] rather than
+/// guessed. The client library never lets one of its unanswered sequence numbers fall that far
+/// behind the newest it has issued, so a well-behaved producer never meets that refusal.
+pub const PRODUCER_WINDOW: u64 = 32;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct ProducerWindow {
-    /// Most recent last; sequences strictly increase.
+    /// Accepted sequences within [`PRODUCER_WINDOW`] of the highest, sorted by sequence, with
+    /// their offsets. Never empty once created.
     recent: VecDeque<(Seq, Offset)>,
+    /// The offset of this producer's latest append, its key in `by_recency`.
+    last_offset: Offset,
 }
 
 impl ProducerWindow {
-    fn last(&self) -> Option<(Seq, Offset)> {
-        self.recent.back().copied()
+    fn highest(&self) -> Seq {
+        self.recent.back().map_or(0, |(seq, _)| *seq)
     }
 }
 
 /// Decides, deterministically and as part of the replicated state, whether an append is new.
 ///
 /// Invariants:
-/// * A producer's accepted sequence numbers strictly increase in log order.
-/// * A pair at or below a producer's last accepted sequence is never appended again.
+/// * A pair is appended at most once while its producer is remembered.
+/// * For a remembered producer with highest accepted sequence `h`, every sequence in
+///   `(h - PRODUCER_WINDOW, h]` is decided exactly (duplicate with its offset, or new); every
+///   sequence at or below `h - PRODUCER_WINDOW` is refused.
 /// * At most [`PRODUCERS_MAX`] producers are remembered; eviction is by least recent offset,
 ///   which every replica computes identically.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,10 +56,11 @@ pub struct ProducerTable {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Seen {
     New,
-    /// Already appended. `offset` is known while the pair is within the producer's window.
-    Duplicate {
-        offset: Option<Offset>,
-    },
+    /// Already appended at `offset`.
+    Duplicate { offset: Offset },
+    /// Too far below the producer's highest sequence to decide; `lowest` is the lowest
+    /// sequence still decidable.
+    OutOfWindow { lowest: Seq },
 }
 
 impl ProducerTable {
@@ -59,26 +68,32 @@ impl ProducerTable {
         let Some(window) = self.windows.get(&pair.producer) else {
             return Seen::New;
         };
-        match window.last() {
-            Some((last_seq, _)) if pair.seq <= last_seq => Seen::Duplicate {
-                offset: window
-                    .recent
-                    .iter()
-                    .find(|(seq, _)| *seq == pair.seq)
-                    .map(|(_, offset)| *offset),
+        let lowest = window.highest().saturating_sub(PRODUCER_WINDOW - 1);
+        if pair.seq < lowest {
+            return Seen::OutOfWindow { lowest };
+        }
+        match window.recent.binary_search_by_key(&pair.seq, |(seq, _)| *seq) {
+            Ok(found) => Seen::Duplicate {
+                offset: window.recent[found].1,
             },
-            _ => Seen::New,
+            Err(_) => Seen::New,
         }
     }
 
-    /// Records that `pair` was appended at `offset`. The caller has checked it is [`Seen::New`].
+    /// Records that `pair` was appended at `offset`. The caller has checked it is [`Seen::New`];
+    /// offsets only grow.
     pub fn record(&mut self, pair: ProducerSeq, offset: Offset) {
         let window = self.windows.entry(pair.producer).or_default();
-        if let Some((_, previous_offset)) = window.last() {
-            self.by_recency.remove(&previous_offset);
+        if !window.recent.is_empty() {
+            self.by_recency.remove(&window.last_offset);
         }
-        window.recent.push_back((pair.seq, offset));
-        if window.recent.len() > PRODUCER_WINDOW {
+        window.last_offset = offset;
+        let at = window
+            .recent
+            .partition_point(|(seq, _)| *seq < pair.seq);
+        window.recent.insert(at, (pair.seq, offset));
+        let lowest = window.highest().saturating_sub(PRODUCER_WINDOW - 1);
+        while window.recent.front().is_some_and(|(seq, _)| *seq < lowest) {
             window.recent.pop_front();
         }
         self.by_recency.insert(offset, pair.producer);
@@ -113,21 +128,34 @@ mod tests {
         let mut table = ProducerTable::default();
         table.record(pair(1, 1), 10);
         table.record(pair(1, 2), 11);
-        assert_eq!(
-            table.check(pair(1, 1)),
-            Seen::Duplicate { offset: Some(10) }
-        );
+        assert_eq!(table.check(pair(1, 1)), Seen::Duplicate { offset: 10 });
         assert_eq!(table.check(pair(1, 3)), Seen::New);
         assert_eq!(table.check(pair(2, 1)), Seen::New);
     }
 
     #[test]
-    fn retry_older_than_the_window_is_still_a_duplicate() {
+    fn sequences_committed_out_of_order_are_each_appended_once() {
         let mut table = ProducerTable::default();
-        for seq in 1..=(PRODUCER_WINDOW as u64 + 5) {
+        table.record(pair(1, 5), 10);
+        assert_eq!(table.check(pair(1, 3)), Seen::New, "3 was never appended");
+        table.record(pair(1, 3), 11);
+        assert_eq!(table.check(pair(1, 3)), Seen::Duplicate { offset: 11 });
+        assert_eq!(table.check(pair(1, 5)), Seen::Duplicate { offset: 10 });
+        assert_eq!(table.check(pair(1, 4)), Seen::New);
+    }
+
+    #[test]
+    fn a_sequence_below_the_window_is_refused_not_guessed() {
+        let mut table = ProducerTable::default();
+        for seq in 1..=(PRODUCER_WINDOW + 5) {
             table.record(pair(1, seq), 100 + seq);
         }
-        assert_eq!(table.check(pair(1, 1)), Seen::Duplicate { offset: None });
+        let lowest = 6;
+        assert_eq!(table.check(pair(1, lowest - 1)), Seen::OutOfWindow { lowest });
+        assert_eq!(
+            table.check(pair(1, lowest)),
+            Seen::Duplicate { offset: 100 + lowest }
+        );
     }
 
     #[test]
@@ -138,6 +166,6 @@ mod tests {
         }
         assert_eq!(table.len(), PRODUCERS_MAX);
         assert_eq!(table.check(pair(0, 1)), Seen::New, "producer 0 was evicted");
-        assert_eq!(table.check(pair(1, 1)), Seen::Duplicate { offset: Some(2) });
+        assert_eq!(table.check(pair(1, 1)), Seen::Duplicate { offset: 2 });
     }
 }

@@ -3,15 +3,28 @@
 use serde::{Deserialize, Serialize};
 
 use super::producers::{ProducerTable, Seen};
-use crate::log::{Batch, Offset};
+use crate::log::{Batch, Offset, Seq};
 
 /// What applying one proposal did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
     /// Appended at this offset.
     Appended { offset: Offset },
-    /// The `(producer, seq)` pair was appended before; nothing new was appended.
-    Duplicate { offset: Option<Offset> },
+    /// The `(producer, seq)` pair was appended before, at `offset`; nothing new was appended.
+    Duplicate { offset: Offset },
+    /// The pair's sequence is too far below the producer's newest to tell a retry from a late
+    /// first attempt (see [`PRODUCER_WINDOW`](super::PRODUCER_WINDOW)); nothing was appended.
+    OutOfWindow { lowest: Seq },
+}
+
+impl Outcome {
+    /// The offset the command holds, unless it was refused.
+    pub fn offset(&self) -> Option<Offset> {
+        match self {
+            Outcome::Appended { offset } | Outcome::Duplicate { offset } => Some(*offset),
+            Outcome::OutOfWindow { .. } => None,
+        }
+    }
 }
 
 /// The whole control log folded into one value.
@@ -57,9 +70,16 @@ impl JobState {
         let mut outcomes = Vec::with_capacity(batch.proposals.len());
         for proposal in &batch.proposals {
             if let Some(pair) = proposal.producer {
-                if let Seen::Duplicate { offset } = self.producers.check(pair) {
-                    outcomes.push(Outcome::Duplicate { offset });
-                    continue;
+                match self.producers.check(pair) {
+                    Seen::New => {}
+                    Seen::Duplicate { offset } => {
+                        outcomes.push(Outcome::Duplicate { offset });
+                        continue;
+                    }
+                    Seen::OutOfWindow { lowest } => {
+                        outcomes.push(Outcome::OutOfWindow { lowest });
+                        continue;
+                    }
                 }
             }
             let offset = self.next_offset;
@@ -76,11 +96,12 @@ impl JobState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::log::{Command, ProducerSeq, Proposal};
+    use crate::log::{Command, ProducerSeq, Proposal, Target};
 
     fn proposal(producer: Option<(u64, u64)>) -> Proposal {
         Proposal {
             producer: producer.map(|(producer, seq)| ProducerSeq { producer, seq }),
+            target: Target::All,
             frame: Command::custom(1, 1, vec![]).into_frame(),
         }
     }
@@ -108,7 +129,7 @@ mod tests {
         assert_eq!(
             outcomes,
             vec![
-                Outcome::Duplicate { offset: Some(2) },
+                Outcome::Duplicate { offset: 2 },
                 Outcome::Appended { offset: 3 }
             ]
         );

@@ -55,7 +55,7 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8], limit: u64) -> Result<T, Decode
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::log::{Batch, Frame, ProducerSeq, Proposal};
+    use crate::log::{Batch, ContainerId, Frame, ProducerSeq, Proposal, Target};
     use proptest::prelude::*;
 
     fn sample_batch() -> Batch {
@@ -66,6 +66,7 @@ mod tests {
                     producer: 9,
                     seq: 3,
                 }),
+                target: Target::Container(ContainerId::new("c-7").unwrap()),
                 frame: Frame {
                     kind: 1,
                     version: 1,

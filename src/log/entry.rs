@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Command, Frame, Offset, ProducerId, Seq, Term};
+use super::{Command, Frame, Offset, ProducerId, Seq, Target, Term};
 
 /// Identifies one append of an idempotent producer. A retry carries the same pair, and the
 /// replicated state machine answers it with the original offset instead of appending again.
@@ -16,14 +16,16 @@ pub struct ProducerSeq {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Proposal {
     pub producer: Option<ProducerSeq>,
+    /// Who the command is for; subscribers filter on it.
+    pub target: Target,
     pub frame: Frame,
 }
 
 impl Proposal {
     /// The bytes this proposal adds to a batch, for the proposer's size bound.
     pub fn encoded_len(&self) -> usize {
-        // Option tag (1) + producer id and seq (16) + frame.
-        17 + self.frame.encoded_len()
+        // Option tag (1) + producer id and seq (16) + target + frame.
+        17 + self.target.encoded_len() + self.frame.encoded_len()
     }
 }
 
@@ -57,6 +59,7 @@ pub struct LogEntry {
     /// The leader's wall clock when the batch was proposed.
     pub appended_at_ms: u64,
     pub producer: Option<ProducerSeq>,
+    pub target: Target,
     /// The command as written. Decode it with [`LogEntry::command`] so that the reader's own
     /// vocabulary decides what is `Unknown`.
     pub frame: Frame,

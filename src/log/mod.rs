@@ -3,7 +3,8 @@
 //!
 //! Data flows through three shapes:
 //!
-//! 1. A producer builds a [`Proposal`]: one [`Frame`] plus an optional `(producer, seq)` pair.
+//! 1. A producer builds a [`Proposal`]: one [`Frame`], the [`Target`] it is addressed to, and an
+//!    optional `(producer, seq)` pair.
 //! 2. The leader's proposer coalesces concurrent proposals into one [`Batch`], stamps it with its
 //!    wall clock, and proposes the batch as **one** Raft entry (DESIGN.md §4: one command per Raft
 //!    entry caps a 3-replica cluster near 2,000 entries/s).
@@ -21,10 +22,12 @@
 mod codec;
 mod command;
 mod entry;
+mod target;
 
 pub use codec::{decode, encode, DecodeError};
 pub use command::{Command, Frame, Kind, CUSTOM_KIND_MIN};
 pub use entry::{Batch, LogEntry, ProducerSeq, Proposal};
+pub use target::{ContainerId, Filter, InvalidContainerId, Target, CONTAINER_ID_BYTES_MAX};
 
 /// The position of one command in the control log: 1, 2, 3, … with no gaps.
 pub type Offset = u64;

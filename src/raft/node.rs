@@ -15,17 +15,25 @@ use super::meta_store::MetaStore;
 use super::network::{bind_peers, serve_peers, PeerNetwork};
 use super::proposer::{Proposer, BATCH_BYTES_MAX};
 use super::service::{bind_clients, serve_clients};
-use super::state_machine::{expand_entry, StateMachineStore};
+use super::state_machine::{entry_commands, log_entry, StateMachineStore};
 use super::types::{Raft, RaftMetrics};
 use crate::client::{
-    ApiError, AppendResult, FetchRequest, FetchResponse, Member, MemberStatus, Status,
+    ApiError, AppendAck, FetchRequest, FetchResponse, Member, MemberStatus, StateAt, Status,
 };
-use crate::log::{Offset, Proposal};
+use crate::jobs::Outcome;
+use crate::log::{Filter, Offset, Proposal, Target};
 use crate::NodeId;
 
 /// Entries per AppendEntries message. With batches of up to [`BATCH_BYTES_MAX`] plus one
 /// command, this keeps a message well inside the peer frame limit.
 pub const RAFT_PAYLOAD_ENTRIES_MAX: u64 = 64;
+
+/// Raft entries one fetch reads at most, whatever its filter skips: bounds the work of one
+/// request (a container filtering for itself may skip thousands of commands per entry read).
+pub const FETCH_ENTRIES_SCANNED_MAX: usize = 64;
+
+/// How long `snapshot` waits for the snapshot it triggered.
+const SNAPSHOT_WAIT_MAX: Duration = Duration::from_secs(30);
 
 /// How long a new learner may take to catch up before `add_member` gives up on promoting it.
 pub const MEMBER_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -231,7 +239,7 @@ impl ReplicaHandle {
     }
 
     /// Appends one command through the proposer; answered once committed and applied.
-    pub async fn append(&self, proposal: Proposal) -> AppendResult {
+    pub async fn append(&self, proposal: Proposal) -> Result<AppendAck, ApiError> {
         let size = proposal.frame.body.len();
         if size > self.inner.command_bytes_max {
             return Err(ApiError::TooLarge {
@@ -239,84 +247,180 @@ impl ReplicaHandle {
                 limit: self.inner.command_bytes_max as u64,
             });
         }
+        if let Target::Container(id) = &proposal.target {
+            id.validate()
+                .map_err(|e| ApiError::Invalid(e.to_string()))?;
+        }
         debug_assert!(self.inner.command_bytes_max <= BATCH_BYTES_MAX * 16);
-        self.inner.proposer.propose(proposal).await
+        let producer = proposal.producer;
+        match self.inner.proposer.propose(proposal).await? {
+            Outcome::Appended { offset } => Ok(AppendAck {
+                offset,
+                duplicate: false,
+            }),
+            Outcome::Duplicate { offset } => Ok(AppendAck {
+                offset,
+                duplicate: true,
+            }),
+            Outcome::OutOfWindow { lowest } => {
+                let pair = producer.expect("only producer appends are refused by sequence");
+                Err(ApiError::SequenceOutOfWindow {
+                    producer: pair.producer,
+                    seq: pair.seq,
+                    lowest,
+                })
+            }
+        }
     }
 
-    /// Reads committed entries starting at `request.from` from the Raft log itself.
-    pub fn fetch(&self, request: &FetchRequest) -> Result<FetchResponse, ApiError> {
+    /// Reads committed entries matching `request.filter` from `request.from`, from the Raft
+    /// log itself, waiting up to `max_wait` for one to be applied if there is none yet.
+    ///
+    /// An empty answer after the wait means "nothing new" only while this replica knows a
+    /// leader; a replica that lost its leader (partitioned, or mid-election) answers
+    /// `Unavailable` instead, so that a subscriber moves to a replica that hears the cluster
+    /// rather than waiting silently on a stale one.
+    pub async fn fetch(
+        &self,
+        request: &FetchRequest,
+        max_wait: Duration,
+    ) -> Result<FetchResponse, ApiError> {
+        if request.entries_max == 0 || request.bytes_max == 0 {
+            return Err(ApiError::Invalid(
+                "entries_max and bytes_max must be positive".into(),
+            ));
+        }
+        if let Filter::Container(id) = &request.filter {
+            id.validate()
+                .map_err(|e| ApiError::Invalid(e.to_string()))?;
+        }
+        let deadline = tokio::time::Instant::now() + max_wait;
+        let mut applied = self.applied();
+        let mut from = request.from;
+        loop {
+            let response = self.read_committed(from, request)?;
+            if !response.entries.is_empty() || response.next_offset <= response.applied_offset {
+                // Entries, or a scan that stopped at its bound: the caller continues.
+                return Ok(response);
+            }
+            from = response.next_offset;
+            let waited = tokio::time::timeout_at(
+                deadline,
+                applied.wait_for(|a| a.last_offset >= from),
+            )
+            .await;
+            match waited {
+                Ok(Ok(_)) => continue,
+                Ok(Err(_)) => return Err(ApiError::ShuttingDown),
+                Err(_) if self.metrics().current_leader.is_none() => {
+                    return Err(ApiError::Unavailable(format!(
+                        "replica {} knows no leader; its log may be stale",
+                        self.id()
+                    )))
+                }
+                Err(_) => return Ok(response),
+            }
+        }
+    }
+
+    /// One bounded scan of the applied log from `from` (see [`FETCH_ENTRIES_SCANNED_MAX`]).
+    fn read_committed(
+        &self,
+        from: Offset,
+        request: &FetchRequest,
+    ) -> Result<FetchResponse, ApiError> {
         // Spans of purged entries linger until the next apply prunes them; skip them here.
         let first_log_index = self.inner.log.first_index();
         let (applied_offset, first_offset, spans) = self.inner.state_machine.read(|state| {
             let applied = state.job.last_offset();
-            let first_offset = state
-                .offset_index
-                .iter()
-                .find(|(_, span)| span.log_index >= first_log_index)
-                .map_or(applied + 1, |(first, _)| *first);
+            let first_offset = state.first_retained_offset(first_log_index);
             let from_span = state
                 .offset_index
-                .range(..=request.from)
+                .range(..=from)
                 .next_back()
-                .map_or(request.from, |(first, _)| *first);
+                .map_or(from, |(first, _)| *first);
             let spans: Vec<_> = state
                 .offset_index
                 .range(from_span.max(first_offset)..)
-                .take(request.entries_max.max(1) as usize)
+                .take(FETCH_ENTRIES_SCANNED_MAX.min(request.entries_max as usize))
                 .map(|(first, span)| (*first, span.clone()))
                 .collect();
             (applied, first_offset, spans)
         });
-        let empty = |next_offset| FetchResponse {
+        let mut response = FetchResponse {
             entries: Vec::new(),
-            next_offset,
+            next_offset: from,
             applied_offset,
         };
-        if request.from > applied_offset {
-            return Ok(empty(request.from));
+        if from > applied_offset {
+            return Ok(response);
         }
         let compacted = ApiError::Compacted {
             first_offset,
             snapshot_offset: self.inner.state_machine.snapshot_offset(),
         };
-        if request.from < first_offset {
+        if from < first_offset {
             return Err(compacted);
         }
-        let mut entries = Vec::new();
         let mut bytes = 0usize;
-        'spans: for (first_offset, span) in spans {
+        for (span_offset, span) in spans {
             let Some(raft_entry) = self
                 .inner
                 .log
                 .entry(span.log_index)
                 .map_err(|e| ApiError::Unavailable(e.to_string()))?
             else {
-                if entries.is_empty() {
+                // Purged while we read: what was read so far stands.
+                if response.next_offset == from {
                     return Err(compacted);
                 }
                 break;
             };
-            for entry in expand_entry(first_offset, &span, &raft_entry) {
-                if entry.offset < request.from {
+            for (offset, proposal) in entry_commands(span_offset, &span, &raft_entry) {
+                if offset < from {
                     continue;
                 }
-                if entry.offset > applied_offset
-                    || entries.len() >= request.entries_max as usize
-                    || (!entries.is_empty()
-                        && bytes + entry.frame.body.len() > request.bytes_max as usize)
-                {
-                    break 'spans;
+                if offset > applied_offset {
+                    return Ok(response);
                 }
-                bytes += entry.frame.body.len();
-                entries.push(entry);
+                if request.filter.matches(&proposal.target) {
+                    let size = proposal.frame.body.len();
+                    let full = response.entries.len() >= request.entries_max as usize
+                        || (!response.entries.is_empty()
+                            && bytes + size > request.bytes_max as usize);
+                    if full {
+                        return Ok(response);
+                    }
+                    bytes += size;
+                    response
+                        .entries
+                        .push(log_entry(offset, proposal, &raft_entry));
+                }
+                response.next_offset = offset + 1;
             }
         }
-        let next_offset = entries.last().map_or(request.from, |e| e.offset + 1);
-        Ok(FetchResponse {
-            entries,
-            next_offset,
-            applied_offset,
-        })
+        Ok(response)
+    }
+
+    /// The JobState as of this replica's applied offset, once that reaches `min_offset`.
+    pub async fn state(&self, min_offset: Offset, max_wait: Duration) -> Result<StateAt, ApiError> {
+        let mut applied = self.applied();
+        match tokio::time::timeout(max_wait, applied.wait_for(|a| a.last_offset >= min_offset))
+            .await
+        {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => return Err(ApiError::ShuttingDown),
+            Err(_) => {
+                return Err(ApiError::Unavailable(format!(
+                    "replica {} has not applied offset {min_offset} yet",
+                    self.id()
+                )))
+            }
+        }
+        Ok(self.inner.state_machine.read(|state| StateAt {
+            offset: state.job.last_offset(),
+            state: state.job.clone(),
+        }))
     }
 
     /// This replica's view of the cluster.
@@ -324,6 +428,13 @@ impl ReplicaHandle {
         let metrics = self.metrics();
         let membership = metrics.membership_config.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let first_log_index = self.inner.log.first_index();
+        let (applied_offset, first_offset) = self.inner.state_machine.read(|state| {
+            (
+                state.job.last_offset(),
+                state.first_retained_offset(first_log_index),
+            )
+        });
         let role = match metrics.state {
             ServerState::Leader => "Leader",
             ServerState::Follower => "Follower",
@@ -346,7 +457,9 @@ impl ReplicaHandle {
                 .collect(),
             last_log_index: metrics.last_log_index,
             applied_index: metrics.last_applied.map(|l| l.index),
-            applied_offset: self.applied_offset(),
+            applied_offset,
+            first_offset,
+            snapshot_offset: self.inner.state_machine.snapshot_offset(),
             snapshot_index: metrics.snapshot.map(|l| l.index),
             purged_index: metrics.purged.map(|l| l.index),
         }
@@ -429,7 +542,7 @@ impl ReplicaHandle {
         Ok(())
     }
 
-    /// Forces a snapshot now (and the purge that follows it).
+    /// Forces a snapshot now (and the purge that follows it) without waiting for it.
     pub async fn snapshot_now(&self) -> Result<(), ApiError> {
         self.inner
             .raft
@@ -437,6 +550,25 @@ impl ReplicaHandle {
             .snapshot()
             .await
             .map_err(|e| ApiError::Unavailable(e.to_string()))
+    }
+
+    /// Takes a snapshot of everything applied so far and waits until it is stored; returns
+    /// the last offset it covers.
+    pub async fn snapshot(&self) -> Result<Offset, ApiError> {
+        let Some(applied) = self.metrics().last_applied else {
+            return Err(ApiError::Rejected("nothing applied yet to snapshot".into()));
+        };
+        self.snapshot_now().await?;
+        let mut metrics = self.inner.raft.metrics();
+        let built = metrics.wait_for(|m| m.snapshot.is_some_and(|s| s.index >= applied.index));
+        let stored = match tokio::time::timeout(SNAPSHOT_WAIT_MAX, built).await {
+            Ok(Ok(_)) => Ok(self.inner.state_machine.snapshot_offset()),
+            Ok(Err(_)) => Err(ApiError::ShuttingDown),
+            Err(_) => Err(ApiError::Unavailable(format!(
+                "the snapshot was not stored within {SNAPSHOT_WAIT_MAX:?}"
+            ))),
+        };
+        stored
     }
 
     /// Bytes this replica's log and metadata take on disk.

@@ -19,8 +19,12 @@ use openraft::error::ClientWriteError;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::types::Raft;
-use crate::client::{ApiError, AppendResult};
+use crate::client::ApiError;
+use crate::jobs::Outcome;
 use crate::log::{Batch, Proposal};
+
+/// What the state machine decided for one proposal, or why Raft did not decide it.
+pub type ProposalResult = Result<Outcome, ApiError>;
 
 /// Proposals per batch: bounds one entry's apply time and the latency of the first proposal
 /// in it.
@@ -36,7 +40,7 @@ const QUEUE_DEPTH: usize = 64 * 1024;
 
 struct Pending {
     proposal: Proposal,
-    reply: oneshot::Sender<AppendResult>,
+    reply: oneshot::Sender<ProposalResult>,
 }
 
 /// The handle producers append through.
@@ -54,7 +58,7 @@ impl Proposer {
     }
 
     /// Appends one proposal and waits until it is committed and applied.
-    pub async fn propose(&self, proposal: Proposal) -> AppendResult {
+    pub async fn propose(&self, proposal: Proposal) -> ProposalResult {
         let (reply, answer) = oneshot::channel();
         self.queue
             .send(Pending { proposal, reply })
@@ -88,7 +92,7 @@ async fn run(raft: Raft, mut incoming: mpsc::Receiver<Pending>) {
                 Err(_) => break,
             }
         }
-        let (proposals, replies): (Vec<Proposal>, Vec<oneshot::Sender<AppendResult>>) =
+        let (proposals, replies): (Vec<Proposal>, Vec<oneshot::Sender<ProposalResult>>) =
             pending.into_iter().map(|p| (p.proposal, p.reply)).unzip();
         let batch = Batch {
             appended_at_ms: now_ms(),
@@ -133,7 +137,7 @@ async fn run(raft: Raft, mut incoming: mpsc::Receiver<Pending>) {
     }
 }
 
-fn answer_all(replies: Vec<oneshot::Sender<AppendResult>>, answer: AppendResult) {
+fn answer_all(replies: Vec<oneshot::Sender<ProposalResult>>, answer: ProposalResult) {
     for reply in replies {
         let _ = reply.send(answer.clone());
     }

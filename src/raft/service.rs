@@ -1,22 +1,26 @@
 //! The `ControlLog` service on the client port, served from a [`ReplicaHandle`].
 //!
-//! Each connection is its own tarpc channel with a bound on in-flight requests. A connection
+//! Each connection is its own tarpc channel with a bound on in-flight requests (excess ones are
+//! answered `Overloaded`). A connection
 //! that sends a frame above the limit or bytes that do not decode is closed by its transport;
 //! nothing else is affected, and nothing is applied from it.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tarpc::server::{BaseChannel, Channel};
 use tarpc::tokio_serde::formats::Bincode;
 use tarpc::{context, ClientMessage, Response};
 
 use super::node::ReplicaHandle;
 use crate::client::{
-    ApiError, AppendResult, ControlLog, ControlLogRequest, ControlLogResponse, FetchRequest,
-    FetchResponse, Member, Status,
+    ApiError, AppendAck, ControlLog, ControlLogRequest, ControlLogResponse, FetchRequest,
+    FetchResponse, Member, StateAt, Status,
 };
-use crate::log::Proposal;
+use crate::log::{Offset, Proposal};
 use crate::NodeId;
 
 type Request = ClientMessage<ControlLogRequest>;
@@ -44,6 +48,13 @@ pub async fn bind_clients(
     Ok(listener)
 }
 
+/// The longest a long poll waits, whatever the request asks.
+pub const FETCH_WAIT_MAX: Duration = Duration::from_secs(60);
+
+/// A long poll answers this long before the request's deadline, so that the answer (possibly
+/// empty) reaches the caller before it gives up on the request.
+const DEADLINE_HEADROOM: Duration = Duration::from_millis(250);
+
 /// Serves clients until aborted.
 pub async fn serve_clients(
     listener: ClientListener,
@@ -61,17 +72,26 @@ pub async fn serve_clients(
             }
         })
         .for_each_concurrent(None, |transport| {
+            let peer = transport.peer_addr().ok();
             let server = ControlLogServer {
                 replica: replica.clone(),
+                in_flight: Arc::new(Semaphore::new(requests_in_flight_max)),
+                in_flight_max: requests_in_flight_max as u32,
             };
             async move {
+                // Our own bound answers excess requests with a typed `Overloaded`; tarpc's, at
+                // twice the size, only bounds what a client that ignores those answers can
+                // queue.
                 BaseChannel::with_defaults(transport)
-                    .max_concurrent_requests(requests_in_flight_max)
+                    .max_concurrent_requests(requests_in_flight_max.saturating_mul(2))
                     .execute(server.serve())
                     .for_each(|response| async move {
                         tokio::spawn(response);
                     })
                     .await;
+                // The channel ends when the peer hangs up or sends a frame that does not
+                // decode (or exceeds the limit); only this connection is affected.
+                tracing::debug!(?peer, "client connection closed");
             }
         })
         .await;
@@ -80,23 +100,64 @@ pub async fn serve_clients(
 #[derive(Clone)]
 struct ControlLogServer {
     replica: ReplicaHandle,
+    /// Requests in flight on this connection.
+    in_flight: Arc<Semaphore>,
+    in_flight_max: u32,
+}
+
+impl ControlLogServer {
+    fn admit(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+        self.in_flight
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| ApiError::Overloaded {
+                in_flight_max: self.in_flight_max,
+            })
+    }
+}
+
+/// `requested_ms`, clamped below the request's deadline and [`FETCH_WAIT_MAX`].
+fn clamp_wait(ctx: &context::Context, requested_ms: u32) -> Duration {
+    let until_deadline = ctx
+        .deadline
+        .saturating_duration_since(Instant::now())
+        .saturating_sub(DEADLINE_HEADROOM);
+    Duration::from_millis(requested_ms.into())
+        .min(until_deadline)
+        .min(FETCH_WAIT_MAX)
 }
 
 impl ControlLog for ControlLogServer {
-    async fn append(self, _: context::Context, proposal: Proposal) -> AppendResult {
+    async fn append(self, _: context::Context, proposal: Proposal) -> Result<AppendAck, ApiError> {
+        let _permit = self.admit()?;
         self.replica.append(proposal).await
     }
 
     async fn fetch(
         self,
-        _: context::Context,
+        ctx: context::Context,
         request: FetchRequest,
     ) -> Result<FetchResponse, ApiError> {
-        self.replica.fetch(&request)
+        let _permit = self.admit()?;
+        let max_wait = clamp_wait(&ctx, request.max_wait_ms);
+        self.replica.fetch(&request, max_wait).await
     }
 
-    async fn status(self, _: context::Context) -> Status {
-        self.replica.status()
+    async fn state(
+        self,
+        ctx: context::Context,
+        min_offset: Offset,
+        max_wait_ms: u32,
+    ) -> Result<StateAt, ApiError> {
+        let _permit = self.admit()?;
+        self.replica
+            .state(min_offset, clamp_wait(&ctx, max_wait_ms))
+            .await
+    }
+
+    async fn status(self, _: context::Context) -> Result<Status, ApiError> {
+        let _permit = self.admit()?;
+        Ok(self.replica.status())
     }
 
     async fn add_member(
@@ -105,10 +166,17 @@ impl ControlLog for ControlLogServer {
         id: NodeId,
         member: Member,
     ) -> Result<(), ApiError> {
+        let _permit = self.admit()?;
         self.replica.add_member(id, member).await
     }
 
     async fn remove_member(self, _: context::Context, id: NodeId) -> Result<(), ApiError> {
+        let _permit = self.admit()?;
         self.replica.remove_member(id).await
+    }
+
+    async fn snapshot(self, _: context::Context) -> Result<Offset, ApiError> {
+        let _permit = self.admit()?;
+        self.replica.snapshot().await
     }
 }

@@ -26,7 +26,7 @@ use super::types::{
     TypeConfig,
 };
 use crate::jobs::{JobState, Outcome};
-use crate::log::{decode, encode, Batch, LogEntry, Offset};
+use crate::log::{decode, encode, LogEntry, Offset, Proposal};
 
 const SNAPSHOT_TREE: &str = "snapshot";
 const CURRENT_KEY: &[u8] = b"current";
@@ -39,9 +39,9 @@ pub const SNAPSHOT_BYTES_MAX: u64 = 1 << 30;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EntrySpan {
     pub log_index: u64,
-    /// Positions in the batch of proposals that were duplicates and took no offset. Almost
-    /// always empty.
-    pub duplicates: Vec<u32>,
+    /// Positions in the batch of proposals that took no offset (duplicates and refusals).
+    /// Almost always empty.
+    pub skipped: Vec<u32>,
 }
 
 /// Everything the state machine holds; also exactly what a snapshot contains.
@@ -56,6 +56,16 @@ pub struct MachineState {
 }
 
 impl MachineState {
+    /// The lowest offset whose entry is still in the log (which now starts at
+    /// `first_log_index`); `last_offset + 1` when no retained entry carries commands.
+    pub fn first_retained_offset(&self, first_log_index: u64) -> Offset {
+        // Spans of purged entries linger until the next apply prunes them.
+        self.offset_index
+            .iter()
+            .find(|(_, span)| span.log_index >= first_log_index)
+            .map_or(self.job.next_offset(), |(first, _)| *first)
+    }
+
     fn apply(&mut self, entry: &Entry) -> Vec<Outcome> {
         self.last_applied = Some(entry.log_id);
         match &entry.payload {
@@ -68,10 +78,10 @@ impl MachineState {
             EntryPayload::Normal(batch) => {
                 let first_offset = self.job.next_offset();
                 let outcomes = self.job.apply_batch(batch);
-                let duplicates: Vec<u32> = outcomes
+                let skipped: Vec<u32> = outcomes
                     .iter()
                     .enumerate()
-                    .filter(|(_, o)| matches!(o, Outcome::Duplicate { .. }))
+                    .filter(|(_, o)| !matches!(o, Outcome::Appended { .. }))
                     .map(|(i, _)| i as u32)
                     .collect();
                 if self.job.next_offset() > first_offset {
@@ -79,7 +89,7 @@ impl MachineState {
                         first_offset,
                         EntrySpan {
                             log_index: entry.log_id.index,
-                            duplicates,
+                            skipped,
                         },
                     );
                 }
@@ -89,31 +99,39 @@ impl MachineState {
     }
 }
 
-/// Expands one applied entry back into the log entries it produced, given its span.
-pub fn expand_entry(first_offset: Offset, span: &EntrySpan, entry: &Entry) -> Vec<LogEntry> {
-    let EntryPayload::Normal(Batch {
-        appended_at_ms,
-        proposals,
-    }) = &entry.payload
-    else {
-        return Vec::new();
+/// The commands one applied entry produced, with their offsets, given its span: the entry's
+/// proposals minus the skipped ones, numbered from `first_offset`.
+pub fn entry_commands<'a>(
+    first_offset: Offset,
+    span: &'a EntrySpan,
+    entry: &'a Entry,
+) -> impl Iterator<Item = (Offset, &'a Proposal)> + 'a {
+    let proposals: &[Proposal] = match &entry.payload {
+        EntryPayload::Normal(batch) => &batch.proposals,
+        _ => &[],
     };
-    let mut offset = first_offset;
-    let mut out = Vec::with_capacity(proposals.len());
-    for (position, proposal) in proposals.iter().enumerate() {
-        if span.duplicates.contains(&(position as u32)) {
-            continue;
-        }
-        out.push(LogEntry {
-            offset,
-            term: entry.log_id.leader_id.term,
-            appended_at_ms: *appended_at_ms,
-            producer: proposal.producer,
-            frame: proposal.frame.clone(),
-        });
-        offset += 1;
+    proposals
+        .iter()
+        .enumerate()
+        .filter(|(position, _)| !span.skipped.contains(&(*position as u32)))
+        .zip(first_offset..)
+        .map(|((_, proposal), offset)| (offset, proposal))
+}
+
+/// The log entry a subscriber receives for one command of an applied Raft entry.
+pub fn log_entry(offset: Offset, proposal: &Proposal, entry: &Entry) -> LogEntry {
+    let appended_at_ms = match &entry.payload {
+        EntryPayload::Normal(batch) => batch.appended_at_ms,
+        _ => 0,
+    };
+    LogEntry {
+        offset,
+        term: entry.log_id.leader_id.term,
+        appended_at_ms,
+        producer: proposal.producer,
+        target: proposal.target.clone(),
+        frame: proposal.frame.clone(),
     }
-    out
 }
 
 /// The state machine's position after an apply: what long-polling readers wait on.

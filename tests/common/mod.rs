@@ -3,9 +3,8 @@
 
 use std::time::Duration;
 
-use ctrlog::client::FetchRequest;
-use ctrlog::jobs::Outcome;
-use ctrlog::log::{Command, LogEntry, Proposal};
+use ctrlog::client::{AppendAck, FetchRequest};
+use ctrlog::log::{Command, LogEntry, Proposal, Target};
 use ctrlog::raft::{LocalCluster, ReplicaHandle};
 
 /// Generous: CI machines are shared and slow, and a deadline only bounds a failure.
@@ -16,6 +15,7 @@ pub fn command(i: u64, size: usize) -> Proposal {
     body.resize(size.max(body.len()), b'x');
     Proposal {
         producer: None,
+        target: Target::All,
         frame: Command::custom(1, 1, body).into_frame(),
     }
 }
@@ -34,7 +34,10 @@ pub async fn append_many(cluster: &LocalCluster, from: u64, count: u64) -> Vec<u
     let mut offsets = Vec::new();
     for task in tasks {
         match task.await.expect("append task") {
-            Ok(Outcome::Appended { offset }) => offsets.push(offset),
+            Ok(AppendAck {
+                offset,
+                duplicate: false,
+            }) => offsets.push(offset),
             other => panic!("append failed: {other:?}"),
         }
     }
@@ -42,20 +45,17 @@ pub async fn append_many(cluster: &LocalCluster, from: u64, count: u64) -> Vec<u
 }
 
 /// Every entry a replica has, from offset 1.
-pub fn read_all(replica: &ReplicaHandle) -> Vec<LogEntry> {
-    read_from(replica, 1)
+pub async fn read_all(replica: &ReplicaHandle) -> Vec<LogEntry> {
+    read_from(replica, 1).await
 }
 
-pub fn read_from(replica: &ReplicaHandle, from: u64) -> Vec<LogEntry> {
+pub async fn read_from(replica: &ReplicaHandle, from: u64) -> Vec<LogEntry> {
     let mut entries = Vec::new();
     let mut next = from;
     loop {
         let response = replica
-            .fetch(&FetchRequest {
-                from: next,
-                entries_max: 1000,
-                bytes_max: 16 << 20,
-            })
+            .fetch(&FetchRequest::from(next), Duration::ZERO)
+            .await
             .expect("fetch");
         if response.entries.is_empty() {
             return entries;

@@ -1,0 +1,308 @@
+//! The client subcommands of `ctrlog` (append, tail, status, state) and their output.
+//!
+//! The output formats are an interface: scripts parse `--json`, one object per line. They are
+//! built here, in the library, so that tests exercise the same code the binary runs.
+
+use std::io::Write;
+
+use anyhow::Context;
+use base64::Engine;
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+use crate::client::{AppendAck, ApiError, ClientError, ControlClient, FetchRequest, StateAt, Status, SubscriptionItem};
+use crate::log::{Filter, Frame, Kind, LogEntry, Offset, ProducerSeq, Proposal, Target, CUSTOM_KIND_MIN};
+
+/// Parses a command kind: a number as stored (`268435457`) or a user kind (`custom:1`, which
+/// is `CUSTOM_KIND_MIN + 1`).
+pub fn parse_kind(text: &str) -> Result<Kind, String> {
+    let number = |s: &str| s.parse::<Kind>().map_err(|e| format!("kind {text:?}: {e}"));
+    match text.strip_prefix("custom:") {
+        Some(user) => CUSTOM_KIND_MIN
+            .checked_add(number(user)?)
+            .ok_or_else(|| format!("user kind {user} is out of range")),
+        None => number(text),
+    }
+}
+
+/// `ctrlog append`: appends one command and returns its acknowledgement. With a
+/// `(producer, seq)` the append is idempotent across invocations; without one the client
+/// draws a fresh producer id (idempotent across its own retries only).
+pub async fn append(
+    client: &ControlClient,
+    target: Target,
+    frame: Frame,
+    producer: Option<ProducerSeq>,
+) -> Result<AppendAck, ClientError> {
+    match producer {
+        Some(pair) => {
+            client
+                .append_proposal(Proposal {
+                    producer: Some(pair),
+                    target,
+                    frame,
+                })
+                .await
+        }
+        None => {
+            client
+                .append(target, crate::log::Command::from_frame(frame))
+                .await
+        }
+    }
+}
+
+/// One entry as `ctrlog tail --json` prints it. The payload is UTF-8 text in `payload` when
+/// it is valid UTF-8, else base64 in `payload_b64`.
+pub fn entry_json(entry: &LogEntry) -> Value {
+    let mut object = json!({
+        "offset": entry.offset,
+        "term": entry.term,
+        "appended_at_ms": entry.appended_at_ms,
+        "kind": entry.frame.kind,
+        "version": entry.frame.version,
+        "target": entry.target.to_string(),
+        "producer": entry.producer.map(|p| p.producer),
+        "seq": entry.producer.map(|p| p.seq),
+    });
+    match std::str::from_utf8(&entry.frame.body) {
+        Ok(text) => object["payload"] = Value::from(text),
+        Err(_) => {
+            object["payload_b64"] =
+                Value::from(base64::engine::general_purpose::STANDARD.encode(&entry.frame.body))
+        }
+    }
+    object
+}
+
+/// One entry as `ctrlog tail` prints it for people.
+pub fn entry_line(entry: &LogEntry) -> String {
+    let producer = entry
+        .producer
+        .map_or("-".to_string(), |p| format!("{:016x}/{}", p.producer, p.seq));
+    let payload = match std::str::from_utf8(&entry.frame.body) {
+        Ok(text) => format!("{text:?}"),
+        Err(_) => format!("<{} bytes>", entry.frame.body.len()),
+    };
+    format!(
+        "{:>8}  term {}  {}  kind {} v{}  -> {}  producer {}  {}",
+        entry.offset,
+        entry.term,
+        entry.appended_at_ms,
+        entry.frame.kind,
+        entry.frame.version,
+        entry.target,
+        producer,
+        payload
+    )
+}
+
+/// What `tail` should read.
+pub struct TailOptions {
+    pub from: Offset,
+    /// Keep waiting for new commands instead of stopping at the end of the committed log.
+    pub follow: bool,
+    /// Stop after this many entries.
+    pub max: Option<u64>,
+    pub filter: Filter,
+    pub json: bool,
+}
+
+fn reset_line(at: &StateAt, json: bool) -> String {
+    if json {
+        json!({ "reset": { "offset": at.offset } }).to_string()
+    } else {
+        format!(
+            "-- offsets up to {} were compacted; resuming after the state as of {}",
+            at.offset, at.offset
+        )
+    }
+}
+
+/// `ctrlog tail`: prints committed entries, one per line. Without `follow` it stops at the
+/// leader's applied offset as of the start. A compacted position prints a `reset` line and
+/// continues after the state's offset, as a subscription does.
+pub async fn tail(
+    client: &ControlClient,
+    options: &TailOptions,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let mut printed = 0u64;
+    let done = |printed: u64| options.max.is_some_and(|max| printed >= max);
+    if done(printed) {
+        return Ok(());
+    }
+    let print = |out: &mut dyn Write, entry: &LogEntry| -> std::io::Result<()> {
+        if options.json {
+            writeln!(out, "{}", entry_json(entry))
+        } else {
+            writeln!(out, "{}", entry_line(entry))
+        }
+    };
+    if options.follow {
+        let mut stream = client.subscribe(options.from, options.filter.clone());
+        while let Some(item) = stream.next().await {
+            match item? {
+                SubscriptionItem::Entry(entry) => {
+                    print(out, &entry)?;
+                    out.flush()?;
+                    printed += 1;
+                    if done(printed) {
+                        break;
+                    }
+                }
+                SubscriptionItem::Reset { state, offset } => {
+                    writeln!(out, "{}", reset_line(&StateAt { offset, state }, options.json))?;
+                }
+            }
+        }
+        return Ok(());
+    }
+    let end = client
+        .leader_status()
+        .await
+        .context("asking the leader where the log ends")?
+        .applied_offset;
+    let mut from = options.from.max(1);
+    while from <= end && !done(printed) {
+        let request = FetchRequest {
+            filter: options.filter.clone(),
+            ..FetchRequest::from(from)
+        };
+        match client.fetch(request).await {
+            Ok(response) => {
+                for entry in response.entries.iter().take_while(|e| e.offset <= end) {
+                    print(out, entry)?;
+                    printed += 1;
+                    if done(printed) {
+                        break;
+                    }
+                }
+                from = response.next_offset;
+            }
+            Err(ClientError::Api(ApiError::Compacted { .. })) => {
+                let at = client.state(from - 1).await?;
+                writeln!(out, "{}", reset_line(&at, options.json))?;
+                from = at.offset + 1;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Ok(())
+}
+
+/// `ctrlog status --json`.
+pub fn status_json(status: &Status) -> Value {
+    json!({
+        "id": status.id,
+        "role": status.role,
+        "term": status.term,
+        "leader_id": status.leader_id,
+        "leader_client_addr": status.leader_client_addr(),
+        "members": status.members.iter().map(|m| json!({
+            "id": m.id,
+            "voter": m.voter,
+            "peer_addr": m.member.peer_addr,
+            "client_addr": m.member.client_addr,
+        })).collect::<Vec<_>>(),
+        "commit_offset": status.applied_offset,
+        "applied_offset": status.applied_offset,
+        "first_offset": status.first_offset,
+        "snapshot_offset": status.snapshot_offset,
+        "last_log_index": status.last_log_index,
+        "applied_index": status.applied_index,
+        "snapshot_index": status.snapshot_index,
+        "purged_index": status.purged_index,
+    })
+}
+
+/// `ctrlog status` for people.
+pub fn status_text(status: &Status) -> String {
+    let leader = match (status.leader_id, status.leader_client_addr()) {
+        (Some(id), Some(addr)) => format!("{id} at {addr}"),
+        (Some(id), None) => id.to_string(),
+        (None, _) => "unknown".into(),
+    };
+    let mut text = format!(
+        "replica {} is {} in term {}; leader: {leader}\n\
+         offsets: first retained {}, committed and applied {}, snapshot {}\n\
+         members:\n",
+        status.id,
+        status.role,
+        status.term,
+        status.first_offset,
+        status.applied_offset,
+        status.snapshot_offset,
+    );
+    for m in &status.members {
+        text.push_str(&format!(
+            "  {} {} peer={} client={}\n",
+            m.id,
+            if m.voter { "voter  " } else { "learner" },
+            m.member.peer_addr,
+            m.member.client_addr
+        ));
+    }
+    text
+}
+
+/// `ctrlog state --json`: the whole JobState as of an offset.
+pub fn state_json(at: &StateAt) -> Value {
+    json!({
+        "offset": at.offset,
+        "state": serde_json::to_value(&at.state).unwrap_or(Value::Null),
+    })
+}
+
+/// `ctrlog state` for people.
+pub fn state_text(at: &StateAt) -> String {
+    format!(
+        "state as of offset {}\n  next offset: {}\n  producers remembered: {}\n",
+        at.offset,
+        at.state.next_offset(),
+        at.state.producers().len()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::{Command, ContainerId};
+
+    #[test]
+    fn kinds_parse_as_numbers_or_user_kinds() {
+        assert_eq!(parse_kind("7"), Ok(7));
+        assert_eq!(parse_kind("custom:1"), Ok(CUSTOM_KIND_MIN + 1));
+        assert!(parse_kind("custom:4294967295").is_err());
+        assert!(parse_kind("seven").is_err());
+    }
+
+    #[test]
+    fn json_entries_carry_text_or_base64_payloads() {
+        let mut entry = LogEntry {
+            offset: 3,
+            term: 2,
+            appended_at_ms: 1_700_000_000_000,
+            producer: Some(ProducerSeq {
+                producer: 9,
+                seq: 4,
+            }),
+            target: Target::Container(ContainerId::new("c1").unwrap()),
+            frame: Command::custom(1, 2, b"hello".to_vec()).into_frame(),
+        };
+        let text = entry_json(&entry);
+        assert_eq!(text["offset"], 3);
+        assert_eq!(text["kind"], CUSTOM_KIND_MIN + 1);
+        assert_eq!(text["version"], 2);
+        assert_eq!(text["target"], "container:c1");
+        assert_eq!(text["producer"], 9);
+        assert_eq!(text["seq"], 4);
+        assert_eq!(text["payload"], "hello");
+        assert!(text.get("payload_b64").is_none());
+
+        entry.frame.body = vec![0xff, 0x00];
+        let binary = entry_json(&entry);
+        assert_eq!(binary["payload_b64"], "/wA=");
+        assert!(binary.get("payload").is_none());
+    }
+}
