@@ -10,8 +10,13 @@ use base64::Engine;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use crate::client::{AppendAck, ApiError, ClientError, ControlClient, FetchRequest, StateAt, Status, SubscriptionItem};
-use crate::log::{Filter, Frame, Kind, LogEntry, Offset, ProducerSeq, Proposal, Target, CUSTOM_KIND_MIN};
+use crate::client::{
+    ApiError, AppendAck, ClientError, ControlClient, FetchRequest, StateAt, Status,
+    SubscriptionItem,
+};
+use crate::log::{
+    Filter, Frame, Kind, LogEntry, Offset, ProducerSeq, Proposal, Target, CUSTOM_KIND_MIN,
+};
 
 /// Parses a command kind: a number as stored (`268435457`) or a user kind (`custom:1`, which
 /// is `CUSTOM_KIND_MIN + 1`).
@@ -77,9 +82,9 @@ pub fn entry_json(entry: &LogEntry) -> Value {
 
 /// One entry as `ctrlog tail` prints it for people.
 pub fn entry_line(entry: &LogEntry) -> String {
-    let producer = entry
-        .producer
-        .map_or("-".to_string(), |p| format!("{:016x}/{}", p.producer, p.seq));
+    let producer = entry.producer.map_or("-".to_string(), |p| {
+        format!("{:016x}/{}", p.producer, p.seq)
+    });
     let payload = match std::str::from_utf8(&entry.frame.body) {
         Ok(text) => format!("{text:?}"),
         Err(_) => format!("<{} bytes>", entry.frame.body.len()),
@@ -152,7 +157,11 @@ pub async fn tail(
                     }
                 }
                 SubscriptionItem::Reset { state, offset } => {
-                    writeln!(out, "{}", reset_line(&StateAt { offset, state }, options.json))?;
+                    writeln!(
+                        out,
+                        "{}",
+                        reset_line(&StateAt { offset, state }, options.json)
+                    )?;
                 }
             }
         }

@@ -204,8 +204,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Append(args) => {
             let body = match (args.payload, args.payload_file) {
                 (Some(text), _) => text.into_bytes(),
-                (None, Some(path)) => std::fs::read(&path)
-                    .with_context(|| format!("reading {}", path.display()))?,
+                (None, Some(path)) => {
+                    std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?
+                }
                 (None, None) => unreachable!("clap requires one of them"),
             };
             let frame = Frame {

@@ -66,7 +66,10 @@ async fn leader_killed_new_leader_commits_without_losing_entries() {
     let mut after = Vec::new();
     for i in 51..=100 {
         match client
-            .append(Target::All, Command::custom(1, 1, format!("cmd-{i}").into_bytes()))
+            .append(
+                Target::All,
+                Command::custom(1, 1, format!("cmd-{i}").into_bytes()),
+            )
             .await
         {
             Ok(AppendAck {
@@ -154,7 +157,10 @@ async fn lagging_replica_catches_up_by_snapshot_install_after_purge() {
         snapshot > 100,
         "the follower installed a snapshot (at {snapshot})"
     );
-    match restarted.fetch(&FetchRequest::from(1), Duration::ZERO).await {
+    match restarted
+        .fetch(&FetchRequest::from(1), Duration::ZERO)
+        .await
+    {
         Err(ApiError::Compacted {
             first_offset,
             snapshot_offset,

@@ -175,9 +175,8 @@ async fn sigkill_loop_never_loses_an_acknowledged_append() {
                     frame: Command::custom(1, 1, body(producer)).into_frame(),
                 };
                 // An error means the fate is unknown (not acknowledged): nothing to check.
-                match client.append_proposal(proposal).await {
-                    Ok(ack) => acked.lock().unwrap().push((producer, ack.offset)),
-                    Err(_) => {}
+                if let Ok(ack) = client.append_proposal(proposal).await {
+                    acked.lock().unwrap().push((producer, ack.offset));
                 }
             }
         }));

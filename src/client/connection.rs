@@ -42,11 +42,31 @@ pub enum ClientError {
     Protocol { replica: String, detail: String },
 }
 
+/// How a client retries. The defaults suit a container: ride out several elections, and
+/// notice a dead connection within seconds.
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    /// How long one call keeps retrying (failover, reconnects) before it gives up.
+    pub retry_deadline: Duration,
+    /// How long one attempt may take before it counts as failed and is retried elsewhere (a
+    /// long poll adds its wait to this).
+    pub request_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            retry_deadline: RETRY_DEADLINE,
+            request_timeout: REQUEST_TIMEOUT,
+        }
+    }
+}
+
 /// Settings shared by a client and the subscriptions it opens.
 #[derive(Clone, Debug)]
 pub(crate) struct Settings {
     pub seeds: Arc<Vec<String>>,
-    pub retry_deadline: Duration,
+    pub options: ClientOptions,
 }
 
 /// One connection to one replica at a time, replaced on failure: the retry engine behind
@@ -152,7 +172,7 @@ impl Connector {
                 }
             };
             let mut ctx = context::current();
-            ctx.deadline = Instant::now() + REQUEST_TIMEOUT;
+            ctx.deadline = Instant::now() + self.settings.options.request_timeout;
             let next = match call(rpc, ctx, addr.clone()).await {
                 Ok(Ok(value)) => return Ok(value),
                 Ok(Err(ApiError::NotLeader {
@@ -186,7 +206,7 @@ impl Connector {
         backoff: &mut Duration,
         last: String,
     ) -> Result<(), ClientError> {
-        if started.elapsed() + *backoff > self.settings.retry_deadline {
+        if started.elapsed() + *backoff > self.settings.options.retry_deadline {
             return Err(ClientError::GaveUp {
                 elapsed: started.elapsed(),
                 last,
@@ -233,17 +253,17 @@ pub struct ControlClient {
 }
 
 impl ControlClient {
-    /// Connects to the cluster through any of `seeds` (client addresses), retrying for up to
-    /// [`RETRY_DEADLINE`].
+    /// Connects to the cluster through any of `seeds` (client addresses), with the default
+    /// [`ClientOptions`].
     pub async fn connect(seeds: &[String]) -> Result<ControlClient, ClientError> {
-        ControlClient::connect_with_deadline(seeds, RETRY_DEADLINE).await
+        ControlClient::connect_with(seeds, ClientOptions::default()).await
     }
 
-    /// Connects with a different retry deadline, which then bounds every call of this client
-    /// and of its subscriptions.
-    pub async fn connect_with_deadline(
+    /// Connects with other options, which then apply to every call of this client and of its
+    /// subscriptions.
+    pub async fn connect_with(
         seeds: &[String],
-        retry_deadline: Duration,
+        options: ClientOptions,
     ) -> Result<ControlClient, ClientError> {
         if seeds.is_empty() {
             return Err(ClientError::Api(ApiError::Invalid(
@@ -253,7 +273,7 @@ impl ControlClient {
         let client = ControlClient {
             connector: Connector::new(Settings {
                 seeds: Arc::new(seeds.to_vec()),
-                retry_deadline,
+                options,
             }),
             producer: random_u64(),
             sequences: Sequences::new(),
@@ -343,9 +363,7 @@ impl ControlClient {
                         } else {
                             Err(ApiError::NotLeader {
                                 leader_id: status.leader_id,
-                                leader_client_addr: status
-                                    .leader_client_addr()
-                                    .map(str::to_string),
+                                leader_client_addr: status.leader_client_addr().map(str::to_string),
                             })
                         }
                     })

@@ -9,6 +9,9 @@ mod protocol;
 mod sequences;
 mod subscription;
 
-pub use connection::{ClientError, ControlClient, CLIENT_FRAME_BYTES_MAX, REQUEST_TIMEOUT, RETRY_DEADLINE};
+pub use connection::{
+    ClientError, ClientOptions, ControlClient, CLIENT_FRAME_BYTES_MAX, REQUEST_TIMEOUT,
+    RETRY_DEADLINE,
+};
 pub use protocol::*;
 pub use subscription::{Subscription, SubscriptionItem, LONG_POLL_WAIT};

@@ -114,7 +114,11 @@ mod tests {
             async move { sequences.issue().await.seq() }
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!blocked.is_finished(), "seq {} would leave 1 behind the window", PRODUCER_WINDOW + 1);
+        assert!(
+            !blocked.is_finished(),
+            "seq {} would leave 1 behind the window",
+            PRODUCER_WINDOW + 1
+        );
         drop(stuck);
         let issued = tokio::time::timeout(Duration::from_secs(5), blocked)
             .await

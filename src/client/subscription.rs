@@ -105,9 +105,8 @@ impl Cursor {
                 .await;
             match answer {
                 Ok((response, replica)) => {
-                    check_response(&request, &response).map_err(|detail| {
-                        ClientError::Protocol { replica, detail }
-                    })?;
+                    check_response(&request, &response)
+                        .map_err(|detail| ClientError::Protocol { replica, detail })?;
                     self.next = response.next_offset;
                     self.buffered.extend(response.entries);
                 }

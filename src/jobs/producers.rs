@@ -57,10 +57,14 @@ pub struct ProducerTable {
 pub enum Seen {
     New,
     /// Already appended at `offset`.
-    Duplicate { offset: Offset },
+    Duplicate {
+        offset: Offset,
+    },
     /// Too far below the producer's highest sequence to decide; `lowest` is the lowest
     /// sequence still decidable.
-    OutOfWindow { lowest: Seq },
+    OutOfWindow {
+        lowest: Seq,
+    },
 }
 
 impl ProducerTable {
@@ -72,7 +76,10 @@ impl ProducerTable {
         if pair.seq < lowest {
             return Seen::OutOfWindow { lowest };
         }
-        match window.recent.binary_search_by_key(&pair.seq, |(seq, _)| *seq) {
+        match window
+            .recent
+            .binary_search_by_key(&pair.seq, |(seq, _)| *seq)
+        {
             Ok(found) => Seen::Duplicate {
                 offset: window.recent[found].1,
             },
@@ -88,9 +95,7 @@ impl ProducerTable {
             self.by_recency.remove(&window.last_offset);
         }
         window.last_offset = offset;
-        let at = window
-            .recent
-            .partition_point(|(seq, _)| *seq < pair.seq);
+        let at = window.recent.partition_point(|(seq, _)| *seq < pair.seq);
         window.recent.insert(at, (pair.seq, offset));
         let lowest = window.highest().saturating_sub(PRODUCER_WINDOW - 1);
         while window.recent.front().is_some_and(|(seq, _)| *seq < lowest) {
@@ -151,10 +156,15 @@ mod tests {
             table.record(pair(1, seq), 100 + seq);
         }
         let lowest = 6;
-        assert_eq!(table.check(pair(1, lowest - 1)), Seen::OutOfWindow { lowest });
+        assert_eq!(
+            table.check(pair(1, lowest - 1)),
+            Seen::OutOfWindow { lowest }
+        );
         assert_eq!(
             table.check(pair(1, lowest)),
-            Seen::Duplicate { offset: 100 + lowest }
+            Seen::Duplicate {
+                offset: 100 + lowest
+            }
         );
     }
 

@@ -187,7 +187,10 @@ mod tests {
         for text in ["all", "coordinator", "container:7"] {
             assert_eq!(text.parse::<Target>().unwrap().to_string(), text);
         }
-        assert_eq!("container:7".parse::<Filter>().unwrap().to_string(), "container:7");
+        assert_eq!(
+            "container:7".parse::<Filter>().unwrap().to_string(),
+            "container:7"
+        );
         assert_eq!("all".parse::<Filter>().unwrap(), Filter::Everything);
         assert!("container:".parse::<Target>().is_err());
         assert!("coordinator".parse::<Filter>().is_err());

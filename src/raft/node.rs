@@ -304,11 +304,9 @@ impl ReplicaHandle {
                 return Ok(response);
             }
             from = response.next_offset;
-            let waited = tokio::time::timeout_at(
-                deadline,
-                applied.wait_for(|a| a.last_offset >= from),
-            )
-            .await;
+            let waited =
+                tokio::time::timeout_at(deadline, applied.wait_for(|a| a.last_offset >= from))
+                    .await;
             match waited {
                 Ok(Ok(_)) => continue,
                 Ok(Err(_)) => return Err(ApiError::ShuttingDown),

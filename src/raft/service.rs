@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tarpc::server::{BaseChannel, Channel};
 use tarpc::tokio_serde::formats::Bincode;
 use tarpc::{context, ClientMessage, Response};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::node::ReplicaHandle;
 use crate::client::{

@@ -1,0 +1,192 @@
+//! The `ctrlog` client subcommands against a running cluster: the documented output of
+//! `append`, `tail --json`, `status --json` and `state --json`, and error exit codes.
+
+mod common;
+
+use std::process::Output;
+
+use common::WAIT;
+use ctrlog::log::CUSTOM_KIND_MIN;
+use ctrlog::raft::LocalCluster;
+use serde_json::Value;
+
+/// Runs `ctrlog ARGS` with `CTRLOG_CLUSTER` set to `cluster` (unless it is empty).
+async fn ctrlog(cluster: &str, args: &[&str]) -> Output {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctrlog"));
+    command.args(args).env("RUST_LOG", "off").kill_on_drop(true);
+    if cluster.is_empty() {
+        command.env_remove("CTRLOG_CLUSTER");
+    } else {
+        command.env("CTRLOG_CLUSTER", cluster);
+    }
+    tokio::time::timeout(WAIT, command.output())
+        .await
+        .expect("ctrlog finished")
+        .expect("ctrlog ran")
+}
+
+fn stdout_of(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "ctrlog failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+fn json_lines(output: &Output) -> Vec<Value> {
+    stdout_of(output)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+        .collect()
+}
+
+/// Goal: scripts can drive the cluster through the CLI and parse what it prints.
+/// Steps: `append --json` prints the offset; an idempotent append repeated prints the same
+/// offset marked duplicate; a binary payload from a file is tailed as base64; `tail --json`
+/// prints one object per entry with the documented fields, honouring `--filter` and `--max`;
+/// `status --json` names the leader and members; `state --json` is at the last offset; bad
+/// input and an unreachable cluster exit non-zero with one line on stderr.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_appends_tails_and_reports_status_as_documented() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let addrs = cluster.client_addrs().join(",");
+
+    let first = ctrlog(
+        &addrs,
+        &[
+            "append",
+            "--kind",
+            "custom:1",
+            "--payload",
+            "hello",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(
+        json_lines(&first),
+        vec![serde_json::json!({"offset": 1, "duplicate": false})]
+    );
+
+    let idempotent = [
+        "append",
+        "--kind",
+        "custom:2",
+        "--version",
+        "3",
+        "--target",
+        "container:c1",
+        "--payload",
+        "for c1",
+        "--producer",
+        "42",
+        "--seq",
+        "7",
+        "--json",
+    ];
+    let second = json_lines(&ctrlog(&addrs, &idempotent).await);
+    assert_eq!(second[0]["offset"], 2);
+    assert_eq!(second[0]["duplicate"], false);
+    let again = json_lines(&ctrlog(&addrs, &idempotent).await);
+    assert_eq!(again[0]["offset"], 2, "the same pair appends once");
+    assert_eq!(again[0]["duplicate"], true);
+
+    let binary = dir.path().join("payload.bin");
+    std::fs::write(&binary, [0xff, 0x00, 0x7f]).unwrap();
+    let third = ctrlog(
+        "",
+        &[
+            "--cluster",
+            &addrs,
+            "append",
+            "--kind",
+            "268435459",
+            "--target",
+            "coordinator",
+            "--payload-file",
+            binary.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert_eq!(stdout_of(&third).trim(), "3", "plain output is the offset");
+
+    let tail = json_lines(&ctrlog(&addrs, &["tail", "--from", "1", "--json"]).await);
+    assert_eq!(tail.len(), 3);
+    assert_eq!(tail[0]["offset"], 1);
+    assert_eq!(tail[0]["kind"], CUSTOM_KIND_MIN + 1);
+    assert_eq!(tail[0]["version"], 1);
+    assert_eq!(tail[0]["target"], "all");
+    assert_eq!(tail[0]["payload"], "hello");
+    assert!(tail[0]["term"].as_u64().unwrap() >= 1);
+    assert!(tail[0]["appended_at_ms"].as_u64().unwrap() > 1_600_000_000_000);
+    assert!(tail[0]["producer"].is_u64(), "the CLI appends idempotently");
+    assert_eq!(tail[1]["target"], "container:c1");
+    assert_eq!(tail[1]["version"], 3);
+    assert_eq!(tail[1]["producer"], 42);
+    assert_eq!(tail[1]["seq"], 7);
+    assert_eq!(tail[2]["target"], "coordinator");
+    assert_eq!(tail[2]["payload_b64"], "/wB/");
+    assert!(tail[2].get("payload").is_none());
+
+    let filtered =
+        json_lines(&ctrlog(&addrs, &["tail", "--filter", "container:c2", "--json"]).await);
+    assert_eq!(filtered.len(), 1, "c2 sees the broadcast only");
+    assert_eq!(filtered[0]["offset"], 1);
+    let limited =
+        json_lines(&ctrlog(&addrs, &["tail", "--from", "2", "--max", "1", "--json"]).await);
+    assert_eq!(limited.len(), 1);
+    assert_eq!(limited[0]["offset"], 2);
+    let followed = json_lines(
+        &ctrlog(
+            &addrs,
+            &["tail", "--follow", "--from", "3", "--max", "1", "--json"],
+        )
+        .await,
+    );
+    assert_eq!(followed[0]["offset"], 3);
+
+    let status = &json_lines(&ctrlog(&addrs, &["status", "--json"]).await)[0];
+    assert_eq!(status["leader_id"], leader);
+    assert_eq!(status["members"].as_array().unwrap().len(), 3);
+    for member in status["members"].as_array().unwrap() {
+        assert!(member["client_addr"]
+            .as_str()
+            .unwrap()
+            .starts_with("127.0.0.1:"));
+        assert_eq!(member["voter"], true);
+    }
+    assert_eq!(status["first_offset"], 1);
+    cluster.wait_for_applied(3, WAIT).await.unwrap();
+    let status = &json_lines(&ctrlog(&addrs, &["status", "--json"]).await)[0];
+    assert_eq!(status["applied_offset"], 3);
+    assert_eq!(status["commit_offset"], 3);
+
+    let state = &json_lines(&ctrlog(&addrs, &["state", "--json"]).await)[0];
+    assert_eq!(state["offset"], 3);
+    assert_eq!(state["state"]["next_offset"], 4);
+    assert!(stdout_of(&ctrlog(&addrs, &["state"]).await).contains("as of offset 3"));
+
+    let bad_target = ctrlog(
+        &addrs,
+        &[
+            "append",
+            "--kind",
+            "1",
+            "--target",
+            "nobody",
+            "--payload",
+            "x",
+        ],
+    )
+    .await;
+    assert!(!bad_target.status.success());
+    let no_cluster = ctrlog("", &["status"]).await;
+    assert!(!no_cluster.status.success());
+    let stderr = String::from_utf8(no_cluster.stderr).unwrap();
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("CTRLOG_CLUSTER"));
+    cluster.shutdown().await;
+}

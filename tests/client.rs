@@ -1,0 +1,516 @@
+//! The client library and the subscription protocol against real replicas on loopback:
+//! subscriptions through failover and dropped connections, idempotent retries whose first
+//! attempt's fate is unknown, `Reset` below the retained range, redirects, limits and bad
+//! bytes on the client port.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::proxy::Proxy;
+use common::*;
+use ctrlog::client::{
+    ApiError, AppendAck, ClientOptions, ControlClient, ControlLogClient, FetchRequest,
+    SubscriptionItem,
+};
+use ctrlog::log::{Command, ContainerId, Filter, LogEntry, ProducerSeq, Proposal, Target};
+use ctrlog::raft::LocalCluster;
+use futures::StreamExt;
+use tarpc::tokio_serde::formats::Bincode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A raw tarpc client to one replica, bypassing the library's redirects and retries.
+async fn raw_client(addr: SocketAddr) -> ControlLogClient {
+    let transport = tarpc::serde_transport::tcp::connect(addr, Bincode::default)
+        .await
+        .unwrap();
+    ControlLogClient::new(tarpc::client::Config::default(), transport).spawn()
+}
+
+fn deadline_context(timeout: Duration) -> tarpc::context::Context {
+    let mut ctx = tarpc::context::current();
+    ctx.deadline = Instant::now() + timeout;
+    ctx
+}
+
+/// Reads a subscription until it has delivered `last`, failing after `WAIT` without progress.
+async fn collect_until(
+    stream: &mut ctrlog::client::Subscription,
+    last: u64,
+    into: &mut Vec<LogEntry>,
+) {
+    while into.last().is_none_or(|e| e.offset < last) {
+        let item = tokio::time::timeout(WAIT, stream.next())
+            .await
+            .expect("the subscription stalled")
+            .expect("the stream does not end");
+        match item.expect("subscription item") {
+            SubscriptionItem::Entry(entry) => into.push(entry),
+            reset => panic!("unexpected {reset:?}"),
+        }
+    }
+}
+
+/// Goal: a subscriber receives every committed command exactly once, in offset order, while
+/// the leader is killed and a new one elected, and while its own connection is dropped.
+/// Steps: the subscriber reads through proxies; 8 writers append 640 commands while the test
+/// kills the leader after 160 and cuts the subscriber's connections after 320 and 480; the
+/// delivered offsets must be exactly 1..=640 and each acknowledged command must sit at its
+/// acknowledged offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscription_is_exactly_once_across_leader_kill_and_dropped_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let mut proxies = Vec::new();
+    for replica in cluster.running() {
+        proxies.push(Proxy::start(replica.client_addr()).await);
+    }
+    let proxy_addrs: Vec<String> = proxies.iter().map(Proxy::addr).collect();
+    let reader = ControlClient::connect(&proxy_addrs).await.unwrap();
+    let mut stream = reader.subscribe(1, Filter::Everything);
+    let writer = Arc::new(
+        ControlClient::connect(&cluster.client_addrs())
+            .await
+            .unwrap(),
+    );
+
+    const TOTAL: u64 = 640; // 4 rounds × 8 writers × 20
+    let mut acked: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+    let mut delivered = Vec::new();
+    for round in 0..4u64 {
+        let tasks: Vec<_> = (0..8u64)
+            .map(|w| {
+                let writer = writer.clone();
+                tokio::spawn(async move {
+                    let mut acks = Vec::new();
+                    for i in 0..(TOTAL / 32) {
+                        let body = format!("round {round} writer {w} #{i}").into_bytes();
+                        let ack = writer
+                            .append(Target::All, Command::custom(1, 1, body.clone()))
+                            .await
+                            .expect("append through failover");
+                        assert!(!ack.duplicate);
+                        acks.push((ack.offset, body));
+                    }
+                    acks
+                })
+            })
+            .collect();
+        for task in tasks {
+            acked.extend(task.await.unwrap());
+        }
+        match round {
+            0 => {
+                cluster.stop(leader).await;
+                cluster.wait_for_leader(WAIT).await.unwrap();
+            }
+            1 | 2 => {
+                // Read a little, then break the subscriber's connections under it.
+                collect_until(&mut stream, (round + 1) * TOTAL / 4 - 10, &mut delivered).await;
+                for proxy in &proxies {
+                    proxy.cut();
+                }
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(acked.len() as u64, TOTAL, "every append acknowledged once");
+    let last = *acked.keys().last().unwrap();
+    assert_eq!(last, TOTAL, "offsets are dense");
+    collect_until(&mut stream, last, &mut delivered).await;
+
+    let offsets: Vec<u64> = delivered.iter().map(|e| e.offset).collect();
+    assert_eq!(
+        offsets,
+        (1..=TOTAL).collect::<Vec<_>>(),
+        "exactly once, in order"
+    );
+    let mut pairs = HashSet::new();
+    for entry in &delivered {
+        assert_eq!(Some(&entry.frame.body), acked.get(&entry.offset));
+        assert!(pairs.insert(entry.producer.expect("client appends are idempotent")));
+    }
+    cluster.shutdown().await;
+}
+
+/// Goal: a retry whose first attempt's fate is unknown, sent to a new leader after failover,
+/// returns the original offset and creates no second entry.
+/// Steps: the client's only address is a proxy in front of the leader, and the proxy swallows
+/// answers, so the first append commits but is never acknowledged. The leader is killed and
+/// the proxy moved to the new leader (a virtual IP). The client's own retry, with the same
+/// `(producer, seq)`, is answered with offset 1 marked duplicate, and every replica holds one
+/// entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_unknown_fate_and_failover_gets_the_original_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let proxy = Proxy::start(cluster.replica(leader).client_addr()).await;
+    let options = ClientOptions {
+        request_timeout: Duration::from_millis(500),
+        ..ClientOptions::default()
+    };
+    let client = ControlClient::connect_with(&[proxy.addr()], options)
+        .await
+        .unwrap();
+    proxy.swallow_answers(true);
+    let append = tokio::spawn(async move {
+        client
+            .append(Target::All, Command::custom(1, 1, b"exactly once".to_vec()))
+            .await
+    });
+    cluster.wait_for_applied(1, WAIT).await.unwrap();
+    assert!(!append.is_finished(), "the answer was swallowed");
+    cluster.stop(leader).await;
+    let new_leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    proxy.swallow_answers(false);
+    proxy.retarget(cluster.replica(new_leader).client_addr());
+    proxy.cut();
+
+    let ack = tokio::time::timeout(WAIT, append)
+        .await
+        .expect("the retry finishes")
+        .unwrap()
+        .expect("the retry succeeds");
+    assert_eq!(
+        ack,
+        AppendAck {
+            offset: 1,
+            duplicate: true
+        }
+    );
+    cluster.wait_for_applied(1, WAIT).await.unwrap();
+    for replica in cluster.running() {
+        let entries = read_all(replica).await;
+        assert_eq!(entries.len(), 1, "replica {}", replica.id());
+        assert_eq!(entries[0].frame.body, b"exactly once");
+    }
+    cluster.shutdown().await;
+}
+
+/// Goal: a subscriber starting below the retained range gets `Reset` with the state, then every
+/// later entry, never a silent skip.
+/// Steps: 300 sequential appends (one Raft entry each); a snapshot on every replica purges all
+/// but the last 20 entries; a subscription from offset 1 yields `Reset` at an offset covering the purged range
+/// with the state numbered accordingly, then each later offset once, including new appends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscription_below_the_retained_range_resets_then_continues() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 3, |c| {
+        c.snapshot_logs_since_last = 100_000;
+        c.snapshot_logs_to_keep = 20;
+    })
+    .await
+    .unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    let client = ControlClient::connect(&cluster.client_addrs())
+        .await
+        .unwrap();
+    for i in 0..300 {
+        let body = format!("cmd {i}").into_bytes();
+        client
+            .append(Target::All, Command::custom(1, 1, body))
+            .await
+            .unwrap();
+    }
+    let covered = client.snapshot().await.unwrap();
+    assert_eq!(covered, 300, "the leader's snapshot covers everything");
+    // Snapshots are per replica; the subscription may read from any of them.
+    cluster.wait_for_applied(300, WAIT).await.unwrap();
+    for replica in cluster.running() {
+        assert_eq!(replica.snapshot().await.unwrap(), 300);
+    }
+    wait_until("every replica purged its log", || async {
+        let mut all = true;
+        for replica in cluster.running() {
+            all &= replica.status().first_offset > 200;
+        }
+        all
+    })
+    .await;
+
+    let mut stream = client.subscribe(1, Filter::Everything);
+    let first = tokio::time::timeout(WAIT, stream.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let reset_offset = match first {
+        SubscriptionItem::Reset { state, offset } => {
+            assert!(
+                offset >= 200,
+                "the reset covers the purged range (at {offset})"
+            );
+            assert_eq!(state.next_offset(), offset + 1);
+            offset
+        }
+        other => panic!("expected Reset, got {other:?}"),
+    };
+    for i in 300..310 {
+        let body = format!("cmd {i}").into_bytes();
+        client
+            .append(Target::All, Command::custom(1, 1, body))
+            .await
+            .unwrap();
+    }
+    let mut delivered = Vec::new();
+    collect_until(&mut stream, 310, &mut delivered).await;
+    let offsets: Vec<u64> = delivered.iter().map(|e| e.offset).collect();
+    assert_eq!(offsets, (reset_offset + 1..=310).collect::<Vec<_>>());
+    assert_eq!(delivered.last().unwrap().frame.body, b"cmd 309");
+    cluster.shutdown().await;
+}
+
+/// Polls `condition` until it holds, failing after `WAIT`.
+async fn wait_until<F, Fut>(what: &str, condition: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + WAIT;
+    while !condition().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Goal: a container's filter delivers its own commands and broadcasts, in order, and nothing
+/// else; a long poll waiting for one wakes when it commits.
+/// Steps: append commands for containers a and b, the coordinator and everyone; a subscription
+/// for a sees exactly the ones for a and everyone; a fetch for a parked past the end returns the
+/// next command for a as soon as it is appended, skipping b's in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn container_filter_and_long_poll() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    let client = ControlClient::connect(&cluster.client_addrs())
+        .await
+        .unwrap();
+    let a = ContainerId::new("a").unwrap();
+    let b = ContainerId::new("b").unwrap();
+    let targets = [
+        Target::Container(a.clone()),
+        Target::Container(b.clone()),
+        Target::Coordinator,
+        Target::All,
+    ];
+    let mut expected = Vec::new();
+    for i in 0..40u64 {
+        let target = targets[(i % 4) as usize].clone();
+        let ack = client
+            .append(target.clone(), Command::custom(1, 1, vec![i as u8]))
+            .await
+            .unwrap();
+        if Filter::Container(a.clone()).matches(&target) {
+            expected.push(ack.offset);
+        }
+    }
+    let mut stream = client.subscribe(1, Filter::Container(a.clone()));
+    let mut delivered = Vec::new();
+    collect_until(&mut stream, *expected.last().unwrap(), &mut delivered).await;
+    let offsets: Vec<u64> = delivered.iter().map(|e| e.offset).collect();
+    assert_eq!(offsets, expected);
+
+    let parked = tokio::spawn({
+        let client = ControlClient::connect(&cluster.client_addrs())
+            .await
+            .unwrap();
+        let a = a.clone();
+        async move {
+            client
+                .fetch(FetchRequest {
+                    max_wait_ms: 20_000,
+                    filter: Filter::Container(a),
+                    ..FetchRequest::from(41)
+                })
+                .await
+        }
+    });
+    client
+        .append(
+            Target::Container(b),
+            Command::custom(1, 1, b"not for a".to_vec()),
+        )
+        .await
+        .unwrap();
+    let for_a = client
+        .append(
+            Target::Container(a),
+            Command::custom(1, 1, b"for a".to_vec()),
+        )
+        .await
+        .unwrap();
+    let response = tokio::time::timeout(WAIT, parked)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.entries.len(), 1);
+    assert_eq!(response.entries[0].offset, for_a.offset);
+    assert_eq!(response.entries[0].frame.body, b"for a");
+    assert_eq!(response.next_offset, for_a.offset + 1);
+    cluster.shutdown().await;
+}
+
+/// Goal: requests a replica cannot or will not serve get typed errors, and bad bytes close
+/// only the connection that sent them.
+/// Steps: a follower answers `append` with `NotLeader` naming the leader; an oversized command
+/// gets `TooLarge`, a bad container id `Invalid`, a sequence below its producer's window
+/// `SequenceOutOfWindow`, requests beyond the per-connection cap `Overloaded`. Meanwhile, random
+/// bytes and a 4 GiB length prefix on the client port get their connections closed while a
+/// well-behaved client keeps appending and reading, and nothing committed is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_errors_and_garbage_on_the_client_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 3, |c| {
+        c.command_bytes_max = 1024;
+        c.client_requests_in_flight_max = 4;
+    })
+    .await
+    .unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let follower = cluster.follower_of(leader);
+    let leader_addr = cluster.replica(leader).client_addr();
+    let ctx = || deadline_context(Duration::from_secs(10));
+    let proposal = |producer: Option<(u64, u64)>, target: Target, size: usize| Proposal {
+        producer: producer.map(|(producer, seq)| ProducerSeq { producer, seq }),
+        target,
+        frame: Command::custom(1, 1, vec![b'x'; size]).into_frame(),
+    };
+
+    let to_follower = raw_client(cluster.replica(follower).client_addr()).await;
+    let redirected = to_follower
+        .append(ctx(), proposal(None, Target::All, 8))
+        .await
+        .unwrap();
+    assert_eq!(
+        redirected,
+        Err(ApiError::NotLeader {
+            leader_id: Some(leader),
+            leader_client_addr: Some(leader_addr.to_string()),
+        })
+    );
+
+    let to_leader = raw_client(leader_addr).await;
+    let too_large = to_leader
+        .append(ctx(), proposal(None, Target::All, 2048))
+        .await
+        .unwrap();
+    assert_eq!(
+        too_large,
+        Err(ApiError::TooLarge {
+            size: 2048,
+            limit: 1024
+        })
+    );
+    let bad_id = ContainerId::new("ok").unwrap();
+    let bad_target: Target =
+        serde_json::from_value(serde_json::json!({"Container": "no spaces allowed"})).unwrap();
+    assert!(matches!(
+        to_leader
+            .append(ctx(), proposal(None, bad_target, 8))
+            .await
+            .unwrap(),
+        Err(ApiError::Invalid(_))
+    ));
+    to_leader
+        .append(
+            ctx(),
+            proposal(Some((5, 100)), Target::Container(bad_id), 8),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        to_leader
+            .append(ctx(), proposal(Some((5, 10)), Target::All, 8))
+            .await
+            .unwrap(),
+        Err(ApiError::SequenceOutOfWindow {
+            producer: 5,
+            seq: 10,
+            lowest: 69
+        })
+    );
+
+    // Five long polls at the end of the log on one connection: the fifth is over the cap.
+    let polls: Vec<_> = (0..5)
+        .map(|_| {
+            let client = to_leader.clone();
+            tokio::spawn(async move {
+                client
+                    .fetch(
+                        ctx(),
+                        FetchRequest {
+                            max_wait_ms: 2_000,
+                            ..FetchRequest::from(1_000)
+                        },
+                    )
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut overloaded = 0;
+    for poll in polls {
+        match poll.await.unwrap() {
+            Err(ApiError::Overloaded { in_flight_max: 4 }) => overloaded += 1,
+            Ok(response) => assert!(response.entries.is_empty()),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(overloaded, 1);
+
+    // A well-behaved client appends throughout the abuse.
+    let good = ControlClient::connect(&cluster.client_addrs())
+        .await
+        .unwrap();
+    let traffic = tokio::spawn(async move {
+        let mut offsets = Vec::new();
+        for i in 0..100u32 {
+            let ack = good
+                .append(Target::All, Command::custom(1, 1, i.to_be_bytes().to_vec()))
+                .await
+                .expect("the good client is served");
+            offsets.push(ack.offset);
+        }
+        offsets
+    });
+    let mut noise: Vec<u8> = (0..64 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let huge_prefix = [0xff, 0xff, 0xff, 0xff, 1, 2, 3, 4];
+    for (name, bytes) in [
+        ("random bytes", noise.as_mut_slice()),
+        ("4 GiB prefix", &mut huge_prefix.clone()),
+    ] {
+        let mut socket = tokio::net::TcpStream::connect(leader_addr).await.unwrap();
+        // The replica may close while we still write; either way it must close.
+        let _ = socket.write_all(bytes).await;
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(WAIT, socket.read_to_end(&mut rest)).await;
+        assert!(closed.is_ok(), "{name}: the replica closed the connection");
+    }
+    let offsets = traffic.await.unwrap();
+    assert_eq!(offsets.len(), 100);
+    let last = *offsets.iter().max().unwrap();
+    cluster.wait_for_applied(last, WAIT).await.unwrap();
+    let entries = read_all(cluster.replica(leader)).await;
+    assert_eq!(
+        entries.len() as u64,
+        last,
+        "everything committed is still there"
+    );
+    assert_contiguous(&entries);
+    assert_eq!(
+        to_leader.status(ctx()).await.unwrap().unwrap().leader_id,
+        Some(leader),
+        "the earlier connection still works"
+    );
+    cluster.shutdown().await;
+}
