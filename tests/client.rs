@@ -362,7 +362,8 @@ async fn container_filter_and_long_poll() {
 /// Steps: a follower answers `append` with `NotLeader` naming the leader; an oversized command
 /// gets `TooLarge`, a bad container id `Invalid`, a sequence below its producer's window
 /// `SequenceOutOfWindow`, requests beyond the per-connection cap `Overloaded`. Meanwhile, random
-/// bytes and a 4 GiB length prefix on the client port get their connections closed while a
+/// bytes, a 4 GiB length prefix and a well-framed but undecodable request on the client port get
+/// their connections closed while a
 /// well-behaved client keeps appending and reading, and nothing committed is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn typed_errors_and_garbage_on_the_client_port() {
@@ -481,13 +482,17 @@ async fn typed_errors_and_garbage_on_the_client_port() {
         }
         offsets
     });
-    let mut noise: Vec<u8> = (0..64 * 1024u32)
+    let noise: Vec<u8> = (0..64 * 1024u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
     let huge_prefix = [0xff, 0xff, 0xff, 0xff, 1, 2, 3, 4];
+    // A frame within the limit whose content is not a request.
+    let mut undecodable = vec![0, 0, 0, 16];
+    undecodable.extend([0xff; 16]);
     for (name, bytes) in [
-        ("random bytes", noise.as_mut_slice()),
-        ("4 GiB prefix", &mut huge_prefix.clone()),
+        ("random bytes", noise.as_slice()),
+        ("4 GiB prefix", huge_prefix.as_slice()),
+        ("undecodable frame", undecodable.as_slice()),
     ] {
         let mut socket = tokio::net::TcpStream::connect(leader_addr).await.unwrap();
         // The replica may close while we still write; either way it must close.

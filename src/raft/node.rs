@@ -296,7 +296,8 @@ impl ReplicaHandle {
         }
         let deadline = tokio::time::Instant::now() + max_wait;
         let mut applied = self.applied();
-        let mut from = request.from;
+        // Offsets start at 1; a fetch from 0 means "from the beginning".
+        let mut from = request.from.max(1);
         loop {
             let response = self.read_committed(from, request)?;
             if !response.entries.is_empty() || response.next_offset <= response.applied_offset {
