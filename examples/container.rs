@@ -37,7 +37,7 @@ async fn run_container(seeds: Vec<String>, me: ContainerId, commands: usize) -> 
                 }
                 let ack = format!("{me} did offset {}", entry.offset).into_bytes();
                 let answer = client
-                    .append(Target::Coordinator, Command::custom(ACK, 1, ack))
+                    .append_to(Target::Coordinator, Command::custom(ACK, 1, ack))
                     .await?;
                 println!("[{me}]   acked at offset {}", answer.offset);
                 obeyed += 1;
@@ -77,7 +77,7 @@ async fn main() -> anyhow::Result<()> {
     ] {
         let body = text.as_bytes().to_vec();
         coordinator
-            .append(target, Command::custom(INSTRUCTION, 1, body))
+            .append_to(target, Command::custom(INSTRUCTION, 1, body))
             .await?;
     }
     container.await??;

@@ -45,7 +45,7 @@ async fn append_phase(seeds: &[String], clients: usize, duration: Duration) -> (
                 while !stop.load(Ordering::Relaxed) {
                     let sent = Instant::now();
                     let command = Command::custom(1, 1, payload(0));
-                    if client.append(Target::All, command).await.is_ok() {
+                    if client.append_to(Target::All, command).await.is_ok() {
                         histogram.record(sent.elapsed().as_micros() as u64).unwrap();
                     }
                 }
@@ -141,7 +141,10 @@ async fn fan_out_phase(
             let command = Command::custom(1, 1, payload(index));
             let started = micros() + 1;
             sent[index as usize].store(started, Ordering::Release);
-            writer.append(Target::All, command).await.expect("append");
+            writer
+                .append_to(Target::All, command)
+                .await
+                .expect("append");
             let done = micros() + 1;
             acked[index as usize].store(done, Ordering::Release);
             done - started

@@ -51,7 +51,7 @@ pub async fn append(
         }
         None => {
             client
-                .append(target, crate::log::Command::from_frame(frame))
+                .append_to(target, crate::log::Command::from_frame(frame))
                 .await
         }
     }

@@ -18,7 +18,7 @@ async fn append_some(client: &ControlClient, from: u32, count: u32) -> anyhow::R
     for i in from..from + count {
         let payload = format!("config-change #{i}").into_bytes();
         let ack = client
-            .append(Target::All, Command::custom(1, 1, payload))
+            .append_to(Target::All, Command::custom(1, 1, payload))
             .await?;
         offsets.push(ack.offset);
     }

@@ -90,7 +90,7 @@ async fn subscription_is_exactly_once_across_leader_kill_and_dropped_connections
                     for i in 0..(TOTAL / 32) {
                         let body = format!("round {round} writer {w} #{i}").into_bytes();
                         let ack = writer
-                            .append(Target::All, Command::custom(1, 1, body.clone()))
+                            .append_to(Target::All, Command::custom(1, 1, body.clone()))
                             .await
                             .expect("append through failover");
                         assert!(!ack.duplicate);
@@ -160,7 +160,7 @@ async fn retry_after_unknown_fate_and_failover_gets_the_original_offset() {
     proxy.swallow_answers(true);
     let append = tokio::spawn(async move {
         client
-            .append(Target::All, Command::custom(1, 1, b"exactly once".to_vec()))
+            .append_to(Target::All, Command::custom(1, 1, b"exactly once".to_vec()))
             .await
     });
     cluster.wait_for_applied(1, WAIT).await.unwrap();
@@ -213,7 +213,7 @@ async fn subscription_below_the_retained_range_resets_then_continues() {
     for i in 0..300 {
         let body = format!("cmd {i}").into_bytes();
         client
-            .append(Target::All, Command::custom(1, 1, body))
+            .append_to(Target::All, Command::custom(1, 1, body))
             .await
             .unwrap();
     }
@@ -253,7 +253,7 @@ async fn subscription_below_the_retained_range_resets_then_continues() {
     for i in 300..310 {
         let body = format!("cmd {i}").into_bytes();
         client
-            .append(Target::All, Command::custom(1, 1, body))
+            .append_to(Target::All, Command::custom(1, 1, body))
             .await
             .unwrap();
     }
@@ -303,7 +303,7 @@ async fn container_filter_and_long_poll() {
     for i in 0..40u64 {
         let target = targets[(i % 4) as usize].clone();
         let ack = client
-            .append(target.clone(), Command::custom(1, 1, vec![i as u8]))
+            .append_to(target.clone(), Command::custom(1, 1, vec![i as u8]))
             .await
             .unwrap();
         if Filter::Container(a.clone()).matches(&target) {
@@ -332,14 +332,14 @@ async fn container_filter_and_long_poll() {
         }
     });
     client
-        .append(
+        .append_to(
             Target::Container(b),
             Command::custom(1, 1, b"not for a".to_vec()),
         )
         .await
         .unwrap();
     let for_a = client
-        .append(
+        .append_to(
             Target::Container(a),
             Command::custom(1, 1, b"for a".to_vec()),
         )
@@ -475,7 +475,7 @@ async fn typed_errors_and_garbage_on_the_client_port() {
         let mut offsets = Vec::new();
         for i in 0..100u32 {
             let ack = good
-                .append(Target::All, Command::custom(1, 1, i.to_be_bytes().to_vec()))
+                .append_to(Target::All, Command::custom(1, 1, i.to_be_bytes().to_vec()))
                 .await
                 .expect("the good client is served");
             offsets.push(ack.offset);

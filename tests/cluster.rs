@@ -66,7 +66,7 @@ async fn leader_killed_new_leader_commits_without_losing_entries() {
     let mut after = Vec::new();
     for i in 51..=100 {
         match client
-            .append(
+            .append_to(
                 Target::All,
                 Command::custom(1, 1, format!("cmd-{i}").into_bytes()),
             )
@@ -224,7 +224,7 @@ async fn membership_grows_to_four_and_shrinks_to_three_under_traffic() {
         tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 client
-                    .append(Target::All, Command::custom(1, 1, b"traffic".to_vec()))
+                    .append_to(Target::All, Command::custom(1, 1, b"traffic".to_vec()))
                     .await
                     .expect("appends keep succeeding through membership changes");
                 appended.fetch_add(1, Ordering::Relaxed);
@@ -287,7 +287,7 @@ async fn oversized_commands_are_refused_and_retries_are_idempotent() {
         .await
         .unwrap();
     let error = client
-        .append(Target::All, Command::custom(1, 1, vec![0; 2048]))
+        .append_to(Target::All, Command::custom(1, 1, vec![0; 2048]))
         .await
         .expect_err("over the limit");
     assert!(

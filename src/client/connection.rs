@@ -1,5 +1,6 @@
 //! [`ControlClient`]: finds the leader, follows `NotLeader`, retries with bounded backoff.
 
+use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,7 +12,9 @@ use tokio::sync::Mutex;
 use super::protocol::*;
 use super::sequences::Sequences;
 use super::subscription::Subscription;
-use crate::log::{Command, Filter, Offset, ProducerId, ProducerSeq, Proposal, Target};
+use crate::log::{
+    Command, ContainerId, Epoch, Filter, Offset, ProducerId, ProducerSeq, Proposal, Target, TaskId,
+};
 use crate::NodeId;
 
 /// How long one call keeps retrying (failover, reconnects) before giving up. An election on
@@ -236,7 +239,7 @@ impl Connector {
 ///         SubscriptionItem::Entry(entry) => {
 ///             // Obey the command, then answer through the same log.
 ///             let ack = Command::custom(2, 1, entry.offset.to_be_bytes().to_vec());
-///             client.append(Target::Coordinator, ack).await?;
+///             client.append_to(Target::Coordinator, ack).await?;
 ///         }
 ///         SubscriptionItem::Reset { state, offset } => {
 ///             // Too far behind: the log was compacted. Rebuild from the state as of `offset`.
@@ -288,10 +291,21 @@ impl ControlClient {
     }
 
     /// Appends a command idempotently: a retry after a lost answer or a failover returns the
-    /// original offset instead of appending twice. Concurrent appends are pipelined (up to
-    /// the producer window, `jobs::PRODUCER_WINDOW`, unanswered at once) and commit in any
-    /// order.
-    pub async fn append(&self, target: Target, command: Command) -> Result<AppendAck, ClientError> {
+    /// original offset instead of appending twice. Built-in commands go to their own target
+    /// ([`Command::target`]); user commands are broadcast (address one with
+    /// [`ControlClient::append_to`]). Concurrent appends are pipelined (up to the producer
+    /// window, `jobs::PRODUCER_WINDOW`, unanswered at once) and commit in any order.
+    pub async fn append(&self, command: Command) -> Result<AppendAck, ClientError> {
+        let target = command.target().unwrap_or(Target::All);
+        self.append_to(target, command).await
+    }
+
+    /// Appends a command idempotently to a chosen target.
+    pub async fn append_to(
+        &self,
+        target: Target,
+        command: Command,
+    ) -> Result<AppendAck, ClientError> {
         let lease = self.sequences.issue().await;
         let result = self
             .append_proposal(Proposal {
@@ -349,6 +363,22 @@ impl ControlClient {
     pub async fn status(&self) -> Result<Status, ClientError> {
         self.connector
             .call(false, |rpc, ctx, _| async move { rpc.status(ctx).await })
+            .await
+    }
+
+    /// Tells the leader a container session is alive, with its lag per task. Most containers
+    /// use [`ContainerSession`](super::ContainerSession), which does this in the background.
+    pub async fn heartbeat(
+        &self,
+        container: &ContainerId,
+        epoch: Epoch,
+        lag: &BTreeMap<TaskId, u64>,
+    ) -> Result<HeartbeatAck, ClientError> {
+        self.connector
+            .call(true, |rpc, ctx, _| {
+                let (container, lag) = (container.clone(), lag.clone());
+                async move { rpc.heartbeat(ctx, container, epoch, lag).await }
+            })
             .await
     }
 

@@ -7,6 +7,7 @@
 mod connection;
 mod protocol;
 mod sequences;
+mod session;
 mod subscription;
 
 pub use connection::{
@@ -14,4 +15,5 @@ pub use connection::{
     RETRY_DEADLINE,
 };
 pub use protocol::*;
+pub use session::{ContainerSession, SessionOptions};
 pub use subscription::{Subscription, SubscriptionItem, LONG_POLL_WAIT};

@@ -2,12 +2,15 @@
 //! types it carries. Pure serde data, shared by the replica (which serves it) and the client
 //! library (which calls it).
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::jobs::JobState;
-use crate::log::{Filter, LogEntry, Offset, ProducerId, Proposal, Seq};
+use crate::jobs::{JobState, Rejection};
+use crate::log::{
+    ContainerId, Epoch, Filter, Kind, Level, LogEntry, Offset, ProducerId, Proposal, Seq, TaskId,
+};
 use crate::NodeId;
 
 /// The addresses of one replica, stored in the Raft membership so that any replica can tell a
@@ -57,6 +60,25 @@ pub enum ApiError {
         seq: Seq,
         lowest: Seq,
     },
+    /// The sender's `(container, epoch)` is not a live session (it expired, deregistered or
+    /// registered again). A container that gets this must stop work and register anew.
+    #[error("container {container} epoch {epoch} is fenced (current epoch: {current_epoch:?})")]
+    Fenced {
+        container: ContainerId,
+        epoch: Epoch,
+        current_epoch: Option<Epoch>,
+    },
+    /// The `(kind, version)` is deprecated at the recorded vocabulary level; write its
+    /// successor. Entries of it already in the log stay readable.
+    #[error("kind {kind} version {version} is deprecated at vocabulary level {level}")]
+    Deprecated {
+        kind: Kind,
+        version: u16,
+        level: Level,
+    },
+    /// The job model refused the command (see the reason); it took no offset.
+    #[error("refused: {0}")]
+    Refused(Rejection),
     /// This connection already has the maximum number of requests in flight. Retry once some
     /// have been answered, or open another connection.
     #[error("too many requests in flight on this connection (limit {in_flight_max})")]
@@ -87,6 +109,32 @@ impl ApiError {
                 | ApiError::Unavailable(_)
                 | ApiError::ShuttingDown
         )
+    }
+}
+
+impl From<Rejection> for ApiError {
+    fn from(rejection: Rejection) -> ApiError {
+        match rejection {
+            Rejection::Fenced {
+                container,
+                epoch,
+                current_epoch,
+            } => ApiError::Fenced {
+                container,
+                epoch,
+                current_epoch,
+            },
+            Rejection::Deprecated {
+                kind,
+                version,
+                level,
+            } => ApiError::Deprecated {
+                kind,
+                version,
+                level,
+            },
+            other => ApiError::Refused(other),
+        }
     }
 }
 
@@ -142,6 +190,13 @@ pub struct FetchResponse {
     pub applied_offset: Offset,
 }
 
+/// The leader's answer to a heartbeat.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatAck {
+    /// The leader's applied offset: a container whose subscription is far behind it knows.
+    pub applied_offset: Offset,
+}
+
 /// The folded job state as of one offset.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StateAt {
@@ -176,6 +231,9 @@ pub struct Status {
     pub first_offset: Offset,
     /// The last offset the current snapshot covers (0 without one).
     pub snapshot_offset: Offset,
+    /// The vocabulary level recorded in the log, and the highest this replica's build supports.
+    pub vocabulary_level: Level,
+    pub vocabulary_level_max: Level,
     pub snapshot_index: Option<u64>,
     pub purged_index: Option<u64>,
 }
@@ -203,6 +261,13 @@ pub trait ControlLog {
     async fn state(min_offset: Offset, max_wait_ms: u32) -> Result<StateAt, ApiError>;
     /// This replica's view of the cluster.
     async fn status() -> Result<Status, ApiError>;
+    /// A container's session is alive, with its consumer lag per task. Leader only; held in
+    /// the leader's memory, never written to the log. `Fenced` once the session has ended.
+    async fn heartbeat(
+        container: ContainerId,
+        epoch: Epoch,
+        lag: BTreeMap<TaskId, u64>,
+    ) -> Result<HeartbeatAck, ApiError>;
     /// Adds a replica: as a learner first, promoted to voter once it has caught up.
     async fn add_member(id: NodeId, member: Member) -> Result<(), ApiError>;
     /// Removes a replica from the cluster.

@@ -5,12 +5,22 @@
 //! the same log therefore yields the same JobState on every replica, in every restart, and in a
 //! subscriber that loads a snapshot and replays the tail.
 //!
-//! Today JobState numbers commands (contiguous offsets, DESIGN.md §4) and de-duplicates
-//! idempotent producers. The SAMZA-237 vocabulary (containers, tasks, inputs, handshakes) folds
-//! into the same structure.
+//! JobState numbers commands (contiguous offsets, DESIGN.md §4), de-duplicates idempotent
+//! producers, enforces the vocabulary level, and folds the SAMZA-237 vocabulary into
+//! containers and their epochs, tasks and their owners, the input → task map, schemas, config
+//! and the handshakes still open. [`Liveness`] is the leader's in-memory heartbeat table.
 
+mod liveness;
+mod model;
 mod producers;
+mod rejection;
 mod state;
 
+pub use liveness::{Heartbeat, Liveness};
+pub use model::*;
 pub use producers::{ProducerTable, PRODUCERS_MAX, PRODUCER_WINDOW};
-pub use state::{JobState, Outcome};
+pub use rejection::Rejection;
+pub use state::{JobState, Outcome, ReplayError, DEAD_CONTAINERS_KEPT};
+
+#[cfg(test)]
+mod tests;

@@ -1,6 +1,16 @@
 //! Commands and their `{kind, version, body}` frame (DESIGN.md §5).
+//!
+//! Each built-in command is a plain struct; its frame body is that struct in the log's codec.
+//! Which `(kind, version)` pairs exist, and from which vocabulary level, is in
+//! [`vocabulary`](super::vocabulary).
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+use super::names::{Input, TaskId};
+use super::vocabulary::{kinds, Vocabulary};
+use super::{ContainerId, Offset, Target};
 
 /// A command kind number. Built-in kinds live below [`CUSTOM_KIND_MIN`]; the space above it
 /// belongs to users, so a user kind can never collide with a kind a later release adds.
@@ -9,11 +19,16 @@ pub type Kind = u32;
 /// The first kind number reserved for user [`Command::Custom`] commands.
 pub const CUSTOM_KIND_MIN: Kind = 0x1000_0000;
 
+/// A container's generation: the offset of its registration.
+pub type Epoch = Offset;
+
+/// The vocabulary level recorded in the log (like KRaft's `metadata.version`).
+pub type Level = u16;
+
 /// The wire and disk form of every command, as KRaft frames its records.
 ///
-/// The frame is what is stored and replicated. Readers decode it with [`Command::from_frame`]
-/// against the vocabulary *they* know, which is what lets an old reader pass a newer kind through
-/// as [`Command::Unknown`].
+/// The frame is what is stored and replicated. Readers decode it with a [`Vocabulary`], which is
+/// what lets an old reader pass a newer kind through as [`Command::Unknown`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Frame {
     pub kind: Kind,
@@ -29,46 +44,234 @@ impl Frame {
     }
 }
 
+/// A container announces itself. The offset this command gets is the container's epoch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterContainer {
+    pub container: ContainerId,
+    /// Free text for operators: where the container runs (host, pid, pod).
+    pub location: String,
+}
+
+/// A container leaves cleanly (after it was drained).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeregisterContainer {
+    pub container: ContainerId,
+    pub epoch: Epoch,
+}
+
+/// The coordinator declares a container dead (it missed its heartbeats). Everything from this
+/// epoch is fenced from here on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExpireContainer {
+    pub container: ContainerId,
+    pub epoch: Epoch,
+}
+
+/// Input partitions that appeared.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddInputs {
+    pub inputs: Vec<Input>,
+}
+
+/// Input partitions that went away. Refused for an input whose task is owned: stop the task
+/// first (revoke before reassign).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveInputs {
+    pub inputs: Vec<Input>,
+}
+
+/// Gives a task, with this input set, to a container (at its current epoch). The container
+/// answers [`TaskStarted`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AssignTask {
+    pub task: TaskId,
+    pub container: ContainerId,
+    pub epoch: Epoch,
+    pub inputs: Vec<Input>,
+}
+
+/// Tells a container to stop a task. The container answers [`TaskStopped`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StopTask {
+    pub task: TaskId,
+    pub container: ContainerId,
+    pub epoch: Epoch,
+}
+
+/// A container's answer to [`AssignTask`]: the task runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskStarted {
+    pub task: TaskId,
+    pub container: ContainerId,
+    pub epoch: Epoch,
+}
+
+/// A container's answer to [`StopTask`]: the task stopped, with where it got to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskStopped {
+    pub task: TaskId,
+    pub container: ContainerId,
+    pub epoch: Epoch,
+    /// Opaque position the next owner resumes from.
+    pub checkpoint: Option<Vec<u8>>,
+}
+
+/// The container count the coordinator wants (version 1, deprecated at level 2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredContainersV1 {
+    pub count: u32,
+}
+
+/// The container count the coordinator wants, and why (version 2, from level 2), so that an
+/// audit of the log explains every scaling decision.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredContainers {
+    pub count: u32,
+    pub reason: String,
+}
+
+/// A schema changed: every live container must ack it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchemaChange {
+    /// What the schema describes, for example a stream name.
+    pub subject: String,
+    pub schema: Vec<u8>,
+}
+
+/// Configuration changed: every live container must ack it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigChange {
+    pub set: BTreeMap<String, String>,
+    pub remove: Vec<String>,
+}
+
+/// A container acknowledges the command at `offset` (a broadcast, or a user command).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ack {
+    pub container: ContainerId,
+    pub epoch: Epoch,
+    pub offset: Offset,
+}
+
+/// Raises the vocabulary level, allowing the kinds that level introduces (and refusing the
+/// ones it deprecates). Raise it only once every replica runs a build that supports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetVocabularyLevel {
+    pub level: Level,
+}
+
 /// A command as a reader understands it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
+    RegisterContainer(RegisterContainer),
+    DeregisterContainer(DeregisterContainer),
+    ExpireContainer(ExpireContainer),
+    AddInputs(AddInputs),
+    RemoveInputs(RemoveInputs),
+    AssignTask(AssignTask),
+    StopTask(StopTask),
+    TaskStarted(TaskStarted),
+    TaskStopped(TaskStopped),
+    DesiredContainersV1(DesiredContainersV1),
+    DesiredContainers(DesiredContainers),
+    SchemaChange(SchemaChange),
+    ConfigChange(ConfigChange),
+    Ack(Ack),
+    SetVocabularyLevel(SetVocabularyLevel),
     /// A user-defined command. ctrlog orders and replicates it and never looks inside.
     Custom {
         kind: Kind,
         version: u16,
         payload: Vec<u8>,
     },
-    /// A built-in frame this reader does not know (a newer release wrote it). Passed through
-    /// untouched so that the stream never stalls on it.
+    /// A frame this reader does not know (a newer release wrote it). Passed through untouched
+    /// so that the stream never stalls on it.
     Unknown(Frame),
 }
 
 impl Command {
     /// Decodes a frame against this build's vocabulary. Total: an unknown frame is `Unknown`.
     pub fn from_frame(frame: Frame) -> Command {
-        if frame.kind >= CUSTOM_KIND_MIN {
-            return Command::Custom {
-                kind: frame.kind,
-                version: frame.version,
-                payload: frame.body,
-            };
+        Vocabulary::CURRENT.decode(frame)
+    }
+
+    /// The frame's `(kind, version)`.
+    pub fn kind_version(&self) -> (Kind, u16) {
+        use kinds::*;
+        match self {
+            Command::RegisterContainer(_) => (REGISTER_CONTAINER, 1),
+            Command::DeregisterContainer(_) => (DEREGISTER_CONTAINER, 1),
+            Command::ExpireContainer(_) => (EXPIRE_CONTAINER, 1),
+            Command::AddInputs(_) => (ADD_INPUTS, 1),
+            Command::RemoveInputs(_) => (REMOVE_INPUTS, 1),
+            Command::AssignTask(_) => (ASSIGN_TASK, 1),
+            Command::StopTask(_) => (STOP_TASK, 1),
+            Command::TaskStarted(_) => (TASK_STARTED, 1),
+            Command::TaskStopped(_) => (TASK_STOPPED, 1),
+            Command::DesiredContainersV1(_) => (DESIRED_CONTAINERS, 1),
+            Command::DesiredContainers(_) => (DESIRED_CONTAINERS, 2),
+            Command::SchemaChange(_) => (SCHEMA_CHANGE, 1),
+            Command::ConfigChange(_) => (CONFIG_CHANGE, 1),
+            Command::Ack(_) => (ACK, 1),
+            Command::SetVocabularyLevel(_) => (SET_VOCABULARY_LEVEL, 1),
+            Command::Custom { kind, version, .. } => (*kind, *version),
+            Command::Unknown(frame) => (frame.kind, frame.version),
         }
-        Command::Unknown(frame)
     }
 
     /// Encodes this command as the frame that is stored and replicated.
     pub fn into_frame(self) -> Frame {
+        let (kind, version) = self.kind_version();
+        let body = match self {
+            Command::RegisterContainer(c) => super::encode(&c),
+            Command::DeregisterContainer(c) => super::encode(&c),
+            Command::ExpireContainer(c) => super::encode(&c),
+            Command::AddInputs(c) => super::encode(&c),
+            Command::RemoveInputs(c) => super::encode(&c),
+            Command::AssignTask(c) => super::encode(&c),
+            Command::StopTask(c) => super::encode(&c),
+            Command::TaskStarted(c) => super::encode(&c),
+            Command::TaskStopped(c) => super::encode(&c),
+            Command::DesiredContainersV1(c) => super::encode(&c),
+            Command::DesiredContainers(c) => super::encode(&c),
+            Command::SchemaChange(c) => super::encode(&c),
+            Command::ConfigChange(c) => super::encode(&c),
+            Command::Ack(c) => super::encode(&c),
+            Command::SetVocabularyLevel(c) => super::encode(&c),
+            Command::Custom { payload, .. } => payload,
+            Command::Unknown(frame) => frame.body,
+        };
+        Frame {
+            kind,
+            version,
+            body,
+        }
+    }
+
+    /// Who a built-in command is for; `None` for user and unknown commands, whose target the
+    /// appender chooses. The replicated state machine refuses a built-in command appended with
+    /// any other target, so a container filtering for itself never misses one meant for it.
+    pub fn target(&self) -> Option<Target> {
+        let to = |c: &ContainerId| Some(Target::Container(c.clone()));
         match self {
-            Command::Custom {
-                kind,
-                version,
-                payload,
-            } => Frame {
-                kind,
-                version,
-                body: payload,
-            },
-            Command::Unknown(frame) => frame,
+            // A container hears its own registration, deregistration and expiry: a zombie
+            // learns from its own stream that it is fenced.
+            Command::RegisterContainer(c) => to(&c.container),
+            Command::DeregisterContainer(c) => to(&c.container),
+            Command::ExpireContainer(c) => to(&c.container),
+            Command::AssignTask(c) => to(&c.container),
+            Command::StopTask(c) => to(&c.container),
+            Command::SchemaChange(_)
+            | Command::ConfigChange(_)
+            | Command::SetVocabularyLevel(_) => Some(Target::All),
+            Command::AddInputs(_)
+            | Command::RemoveInputs(_)
+            | Command::TaskStarted(_)
+            | Command::TaskStopped(_)
+            | Command::DesiredContainersV1(_)
+            | Command::DesiredContainers(_)
+            | Command::Ack(_) => Some(Target::Coordinator),
+            Command::Custom { .. } | Command::Unknown(_) => None,
         }
     }
 
@@ -105,5 +308,14 @@ mod tests {
         let command = Command::from_frame(frame.clone());
         assert_eq!(command, Command::Unknown(frame.clone()));
         assert_eq!(command.into_frame(), frame);
+    }
+
+    #[test]
+    fn every_builtin_round_trips_through_its_frame() {
+        for command in super::super::vocabulary::examples() {
+            let frame = command.clone().into_frame();
+            assert!(frame.kind < CUSTOM_KIND_MIN);
+            assert_eq!(Command::from_frame(frame), command);
+        }
     }
 }

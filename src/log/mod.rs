@@ -22,11 +22,14 @@
 mod codec;
 mod command;
 mod entry;
+mod names;
 mod target;
+pub mod vocabulary;
 
 pub use codec::{decode, encode, DecodeError};
-pub use command::{Command, Frame, Kind, CUSTOM_KIND_MIN};
+pub use command::*;
 pub use entry::{Batch, LogEntry, ProducerSeq, Proposal};
+pub use names::{Input, InvalidName, TaskId, NAME_BYTES_MAX};
 pub use target::{ContainerId, Filter, InvalidContainerId, Target, CONTAINER_ID_BYTES_MAX};
 
 /// The position of one command in the control log: 1, 2, 3, … with no gaps.

@@ -9,8 +9,10 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use super::names::{valid_name, NAME_BYTES_MAX};
+
 /// The longest container id accepted on append.
-pub const CONTAINER_ID_BYTES_MAX: usize = 128;
+pub const CONTAINER_ID_BYTES_MAX: usize = NAME_BYTES_MAX;
 
 /// A container's name, chosen by whoever launches it (a YARN container id, a pod name, "0").
 ///
@@ -31,12 +33,7 @@ impl ContainerId {
     /// keeps ids printable, unambiguous in `container:ID` syntax and bounded in size.
     pub fn new(id: impl Into<String>) -> Result<ContainerId, InvalidContainerId> {
         let id = id.into();
-        let valid = !id.is_empty()
-            && id.len() <= CONTAINER_ID_BYTES_MAX
-            && id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
-        if valid {
+        if valid_name(&id) {
             Ok(ContainerId(id))
         } else {
             Err(InvalidContainerId { id })
@@ -45,7 +42,15 @@ impl ContainerId {
 
     /// Re-checks an id that arrived over the wire.
     pub fn validate(&self) -> Result<(), InvalidContainerId> {
-        ContainerId::new(self.0.clone()).map(|_| ())
+        if self.is_valid() {
+            Ok(())
+        } else {
+            Err(InvalidContainerId { id: self.0.clone() })
+        }
+    }
+
+    pub fn is_valid(&self) -> bool {
+        valid_name(&self.0)
     }
 
     pub fn as_str(&self) -> &str {

@@ -18,10 +18,12 @@ use super::service::{bind_clients, serve_clients};
 use super::state_machine::{entry_commands, log_entry, StateMachineStore};
 use super::types::{Raft, RaftMetrics};
 use crate::client::{
-    ApiError, AppendAck, FetchRequest, FetchResponse, Member, MemberStatus, StateAt, Status,
+    ApiError, AppendAck, FetchRequest, FetchResponse, HeartbeatAck, Member, MemberStatus, StateAt,
+    Status,
 };
-use crate::jobs::Outcome;
-use crate::log::{Filter, Offset, Proposal, Target};
+use crate::jobs::{Liveness, Outcome, Rejection, Session};
+use crate::log::vocabulary::{kinds, LEVEL_MAX};
+use crate::log::{Command, ContainerId, Epoch, Filter, Offset, Proposal, Target, TaskId};
 use crate::NodeId;
 
 /// Entries per AppendEntries message. With batches of up to [`BATCH_BYTES_MAX`] plus one
@@ -62,6 +64,8 @@ struct Inner {
     peer_addr: SocketAddr,
     client_addr: SocketAddr,
     command_bytes_max: usize,
+    /// Heartbeats heard while this replica leads (reset when a new term begins).
+    liveness: std::sync::Mutex<Liveness>,
 }
 
 /// A cheap, cloneable handle to a running replica: the library API.
@@ -140,6 +144,7 @@ impl Replica {
                 peer_addr,
                 client_addr,
                 command_bytes_max: config.command_bytes_max,
+                liveness: std::sync::Mutex::new(Liveness::new(0, std::time::Instant::now())),
             }),
         };
         let replica = Replica {
@@ -252,6 +257,19 @@ impl ReplicaHandle {
                 .map_err(|e| ApiError::Invalid(e.to_string()))?;
         }
         debug_assert!(self.inner.command_bytes_max <= BATCH_BYTES_MAX * 16);
+        // The state machine must stay deterministic across builds, so whether *this* build
+        // supports a level is checked here, before the command enters the log.
+        let level_change = (proposal.frame.kind == kinds::SET_VOCABULARY_LEVEL)
+            .then(|| Command::from_frame(proposal.frame.clone()));
+        if let Some(Command::SetVocabularyLevel(c)) = level_change {
+            if c.level > LEVEL_MAX {
+                return Err(Rejection::LevelUnsupported {
+                    requested: c.level,
+                    supported: LEVEL_MAX,
+                }
+                .into());
+            }
+        }
         let producer = proposal.producer;
         match self.inner.proposer.propose(proposal).await? {
             Outcome::Appended { offset } => Ok(AppendAck {
@@ -270,6 +288,7 @@ impl ReplicaHandle {
                     lowest,
                 })
             }
+            Outcome::Rejected(rejection) => Err(rejection.into()),
         }
     }
 
@@ -401,6 +420,80 @@ impl ReplicaHandle {
         Ok(response)
     }
 
+    /// `NotLeader`, naming the leader this replica knows of.
+    fn not_leader(&self, metrics: &RaftMetrics) -> ApiError {
+        let leader_client_addr = metrics.current_leader.and_then(|leader| {
+            metrics
+                .membership_config
+                .membership()
+                .get_node(&leader)
+                .map(|m| m.client_addr.clone())
+        });
+        ApiError::NotLeader {
+            leader_id: metrics.current_leader,
+            leader_client_addr,
+        }
+    }
+
+    /// Runs `f` on the heartbeat table of the current term. Only the leader keeps one.
+    fn with_liveness<T>(&self, f: impl FnOnce(&mut Liveness) -> T) -> Result<T, ApiError> {
+        let metrics = self.metrics();
+        if metrics.current_leader != Some(self.inner.id) {
+            return Err(self.not_leader(&metrics));
+        }
+        let mut table = self
+            .inner
+            .liveness
+            .lock()
+            .expect("a panic while holding the liveness lock is a bug");
+        if table.term() != metrics.current_term {
+            // A new term: silence counts from now, not from the last leader's last word.
+            *table = Liveness::new(metrics.current_term, std::time::Instant::now());
+        }
+        Ok(f(&mut table))
+    }
+
+    /// Records a container's heartbeat (leader only). `Fenced` unless `(container, epoch)` is
+    /// the container's live session.
+    pub fn heartbeat(
+        &self,
+        container: ContainerId,
+        epoch: Epoch,
+        lag: BTreeMap<TaskId, u64>,
+    ) -> Result<HeartbeatAck, ApiError> {
+        let (live, applied_offset) = self
+            .inner
+            .state_machine
+            .read(|state| (state.job.live_session(&container), state.job.last_offset()));
+        let session = match live {
+            Some(session) if session.epoch == epoch => session,
+            live => {
+                return Err(ApiError::Fenced {
+                    container,
+                    epoch,
+                    current_epoch: live.map(|s| s.epoch),
+                })
+            }
+        };
+        self.with_liveness(|table| table.record(&session, lag, std::time::Instant::now()))?;
+        Ok(HeartbeatAck { applied_offset })
+    }
+
+    /// Live sessions this leader has not heard from for longer than `timeout` (counting from
+    /// when it became leader for sessions it never heard). Leader only.
+    pub fn overdue_sessions(&self, timeout: Duration) -> Result<Vec<Session>, ApiError> {
+        self.with_liveness(|table| {
+            self.inner
+                .state_machine
+                .read(|state| table.overdue(&state.job, std::time::Instant::now(), timeout))
+        })
+    }
+
+    /// The consumer lag each live container last reported to this leader. Leader only.
+    pub fn reported_lag(&self) -> Result<BTreeMap<ContainerId, u64>, ApiError> {
+        self.with_liveness(|table| self.inner.state_machine.read(|state| table.lag(&state.job)))
+    }
+
     /// The JobState as of this replica's applied offset, once that reaches `min_offset`.
     pub async fn state(&self, min_offset: Offset, max_wait: Duration) -> Result<StateAt, ApiError> {
         let mut applied = self.applied();
@@ -428,12 +521,14 @@ impl ReplicaHandle {
         let membership = metrics.membership_config.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         let first_log_index = self.inner.log.first_index();
-        let (applied_offset, first_offset) = self.inner.state_machine.read(|state| {
-            (
-                state.job.last_offset(),
-                state.first_retained_offset(first_log_index),
-            )
-        });
+        let (applied_offset, first_offset, vocabulary_level) =
+            self.inner.state_machine.read(|state| {
+                (
+                    state.job.last_offset(),
+                    state.first_retained_offset(first_log_index),
+                    state.job.level(),
+                )
+            });
         let role = match metrics.state {
             ServerState::Leader => "Leader",
             ServerState::Follower => "Follower",
@@ -459,6 +554,8 @@ impl ReplicaHandle {
             applied_offset,
             first_offset,
             snapshot_offset: self.inner.state_machine.snapshot_offset(),
+            vocabulary_level,
+            vocabulary_level_max: LEVEL_MAX,
             snapshot_index: metrics.snapshot.map(|l| l.index),
             purged_index: metrics.purged.map(|l| l.index),
         }

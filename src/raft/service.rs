@@ -5,6 +5,7 @@
 //! that sends a frame above the limit or bytes that do not decode is closed by its transport;
 //! nothing else is affected, and nothing is applied from it.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,9 +19,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::node::ReplicaHandle;
 use crate::client::{
     ApiError, AppendAck, ControlLog, ControlLogRequest, ControlLogResponse, FetchRequest,
-    FetchResponse, Member, StateAt, Status,
+    FetchResponse, HeartbeatAck, Member, StateAt, Status,
 };
-use crate::log::{Offset, Proposal};
+use crate::log::{ContainerId, Epoch, Offset, Proposal, TaskId};
 use crate::NodeId;
 
 type Request = ClientMessage<ControlLogRequest>;
@@ -158,6 +159,17 @@ impl ControlLog for ControlLogServer {
     async fn status(self, _: context::Context) -> Result<Status, ApiError> {
         let _permit = self.admit()?;
         Ok(self.replica.status())
+    }
+
+    async fn heartbeat(
+        self,
+        _: context::Context,
+        container: ContainerId,
+        epoch: Epoch,
+        lag: BTreeMap<TaskId, u64>,
+    ) -> Result<HeartbeatAck, ApiError> {
+        let _permit = self.admit()?;
+        self.replica.heartbeat(container, epoch, lag)
     }
 
     async fn add_member(

@@ -1,0 +1,96 @@
+//! The leader's heartbeat table, held in memory as KRaft holds broker heartbeats.
+//!
+//! Heartbeats are not written to the log: only their consequence is, when the controller
+//! expires a silent container. A new leader starts with an empty table and counts silence from
+//! the moment it started tracking, so a failover never expires a container that was
+//! heartbeating to the old leader.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use super::model::Session;
+use super::state::JobState;
+use crate::log::{ContainerId, Epoch, TaskId};
+
+/// The last heartbeat of one container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Heartbeat {
+    pub epoch: Epoch,
+    pub at: Instant,
+    /// Consumer lag per task, as the container reported it.
+    pub lag: BTreeMap<TaskId, u64>,
+}
+
+/// Who was heard from, and when, during one leadership term. Times are passed in, so the
+/// table is deterministic under test.
+#[derive(Clone, Debug)]
+pub struct Liveness {
+    term: u64,
+    tracking_since: Instant,
+    beats: BTreeMap<ContainerId, Heartbeat>,
+}
+
+impl Liveness {
+    /// An empty table for a leader of `term` that starts tracking at `now`.
+    pub fn new(term: u64, now: Instant) -> Liveness {
+        Liveness {
+            term,
+            tracking_since: now,
+            beats: BTreeMap::new(),
+        }
+    }
+
+    /// The term this table belongs to.
+    pub fn term(&self) -> u64 {
+        self.term
+    }
+
+    /// Records a heartbeat from a session the caller checked is live.
+    pub fn record(&mut self, session: &Session, lag: BTreeMap<TaskId, u64>, now: Instant) {
+        self.beats.insert(
+            session.container.clone(),
+            Heartbeat {
+                epoch: session.epoch,
+                at: now,
+                lag,
+            },
+        );
+    }
+
+    /// The last heartbeat of a container, from any epoch.
+    pub fn last(&self, container: &ContainerId) -> Option<&Heartbeat> {
+        self.beats.get(container)
+    }
+
+    /// When `session` was last heard from: its latest heartbeat of this epoch, or when this
+    /// table started tracking.
+    pub fn last_heard(&self, session: &Session) -> Instant {
+        self.beats
+            .get(&session.container)
+            .filter(|beat| beat.epoch == session.epoch)
+            .map_or(self.tracking_since, |beat| beat.at)
+    }
+
+    /// The live sessions of `state` not heard from for longer than `timeout`.
+    pub fn overdue(&self, state: &JobState, now: Instant, timeout: Duration) -> Vec<Session> {
+        state
+            .containers()
+            .keys()
+            .filter_map(|container| state.live_session(container))
+            .filter(|session| now.saturating_duration_since(self.last_heard(session)) > timeout)
+            .collect()
+    }
+
+    /// The lag each live session reported last (sessions without a heartbeat are absent).
+    pub fn lag(&self, state: &JobState) -> BTreeMap<ContainerId, u64> {
+        state
+            .containers()
+            .keys()
+            .filter_map(|container| state.live_session(container))
+            .filter_map(|session| {
+                let beat = self.beats.get(&session.container)?;
+                (beat.epoch == session.epoch).then(|| (session.container, beat.lag.values().sum()))
+            })
+            .collect()
+    }
+}
