@@ -11,11 +11,14 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 
 use crate::client::{
-    ApiError, AppendAck, ClientError, ControlClient, FetchRequest, StateAt, Status,
+    ApiError, AppendAck, ClientError, ClientOptions, ControlClient, FetchRequest, StateAt, Status,
     SubscriptionItem,
 };
+use crate::jobs::{Awaiting, ContainerStatus, Session, TaskPhase};
+use crate::log::vocabulary::{KINDS, LEVEL_MAX};
 use crate::log::{
-    Filter, Frame, Kind, LogEntry, Offset, ProducerSeq, Proposal, Target, CUSTOM_KIND_MIN,
+    Command, Filter, Frame, Kind, Level, LogEntry, Offset, ProducerSeq, Proposal,
+    SetVocabularyLevel, Target, TaskId, CUSTOM_KIND_MIN,
 };
 
 /// Parses a command kind: a number as stored (`268435457`) or a user kind (`custom:1`, which
@@ -49,11 +52,7 @@ pub async fn append(
                 })
                 .await
         }
-        None => {
-            client
-                .append_to(target, crate::log::Command::from_frame(frame))
-                .await
-        }
+        None => client.append_to(target, Command::from_frame(frame)).await,
     }
 }
 
@@ -255,22 +254,277 @@ pub fn status_text(status: &Status) -> String {
     text
 }
 
-/// `ctrlog state --json`: the whole JobState as of an offset.
+/// `ctrlog vocabulary raise`: raises the recorded vocabulary level, after checking that every
+/// replica's build supports it (the rule that keeps a rolling upgrade safe).
+pub async fn raise_level(client: &ControlClient, level: Level) -> anyhow::Result<AppendAck> {
+    let leader = client.leader_status().await?;
+    for member in &leader.members {
+        let seed = [member.member.client_addr.clone()];
+        let options = ClientOptions {
+            retry_deadline: std::time::Duration::from_secs(5),
+            ..ClientOptions::default()
+        };
+        let status = async {
+            ControlClient::connect_with(&seed, options)
+                .await?
+                .status()
+                .await
+        }
+        .await
+        .with_context(|| format!("asking replica {} which levels it supports", member.id))?;
+        if status.vocabulary_level_max < level {
+            anyhow::bail!(
+                "replica {} supports vocabulary levels up to {}; upgrade it before raising the level to {level}",
+                member.id,
+                status.vocabulary_level_max
+            );
+        }
+    }
+    Ok(client
+        .append(Command::SetVocabularyLevel(SetVocabularyLevel { level }))
+        .await?)
+}
+
+/// `ctrlog vocabulary show`: the built-in kinds and what the recorded level allows.
+pub fn vocabulary_text(level: Level) -> String {
+    use std::fmt::Write as _;
+    let mut out = format!(
+        "recorded vocabulary level {level}; this build supports up to {LEVEL_MAX}\n\nKIND  VERSION  NAME                   SINCE  DEPRECATED  ALLOWED NOW\n"
+    );
+    for spec in KINDS {
+        let deprecated = spec
+            .deprecated_since
+            .map_or("-".to_string(), |since| format!("at {since}"));
+        let allowed = spec.since <= level && spec.deprecated_since.is_none_or(|d| level < d);
+        let _ = writeln!(
+            out,
+            "{:>4}  {:>7}  {:<21}  {:>5}  {:<10}  {}",
+            spec.kind,
+            spec.version,
+            spec.name,
+            spec.since,
+            deprecated,
+            if allowed { "yes" } else { "no" }
+        );
+    }
+    out
+}
+
+/// Bytes as JSON: a `key` string when they are UTF-8, else base64 under `key_b64`.
+fn put_bytes(object: &mut Value, key: &str, bytes: &[u8]) {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => object[key] = Value::from(text),
+        Err(_) => {
+            object[format!("{key}_b64")] =
+                Value::from(base64::engine::general_purpose::STANDARD.encode(bytes))
+        }
+    }
+}
+
+fn status_name(status: ContainerStatus) -> &'static str {
+    match status {
+        ContainerStatus::Live => "live",
+        ContainerStatus::Deregistered => "deregistered",
+        ContainerStatus::Expired => "expired",
+    }
+}
+
+/// A task's phase as `(name, owner, the offset it refers to)`.
+fn phase_parts(phase: &TaskPhase) -> (&'static str, Option<&Session>, Option<Offset>) {
+    match phase {
+        TaskPhase::Unassigned => ("unassigned", None, None),
+        TaskPhase::Starting { owner, at } => ("starting", Some(owner), Some(*at)),
+        TaskPhase::Running { owner, since } => ("running", Some(owner), Some(*since)),
+        TaskPhase::Stopping { owner, at } => ("stopping", Some(owner), Some(*at)),
+    }
+}
+
+fn awaiting_parts(awaiting: &Awaiting) -> (&'static str, Option<&TaskId>) {
+    match awaiting {
+        Awaiting::TaskStarted { task } => ("task-started", Some(task)),
+        Awaiting::TaskStopped { task } => ("task-stopped", Some(task)),
+        Awaiting::Acks => ("acks", None),
+    }
+}
+
+/// `ctrlog state --json`: the whole JobState as of an offset, in a stable JSON shape (inputs
+/// as `system/stream/partition` strings, bytes as text or base64).
 pub fn state_json(at: &StateAt) -> Value {
+    let state = &at.state;
+    let containers: Vec<Value> = state
+        .containers()
+        .iter()
+        .map(|(id, record)| {
+            json!({
+                "id": id.as_str(),
+                "epoch": record.epoch,
+                "status": status_name(record.status),
+                "location": record.location,
+                "registered_at_ms": record.registered_at_ms,
+            })
+        })
+        .collect();
+    let tasks: Vec<Value> = state
+        .tasks()
+        .iter()
+        .map(|(id, record)| {
+            let (phase, owner, offset) = phase_parts(&record.phase);
+            let mut task = json!({
+                "id": id.as_str(),
+                "inputs": record.inputs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "phase": phase,
+                "owner": owner.map(|o| o.container.as_str()),
+                "epoch": owner.map(|o| o.epoch),
+                "phase_offset": offset,
+            });
+            if let Some(checkpoint) = &record.checkpoint {
+                put_bytes(&mut task, "checkpoint", checkpoint);
+            }
+            task
+        })
+        .collect();
+    let inputs: serde_json::Map<String, Value> = state
+        .inputs()
+        .iter()
+        .map(|(input, task)| (input.to_string(), json!(task.as_ref().map(TaskId::as_str))))
+        .collect();
+    let pending: Vec<Value> = state
+        .pending()
+        .iter()
+        .map(|(offset, handshake)| {
+            let (awaiting, task) = awaiting_parts(&handshake.awaiting);
+            json!({
+                "offset": offset,
+                "awaiting": awaiting,
+                "task": task.map(TaskId::as_str),
+                "owed_by": handshake.owed_by.iter()
+                    .map(|(c, epoch)| json!({"container": c.as_str(), "epoch": epoch}))
+                    .collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let schemas: Vec<Value> = state
+        .schemas()
+        .iter()
+        .map(|(subject, record)| {
+            let mut schema = json!({"subject": subject, "offset": record.offset});
+            put_bytes(&mut schema, "schema", &record.schema);
+            schema
+        })
+        .collect();
     json!({
         "offset": at.offset,
-        "state": serde_json::to_value(&at.state).unwrap_or(Value::Null),
+        "next_offset": state.next_offset(),
+        "vocabulary_level": state.level(),
+        "containers": containers,
+        "tasks": tasks,
+        "inputs": inputs,
+        "pending": pending,
+        "schemas": schemas,
+        "config": state.config(),
+        "desired_containers": state.desired_containers().map(|d| json!({
+            "count": d.count, "reason": d.reason, "offset": d.offset,
+        })),
+        "producers": state.producers().len(),
     })
 }
 
-/// `ctrlog state` for people.
+/// `ctrlog state` for people: one table per part of the job.
 pub fn state_text(at: &StateAt) -> String {
-    format!(
-        "state as of offset {}\n  next offset: {}\n  producers remembered: {}\n",
+    use std::fmt::Write as _;
+    let state = &at.state;
+    let mut out = String::new();
+    let desired = state
+        .desired_containers()
+        .map_or("not set".to_string(), |d| {
+            format!(
+                "{} (offset {}{}{})",
+                d.count,
+                d.offset,
+                if d.reason.is_empty() { "" } else { ": " },
+                d.reason
+            )
+        });
+    let _ = writeln!(
+        out,
+        "state as of offset {}; vocabulary level {}; desired containers: {desired}",
         at.offset,
-        at.state.next_offset(),
-        at.state.producers().len()
-    )
+        state.level()
+    );
+    let _ = writeln!(out, "\nCONTAINER             EPOCH  STATUS        LOCATION");
+    for (id, record) in state.containers() {
+        let _ = writeln!(
+            out,
+            "{:<20}  {:>5}  {:<12}  {}",
+            id.as_str(),
+            record.epoch,
+            status_name(record.status),
+            record.location
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nTASK                  PHASE       OWNER                 AT     INPUTS"
+    );
+    for (id, record) in state.tasks() {
+        let (phase, owner, offset) = phase_parts(&record.phase);
+        let inputs: Vec<String> = record.inputs.iter().map(ToString::to_string).collect();
+        let _ = writeln!(
+            out,
+            "{:<20}  {:<10}  {:<20}  {:>5}  {}",
+            id.as_str(),
+            phase,
+            owner.map_or("-".to_string(), ToString::to_string),
+            offset.map_or("-".to_string(), |o| o.to_string()),
+            inputs.join(" ")
+        );
+    }
+    let unassigned: Vec<String> = state
+        .inputs()
+        .iter()
+        .filter(|(_, task)| task.is_none())
+        .map(|(input, _)| input.to_string())
+        .collect();
+    let _ = writeln!(
+        out,
+        "\ninputs: {} ({} in no task{}{})",
+        state.inputs().len(),
+        unassigned.len(),
+        if unassigned.is_empty() { "" } else { ": " },
+        unassigned.join(" ")
+    );
+    let _ = writeln!(
+        out,
+        "\nPENDING  AWAITING      TASK                  OWED BY"
+    );
+    for (offset, handshake) in state.pending() {
+        let (awaiting, task) = awaiting_parts(&handshake.awaiting);
+        let owed: Vec<String> = handshake
+            .owed_by
+            .iter()
+            .map(|(c, epoch)| format!("{c}@{epoch}"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "{:>7}  {:<12}  {:<20}  {}",
+            offset,
+            awaiting,
+            task.map_or("-", TaskId::as_str),
+            owed.join(" ")
+        );
+    }
+    for (subject, record) in state.schemas() {
+        let _ = writeln!(
+            out,
+            "schema {subject}: {} bytes (offset {})",
+            record.schema.len(),
+            record.offset
+        );
+    }
+    for (key, value) in state.config() {
+        let _ = writeln!(out, "config {key} = {value}");
+    }
+    out
 }
 
 #[cfg(test)]

@@ -61,6 +61,11 @@ enum Cmd {
     },
     /// Take a snapshot on the leader now (and purge what retention allows).
     Snapshot,
+    /// Show the command vocabulary, or raise its level after an upgrade.
+    Vocabulary {
+        #[command(subcommand)]
+        command: VocabularyCmd,
+    },
     /// List, add or remove replicas.
     Members {
         #[command(subcommand)]
@@ -121,6 +126,17 @@ struct ServeArgs {
     snapshot_logs_since_last: Option<u64>,
     #[arg(long)]
     snapshot_logs_to_keep: Option<u64>,
+}
+
+#[derive(Subcommand)]
+enum VocabularyCmd {
+    /// The built-in kinds, and which the recorded level allows.
+    Show,
+    /// Raise the recorded level (every replica must support it; this is checked first).
+    Raise {
+        #[arg(long)]
+        level: u16,
+    },
 }
 
 #[derive(Subcommand)]
@@ -264,6 +280,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Snapshot => {
             let offset = connect(&cli.cluster).await?.snapshot().await?;
             writeln!(out, "snapshot taken; it covers offsets up to {offset}")?;
+        }
+        Cmd::Vocabulary { command } => {
+            let client = connect(&cli.cluster).await?;
+            match command {
+                VocabularyCmd::Show => {
+                    let level = client.leader_status().await?.vocabulary_level;
+                    write!(out, "{}", cli::vocabulary_text(level))?;
+                }
+                VocabularyCmd::Raise { level } => {
+                    let ack = cli::raise_level(&client, level).await?;
+                    writeln!(
+                        out,
+                        "vocabulary level {level} recorded at offset {}",
+                        ack.offset
+                    )?;
+                }
+            }
         }
         Cmd::Members { command } => {
             let client = connect(&cli.cluster).await?;

@@ -45,7 +45,8 @@ fn json_lines(output: &Output) -> Vec<Value> {
 /// Steps: `append --json` prints the offset; an idempotent append repeated prints the same
 /// offset marked duplicate; a binary payload from a file is tailed as base64; `tail --json`
 /// prints one object per entry with the documented fields, honouring `--filter` and `--max`;
-/// `status --json` names the leader and members; `state --json` is at the last offset; bad
+/// `status --json` names the leader and members; `state --json` is at the last offset; the
+/// vocabulary level is raised only to what every replica supports; bad
 /// input and an unreachable cluster exit non-zero with one line on stderr.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_appends_tails_and_reports_status_as_documented() {
@@ -166,8 +167,22 @@ async fn cli_appends_tails_and_reports_status_as_documented() {
 
     let state = &json_lines(&ctrlog(&addrs, &["state", "--json"]).await)[0];
     assert_eq!(state["offset"], 3);
-    assert_eq!(state["state"]["next_offset"], 4);
+    assert_eq!(state["next_offset"], 4);
+    assert_eq!(state["vocabulary_level"], 1);
+    assert!(state["containers"].as_array().unwrap().is_empty());
     assert!(stdout_of(&ctrlog(&addrs, &["state"]).await).contains("as of offset 3"));
+
+    let too_high = ctrlog(&addrs, &["vocabulary", "raise", "--level", "99"]).await;
+    assert!(!too_high.status.success());
+    assert!(String::from_utf8_lossy(&too_high.stderr).contains("upgrade it before raising"));
+    let raised = stdout_of(&ctrlog(&addrs, &["vocabulary", "raise", "--level", "2"]).await);
+    assert!(
+        raised.contains("vocabulary level 2 recorded at offset 4"),
+        "{raised}"
+    );
+    let shown = stdout_of(&ctrlog(&addrs, &["vocabulary", "show"]).await);
+    assert!(shown.starts_with("recorded vocabulary level 2"), "{shown}");
+    assert!(shown.contains("desired-containers"));
 
     let bad_target = ctrlog(
         &addrs,
