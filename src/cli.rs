@@ -112,14 +112,11 @@ pub struct TailOptions {
     pub json: bool,
 }
 
-fn reset_line(at: &StateAt, json: bool) -> String {
+fn reset_line(offset: Offset, json: bool) -> String {
     if json {
-        json!({ "reset": { "offset": at.offset } }).to_string()
+        json!({ "reset": { "offset": offset } }).to_string()
     } else {
-        format!(
-            "-- offsets up to {} were compacted; resuming after the state as of {}",
-            at.offset, at.offset
-        )
+        format!("-- offsets up to {offset} were compacted; resuming after the state as of {offset}")
     }
 }
 
@@ -155,12 +152,8 @@ pub async fn tail(
                         break;
                     }
                 }
-                SubscriptionItem::Reset { state, offset } => {
-                    writeln!(
-                        out,
-                        "{}",
-                        reset_line(&StateAt { offset, state }, options.json)
-                    )?;
+                SubscriptionItem::Reset { offset, .. } => {
+                    writeln!(out, "{}", reset_line(offset, options.json))?;
                 }
             }
         }
@@ -190,7 +183,7 @@ pub async fn tail(
             }
             Err(ClientError::Api(ApiError::Compacted { .. })) => {
                 let at = client.state(from - 1).await?;
-                writeln!(out, "{}", reset_line(&at, options.json))?;
+                writeln!(out, "{}", reset_line(at.offset, options.json))?;
                 from = at.offset + 1;
             }
             Err(error) => return Err(error.into()),
@@ -426,6 +419,16 @@ pub fn state_json(at: &StateAt) -> Value {
             "count": d.count, "reason": d.reason, "offset": d.offset,
         })),
         "producers": state.producers().len(),
+        "rejections": {
+            "total": at.rejections.total,
+            "recent": at.rejections.recent.iter().map(|r| json!({
+                "after_offset": r.after_offset,
+                "kind": r.kind,
+                "version": r.version,
+                "appended_at_ms": r.appended_at_ms,
+                "reason": r.rejection.to_string(),
+            })).collect::<Vec<_>>(),
+        },
     })
 }
 
@@ -523,6 +526,17 @@ pub fn state_text(at: &StateAt) -> String {
     }
     for (key, value) in state.config() {
         let _ = writeln!(out, "config {key} = {value}");
+    }
+    let _ = writeln!(out, "\nrefused commands: {}", at.rejections.total);
+    for r in at.rejections.recent.iter().rev().take(10) {
+        let _ = writeln!(
+            out,
+            "  after offset {}: {} v{}: {}",
+            r.after_offset,
+            crate::log::vocabulary::kind_name(r.kind, r.version),
+            r.version,
+            r.rejection
+        );
     }
     out
 }

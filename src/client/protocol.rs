@@ -7,7 +7,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::jobs::{JobState, Rejection};
+use crate::jobs::{JobState, Rejection, RejectionLog};
 use crate::log::{
     ContainerId, Epoch, Filter, Kind, Level, LogEntry, Offset, ProducerId, Proposal, Seq, TaskId,
 };
@@ -203,6 +203,8 @@ pub struct StateAt {
     /// The last offset folded into `state`.
     pub offset: Offset,
     pub state: JobState,
+    /// The commands the job model refused up to then.
+    pub rejections: RejectionLog,
 }
 
 /// One replica in a [`Status`].

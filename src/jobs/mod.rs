@@ -19,7 +19,7 @@ mod state;
 pub use liveness::{Heartbeat, Liveness};
 pub use model::*;
 pub use producers::{ProducerTable, PRODUCERS_MAX, PRODUCER_WINDOW};
-pub use rejection::Rejection;
+pub use rejection::{RecordedRejection, Rejection, RejectionLog, REJECTIONS_KEPT};
 pub use state::{JobState, Outcome, ReplayError, DEAD_CONTAINERS_KEPT};
 
 #[cfg(test)]

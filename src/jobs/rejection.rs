@@ -1,8 +1,44 @@
 //! Why the job model refused a command.
 
+use std::collections::VecDeque;
+
 use serde::{Deserialize, Serialize};
 
 use crate::log::{ContainerId, Epoch, Input, Kind, Level, Offset, Target, TaskId};
+
+/// How many recent refusals a replica keeps for operators.
+pub const REJECTIONS_KEPT: usize = 64;
+
+/// One refused command, as the replicas recorded it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedRejection {
+    /// The last offset accepted before it (refused commands take none).
+    pub after_offset: Offset,
+    pub kind: Kind,
+    pub version: u16,
+    /// The leader's clock when the batch carrying it was proposed.
+    pub appended_at_ms: u64,
+    pub rejection: Rejection,
+}
+
+/// The replicas' record of refused commands: a count and the most recent few. Derived from the
+/// log alone, so identical on every replica and kept in snapshots; not part of JobState, whose
+/// fold from the delivered entries alone must equal the replicas' (refusals are not delivered).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RejectionLog {
+    pub total: u64,
+    pub recent: VecDeque<RecordedRejection>,
+}
+
+impl RejectionLog {
+    pub fn record(&mut self, rejection: RecordedRejection) {
+        self.total += 1;
+        self.recent.push_back(rejection);
+        while self.recent.len() > REJECTIONS_KEPT {
+            self.recent.pop_front();
+        }
+    }
+}
 
 /// A command the replicated state machine refused. Refused commands take no offset, so the
 /// command stream holds only commands that were valid when applied; the refusal is that

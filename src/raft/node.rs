@@ -512,6 +512,7 @@ impl ReplicaHandle {
         Ok(self.inner.state_machine.read(|state| StateAt {
             offset: state.job.last_offset(),
             state: state.job.clone(),
+            rejections: state.rejections.clone(),
         }))
     }
 

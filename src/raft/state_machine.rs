@@ -25,7 +25,7 @@ use super::types::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StorageIOError, StoredMembership,
     TypeConfig,
 };
-use crate::jobs::{JobState, Outcome};
+use crate::jobs::{JobState, Outcome, RecordedRejection, RejectionLog};
 use crate::log::{decode, encode, LogEntry, Offset, Proposal};
 
 const SNAPSHOT_TREE: &str = "snapshot";
@@ -53,6 +53,8 @@ pub struct MachineState {
     /// First offset of each retained entry that carries commands → its Raft entry. Lets a
     /// fetch from any offset find its entry without a second copy of the log.
     pub offset_index: BTreeMap<Offset, EntrySpan>,
+    /// Commands the job model refused (they took no offset).
+    pub rejections: RejectionLog,
 }
 
 impl MachineState {
@@ -78,12 +80,28 @@ impl MachineState {
             EntryPayload::Normal(batch) => {
                 let first_offset = self.job.next_offset();
                 let outcomes = self.job.apply_batch(batch);
-                let skipped: Vec<u32> = outcomes
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, o)| !matches!(o, Outcome::Appended { .. }))
-                    .map(|(i, _)| i as u32)
-                    .collect();
+                let mut skipped = Vec::new();
+                let mut last_offset = first_offset - 1;
+                for (position, (outcome, proposal)) in
+                    outcomes.iter().zip(&batch.proposals).enumerate()
+                {
+                    match outcome {
+                        Outcome::Appended { offset } => last_offset = *offset,
+                        Outcome::Rejected(rejection) => {
+                            self.rejections.record(RecordedRejection {
+                                after_offset: last_offset,
+                                kind: proposal.frame.kind,
+                                version: proposal.frame.version,
+                                appended_at_ms: batch.appended_at_ms,
+                                rejection: rejection.clone(),
+                            });
+                            skipped.push(position as u32);
+                        }
+                        Outcome::Duplicate { .. } | Outcome::OutOfWindow { .. } => {
+                            skipped.push(position as u32)
+                        }
+                    }
+                }
                 if self.job.next_offset() > first_offset {
                     self.offset_index.insert(
                         first_offset,
