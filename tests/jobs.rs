@@ -277,8 +277,14 @@ async fn the_vocabulary_gate_and_an_old_reader_on_a_real_log() {
     // The state machine's refusals are recorded on every replica; the level check happened
     // before the log and is not.
     assert_eq!(at.rejections.total, 2);
-    assert!(matches!(at.rejections.recent[0].rejection, Rejection::NotYetAllowed { .. }));
-    assert!(matches!(at.rejections.recent[1].rejection, Rejection::Deprecated { .. }));
+    assert!(matches!(
+        at.rejections.recent[0].rejection,
+        Rejection::NotYetAllowed { .. }
+    ));
+    assert!(matches!(
+        at.rejections.recent[1].rejection,
+        Rejection::Deprecated { .. }
+    ));
     assert_eq!(at.rejections.recent[1].after_offset, old_kind + 1);
     assert_eq!(at.state.level(), 2);
     assert_eq!(at.state.desired_containers().unwrap().count, 3);
