@@ -8,6 +8,8 @@
 pub mod cli;
 pub mod client;
 #[cfg(feature = "server")]
+pub mod controller;
+#[cfg(feature = "server")]
 pub mod demo;
 pub mod jobs;
 pub mod log;

@@ -71,6 +71,24 @@ enum Cmd {
         #[command(subcommand)]
         command: MembersCmd,
     },
+    /// Run a simulated container: join the job, run what it is assigned, report lag, obey.
+    Container {
+        /// This container's name.
+        #[arg(long)]
+        id: String,
+        #[arg(long, default_value_t = 500)]
+        heartbeat_ms: u64,
+        /// Stop work after this long without an accepted heartbeat (keep it below the
+        /// controller's session timeout).
+        #[arg(long, default_value_t = 3000)]
+        lease_ms: u64,
+        /// A file with the lag each running task reports (one number).
+        #[arg(long)]
+        lag_file: Option<PathBuf>,
+        /// Append a JSON line per task started or stopped here.
+        #[arg(long)]
+        report_file: Option<PathBuf>,
+    },
     /// Run a three-replica cluster in this process and show the control log at work.
     Demo {
         /// Where the replicas keep their data (a fresh temporary directory by default).
@@ -321,6 +339,31 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     writeln!(out, "replica {id} removed")?;
                 }
             }
+        }
+        Cmd::Container {
+            id,
+            heartbeat_ms,
+            lease_ms,
+            lag_file,
+            report_file,
+        } => {
+            if cli.cluster.is_empty() {
+                bail!("no cluster given: use --cluster ADDR,ADDR,... or set CTRLOG_CLUSTER");
+            }
+            let options = ctrlog::controller::SimOptions {
+                heartbeat_interval: std::time::Duration::from_millis(heartbeat_ms),
+                lease: std::time::Duration::from_millis(lease_ms),
+                lag_file,
+                report_file,
+            };
+            let id = ctrlog::log::ContainerId::new(id)?;
+            ctrlog::controller::run_simulated_container(
+                cli.cluster,
+                id,
+                options,
+                shutdown_signal(),
+            )
+            .await?;
         }
         Cmd::Demo { data } => ctrlog::demo::run(data).await?,
     }

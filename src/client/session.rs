@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -65,6 +65,8 @@ pub struct ContainerSession {
     container: ContainerId,
     epoch: Epoch,
     fenced: watch::Receiver<Option<ApiError>>,
+    /// When the last heartbeat the leader accepted was sent.
+    last_accepted: watch::Receiver<Instant>,
     heartbeats: JoinHandle<()>,
 }
 
@@ -91,13 +93,17 @@ impl ContainerSession {
         });
         let epoch = client.append(registration).await?.offset;
         let (fence, fenced) = watch::channel(None);
+        let (accepted, last_accepted) = watch::channel(Instant::now());
         let heartbeats = tokio::spawn(heartbeat_loop(
             client.clone(),
-            container.clone(),
-            epoch,
-            options.heartbeat_interval,
+            Beat {
+                container: container.clone(),
+                epoch,
+                interval: options.heartbeat_interval,
+            },
             lag,
             fence,
+            accepted,
         ));
         tracing::info!(%container, epoch, "container session joined");
         Ok(ContainerSession {
@@ -105,6 +111,7 @@ impl ContainerSession {
             container,
             epoch,
             fenced,
+            last_accepted,
             heartbeats,
         })
     }
@@ -123,6 +130,14 @@ impl ContainerSession {
     pub fn commands(&self) -> Subscription {
         self.client
             .subscribe(self.epoch + 1, Filter::Container(self.container.clone()))
+    }
+
+    /// How long ago the last heartbeat the leader accepted was sent (the registration counts
+    /// as one). A container should stop work once this exceeds a lease shorter than the
+    /// coordinator's session timeout: by then the coordinator may have expired it and given its
+    /// tasks to another container.
+    pub fn heartbeat_age(&self) -> Duration {
+        self.last_accepted.borrow().elapsed()
     }
 
     /// Whether the cluster has fenced this session.
@@ -190,22 +205,36 @@ impl ContainerSession {
     }
 }
 
-async fn heartbeat_loop<L>(
-    client: Arc<ControlClient>,
+/// Who heartbeats, and how often.
+struct Beat {
     container: ContainerId,
     epoch: Epoch,
     interval: Duration,
+}
+
+async fn heartbeat_loop<L>(
+    client: Arc<ControlClient>,
+    beat: Beat,
     lag: L,
     fence: watch::Sender<Option<ApiError>>,
+    accepted: watch::Sender<Instant>,
 ) where
     L: Fn() -> BTreeMap<TaskId, u64>,
 {
+    let Beat {
+        container,
+        epoch,
+        interval,
+    } = beat;
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
+        let sent = Instant::now();
         match client.heartbeat(&container, epoch, &lag()).await {
-            Ok(_) => {}
+            Ok(_) => {
+                accepted.send_replace(sent);
+            }
             Err(ClientError::Api(refusal @ ApiError::Fenced { .. })) => {
                 tracing::warn!(%container, epoch, %refusal, "container session fenced");
                 fence.send_replace(Some(refusal));

@@ -12,6 +12,7 @@
 
 mod liveness;
 mod model;
+pub mod plan;
 mod producers;
 mod rejection;
 mod state;

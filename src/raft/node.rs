@@ -567,6 +567,11 @@ impl ReplicaHandle {
         self.inner.state_machine.applied()
     }
 
+    /// Reads the JobState as of the applied offset.
+    pub fn read_state<T>(&self, f: impl FnOnce(&crate::jobs::JobState) -> T) -> T {
+        self.inner.state_machine.read(|state| f(&state.job))
+    }
+
     /// The last offset applied on this replica.
     pub fn applied_offset(&self) -> Offset {
         self.inner.state_machine.read(|s| s.job.last_offset())

@@ -1,0 +1,105 @@
+//! Where the job's inputs come from.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use crate::log::Input;
+
+/// The set of inputs the job should consume now. Polled every controller tick.
+pub trait InputSource: Send {
+    fn inputs(&mut self) -> Result<BTreeSet<Input>, String>;
+}
+
+/// A fixed list.
+pub struct StaticInputs(pub BTreeSet<Input>);
+
+impl InputSource for StaticInputs {
+    fn inputs(&mut self) -> Result<BTreeSet<Input>, String> {
+        Ok(self.0.clone())
+    }
+}
+
+/// A file with one `system/stream/partition` per line (`#` starts a comment), re-read when it
+/// changes: partitions appear and disappear by editing it. A file that does not parse keeps
+/// the last good set (and says why), so a half-written edit never revokes the job's inputs.
+pub struct WatchedFile {
+    path: PathBuf,
+    seen: Option<(std::time::SystemTime, u64)>,
+    last: Option<BTreeSet<Input>>,
+}
+
+impl WatchedFile {
+    pub fn new(path: impl Into<PathBuf>) -> WatchedFile {
+        WatchedFile {
+            path: path.into(),
+            seen: None,
+            last: None,
+        }
+    }
+
+    /// Parses the file's text.
+    pub fn parse(text: &str) -> Result<BTreeSet<Input>, String> {
+        text.lines()
+            .enumerate()
+            .map(|(n, line)| (n, line.split('#').next().unwrap_or("").trim()))
+            .filter(|(_, line)| !line.is_empty())
+            .map(|(n, line)| line.parse().map_err(|e| format!("line {}: {e}", n + 1)))
+            .collect()
+    }
+}
+
+impl InputSource for WatchedFile {
+    fn inputs(&mut self) -> Result<BTreeSet<Input>, String> {
+        let where_ = || self.path.display().to_string();
+        let meta = std::fs::metadata(&self.path).map_err(|e| format!("{}: {e}", where_()))?;
+        let stamp = (meta.modified().map_err(|e| e.to_string())?, meta.len());
+        if let (Some(seen), Some(last)) = (self.seen, &self.last) {
+            if seen == stamp {
+                return Ok(last.clone());
+            }
+        }
+        let text = std::fs::read_to_string(&self.path).map_err(|e| format!("{}: {e}", where_()))?;
+        match WatchedFile::parse(&text) {
+            Ok(inputs) => {
+                self.seen = Some(stamp);
+                self.last = Some(inputs.clone());
+                Ok(inputs)
+            }
+            Err(error) => match &self.last {
+                Some(last) => {
+                    tracing::warn!(file = %where_(), %error, "inputs file does not parse; keeping the last good set");
+                    Ok(last.clone())
+                }
+                None => Err(format!("{}: {error}", where_())),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_lists_inputs_with_comments() {
+        let inputs =
+            WatchedFile::parse("# job inputs\nkafka/events/0\n\nkafka/events/1  # new\n").unwrap();
+        assert_eq!(inputs.len(), 2);
+        assert!(WatchedFile::parse("kafka/events/x")
+            .unwrap_err()
+            .contains("line 1"));
+    }
+
+    #[test]
+    fn a_bad_edit_keeps_the_last_good_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("inputs");
+        std::fs::write(&path, "kafka/events/0\n").unwrap();
+        let mut source = WatchedFile::new(&path);
+        assert_eq!(source.inputs().unwrap().len(), 1);
+        std::fs::write(&path, "kafka/events/0\nkafka/events/1\n").unwrap();
+        assert_eq!(source.inputs().unwrap().len(), 2);
+        std::fs::write(&path, "kafka/events/0\nkafka/ev").unwrap();
+        assert_eq!(source.inputs().unwrap().len(), 2);
+    }
+}

@@ -1,0 +1,345 @@
+//! The job controller: SAMZA-237's "user code on the AM" (DESIGN.md §8).
+//!
+//! It runs on every replica and acts only while that replica leads. Each tick it reads the
+//! JobState, what the leader observes (heartbeats, the input source, the scaling policy) and
+//! asks [`jobs::plan`](crate::jobs::plan) for the next steps, which it carries out as commands
+//! in the log (and container launches and stops). Planning is level-triggered from JobState,
+//! where every handshake in flight is recorded, so a new leader's controller resumes the old
+//! one's work exactly; the only state kept here (launches not yet registered, the policy's
+//! cooldown) is advisory and rebuilt safely after a failover.
+
+mod inputs;
+mod launcher;
+mod local;
+mod simulated;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use openraft::ServerState;
+use tokio::sync::watch;
+
+pub use inputs::{InputSource, StaticInputs, WatchedFile};
+pub use launcher::{ContainerLauncher, InProcessLauncher, ProcessLauncher};
+pub use local::{ControllerFactory, LocalJob};
+pub use simulated::{
+    double_runs, longest_unowned, read_reports, run_simulated_container, SimOptions, TaskEvent,
+};
+
+use crate::client::{ApiError, AppendAck};
+use crate::jobs::plan::{owed_acks, plan, Action, Grouper, Observed, ScalingPolicy};
+use crate::jobs::{JobState, Session};
+use crate::log::vocabulary::kinds;
+use crate::log::{
+    Command, ContainerId, DesiredContainers, DesiredContainersV1, Offset, Proposal, Target,
+};
+use crate::raft::ReplicaHandle;
+
+/// What the controller needs from the replica it runs on. `src/raft` implements it for
+/// [`ReplicaHandle`]; keeping it small keeps the controller free of openraft.
+pub trait ControlPlane: Send + Sync + 'static {
+    /// Whether this replica is the leader now.
+    fn is_leader(&self) -> bool;
+    /// The JobState as of the applied offset.
+    fn job_state(&self) -> JobState;
+    /// Live sessions silent for longer than `timeout` (empty when not leading).
+    fn overdue_sessions(&self, timeout: Duration) -> Vec<Session>;
+    /// The lag each live container last reported (empty when not leading).
+    fn reported_lag(&self) -> BTreeMap<ContainerId, u64>;
+    /// Appends a command; answered once it is committed and applied.
+    fn append(&self, command: Command) -> impl Future<Output = Result<AppendAck, ApiError>> + Send;
+}
+
+impl ControlPlane for ReplicaHandle {
+    fn is_leader(&self) -> bool {
+        let metrics = self.metrics();
+        metrics.running_state.is_ok()
+            && metrics.state == ServerState::Leader
+            && metrics.current_leader == Some(self.id())
+    }
+
+    fn job_state(&self) -> JobState {
+        self.read_state(|state| state.clone())
+    }
+
+    fn overdue_sessions(&self, timeout: Duration) -> Vec<Session> {
+        ReplicaHandle::overdue_sessions(self, timeout).unwrap_or_default()
+    }
+
+    fn reported_lag(&self) -> BTreeMap<ContainerId, u64> {
+        ReplicaHandle::reported_lag(self).unwrap_or_default()
+    }
+
+    async fn append(&self, command: Command) -> Result<AppendAck, ApiError> {
+        let target = command.target().unwrap_or(Target::All);
+        ReplicaHandle::append(
+            self,
+            Proposal {
+                producer: None,
+                target,
+                frame: command.into_frame(),
+            },
+        )
+        .await
+    }
+}
+
+/// Timing and limits of the controller.
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    /// How often it re-plans.
+    pub tick: Duration,
+    /// A container silent for longer is expired. Containers should stop work after about half
+    /// of this without an accepted heartbeat (their lease).
+    pub session_timeout: Duration,
+    /// A launched container that has not registered by then is stopped and launched again.
+    pub launch_timeout: Duration,
+    /// Launches per container slot before the failure is reported and the slot given up.
+    pub launch_attempts: u32,
+    /// New containers are named `{prefix}-{n}`.
+    pub container_prefix: String,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            tick: Duration::from_millis(100),
+            session_timeout: Duration::from_secs(6),
+            launch_timeout: Duration::from_secs(15),
+            launch_attempts: 3,
+            container_prefix: "container".into(),
+        }
+    }
+}
+
+/// What the controller reports about itself, for operators and tests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ControllerReport {
+    /// Whether this replica's controller is the active one.
+    pub leading: bool,
+    /// Launched containers that have not registered yet.
+    pub launching: BTreeSet<ContainerId>,
+    /// Launches that never registered within the attempts allowed.
+    pub failed_launches: Vec<ContainerId>,
+    /// Open broadcasts and the containers that still owe an ack.
+    pub owed_acks: BTreeMap<Offset, Vec<ContainerId>>,
+    /// Commands this controller appended and had acknowledged, with their offsets.
+    pub appended: Vec<(Offset, Command)>,
+    /// Commands the log refused (the state moved under the plan; it re-plans).
+    pub refused: u64,
+}
+
+struct Launch {
+    deadline: Instant,
+    attempt: u32,
+}
+
+/// The controller of one replica. Build it, then [`Controller::run`] it.
+pub struct Controller<P: ControlPlane> {
+    plane: P,
+    inputs: Box<dyn InputSource>,
+    policy: Box<dyn ScalingPolicy>,
+    grouper: Box<dyn Grouper>,
+    launcher: Arc<dyn ContainerLauncher>,
+    config: ControllerConfig,
+    report: watch::Sender<ControllerReport>,
+    launching: BTreeMap<ContainerId, Launch>,
+}
+
+impl<P: ControlPlane> Controller<P> {
+    pub fn new(
+        plane: P,
+        inputs: Box<dyn InputSource>,
+        policy: Box<dyn ScalingPolicy>,
+        grouper: Box<dyn Grouper>,
+        launcher: Arc<dyn ContainerLauncher>,
+        config: ControllerConfig,
+    ) -> Controller<P> {
+        Controller {
+            plane,
+            inputs,
+            policy,
+            grouper,
+            launcher,
+            config,
+            report: watch::Sender::new(ControllerReport::default()),
+            launching: BTreeMap::new(),
+        }
+    }
+
+    /// Watches what the controller reports.
+    pub fn report(&self) -> watch::Receiver<ControllerReport> {
+        self.report.subscribe()
+    }
+
+    /// Runs until `shutdown` resolves: plans and acts each tick while this replica leads.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut ticker = tokio::time::interval(self.config.tick);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = ticker.tick() => {}
+            }
+            if !self.plane.is_leader() {
+                if self.report.borrow().leading {
+                    tracing::info!("controller stands down: leadership lost");
+                    // Launches by this leader are the next leader's to notice (or retry).
+                    self.launching.clear();
+                    self.report.send_modify(|r| {
+                        r.leading = false;
+                        r.launching.clear();
+                    });
+                }
+                continue;
+            }
+            if !self.report.borrow().leading {
+                tracing::info!("controller active: this replica leads");
+                self.report.send_modify(|r| r.leading = true);
+            }
+            self.reconcile().await;
+        }
+    }
+
+    /// One round: launch bookkeeping, the desired count, then the plan.
+    async fn reconcile(&mut self) {
+        let state = self.plane.job_state();
+        let now = Instant::now();
+        self.launching
+            .retain(|container, _| state.live_session(container).is_none());
+        self.retry_overdue_launches(&state, now);
+
+        let inputs = match self.inputs.inputs() {
+            Ok(inputs) => inputs,
+            Err(error) => {
+                tracing::warn!(%error, "the input source failed; waiting");
+                return;
+            }
+        };
+        let recorded = state.desired_containers().map(|d| d.count);
+        let total_lag: u64 = self.plane.reported_lag().values().sum();
+        let current = recorded.unwrap_or(0);
+        let desired = self.policy.desired(current, total_lag, now);
+        if recorded != Some(desired) {
+            let reason = format!("total lag {total_lag} over {current} containers");
+            let command = if state.level() >= 2 {
+                Command::DesiredContainers(DesiredContainers {
+                    count: desired,
+                    reason,
+                })
+            } else {
+                Command::DesiredContainersV1(DesiredContainersV1 { count: desired })
+            };
+            tracing::info!(from = current, to = desired, total_lag, "scaling");
+            self.append(command).await;
+            return;
+        }
+        let observed = Observed {
+            inputs,
+            overdue: self.plane.overdue_sessions(self.config.session_timeout),
+            launching: self.launching.len(),
+            desired_containers: desired,
+        };
+        for action in plan(&state, &observed, self.grouper.as_ref()) {
+            let done = match action {
+                Action::Append(command) => self.append(command).await,
+                Action::Launch(count) => {
+                    for _ in 0..count {
+                        let name = self.next_name(&state);
+                        self.launch(name, 1, now);
+                    }
+                    true
+                }
+                Action::Stop(container) => {
+                    self.launcher.stop(&container);
+                    true
+                }
+            };
+            if !done {
+                break; // the state moved under the plan: re-plan next tick
+            }
+        }
+        let state = self.plane.job_state();
+        self.report.send_modify(|r| {
+            r.owed_acks = owed_acks(&state);
+            r.launching = self.launching.keys().cloned().collect();
+        });
+    }
+
+    /// Appends one command; false if it was refused or failed.
+    async fn append(&mut self, command: Command) -> bool {
+        let kind = command.kind_version().0;
+        match self.plane.append(command.clone()).await {
+            Ok(ack) => {
+                if kind == kinds::EXPIRE_CONTAINER {
+                    tracing::warn!(offset = ack.offset, ?command, "expired a silent container");
+                } else {
+                    tracing::debug!(offset = ack.offset, ?command, "appended");
+                }
+                self.report
+                    .send_modify(|r| r.appended.push((ack.offset, command)));
+                true
+            }
+            Err(error) => {
+                tracing::debug!(%error, ?command, "command not appended");
+                self.report.send_modify(|r| r.refused += 1);
+                false
+            }
+        }
+    }
+
+    fn next_name(&self, state: &JobState) -> ContainerId {
+        let prefix = format!("{}-", self.config.container_prefix);
+        let report = self.report.borrow();
+        let used = state
+            .containers()
+            .keys()
+            .chain(self.launching.keys())
+            .chain(report.failed_launches.iter())
+            .filter_map(|c| c.as_str().strip_prefix(&prefix)?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0);
+        ContainerId::new(format!("{prefix}{}", used + 1)).expect("a valid container name")
+    }
+
+    fn launch(&mut self, container: ContainerId, attempt: u32, now: Instant) {
+        tracing::info!(%container, attempt, "launching a container");
+        if let Err(error) = self.launcher.launch(&container) {
+            tracing::error!(%container, %error, "launch failed");
+        }
+        self.launching.insert(
+            container,
+            Launch {
+                deadline: now + self.config.launch_timeout,
+                attempt,
+            },
+        );
+    }
+
+    /// Launches that did not register in time are stopped, and retried under a new name until
+    /// the attempts run out; then they are reported.
+    fn retry_overdue_launches(&mut self, state: &JobState, now: Instant) {
+        let overdue: Vec<(ContainerId, u32)> = self
+            .launching
+            .iter()
+            .filter(|(_, launch)| launch.deadline <= now)
+            .map(|(c, launch)| (c.clone(), launch.attempt))
+            .collect();
+        for (container, attempt) in overdue {
+            self.launching.remove(&container);
+            self.launcher.stop(&container);
+            if attempt < self.config.launch_attempts {
+                tracing::warn!(%container, attempt, "launch never registered; retrying");
+                let name = self.next_name(state);
+                self.launch(name, attempt + 1, now);
+            } else {
+                tracing::error!(%container, attempt, "launch never registered; giving up");
+                self.report
+                    .send_modify(|r| r.failed_launches.push(container.clone()));
+            }
+        }
+    }
+}

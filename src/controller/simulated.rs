@@ -1,0 +1,311 @@
+//! A simulated container: what `ctrlog container` runs and the launchers start. It joins the
+//! job, "consumes" the inputs of the tasks it is given, reports their lag, obeys every command
+//! addressed to it, and writes what it believes it runs to a report file, so that the demo and
+//! the tests can check from the containers' own words that no task ever ran twice at once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+
+use crate::client::{
+    ClientError, ContainerSession, ControlClient, SessionOptions, SubscriptionItem,
+};
+use crate::log::{Command, ContainerId, Epoch, TaskId};
+
+/// How a simulated container behaves.
+#[derive(Clone, Debug)]
+pub struct SimOptions {
+    pub heartbeat_interval: Duration,
+    /// Work stops when no heartbeat was accepted for this long; keep it below the
+    /// controller's session timeout, so that a container stops before it can be expired.
+    pub lease: Duration,
+    /// A file holding the lag each running task reports (one number); 0 when absent.
+    pub lag_file: Option<PathBuf>,
+    /// Where to append what this container runs, one JSON [`TaskEvent`] per line.
+    pub report_file: Option<PathBuf>,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions {
+            heartbeat_interval: Duration::from_millis(500),
+            lease: Duration::from_secs(3),
+            lag_file: None,
+            report_file: None,
+        }
+    }
+}
+
+/// One line of a container's report: it began or ceased to run a task.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskEvent {
+    pub container: String,
+    pub epoch: Epoch,
+    pub task: String,
+    pub running: bool,
+    /// Wall clock, microseconds since the epoch.
+    pub at_us: u64,
+}
+
+struct Worker {
+    container: ContainerId,
+    epoch: Epoch,
+    report_file: Option<PathBuf>,
+    /// Tasks this container owns.
+    owned: BTreeSet<TaskId>,
+    /// Whether its lease is valid, i.e. it actually runs what it owns.
+    working: bool,
+}
+
+impl Worker {
+    fn report(&self, task: &TaskId, running: bool) {
+        let Some(path) = &self.report_file else {
+            return;
+        };
+        let event = TaskEvent {
+            container: self.container.to_string(),
+            epoch: self.epoch,
+            task: task.to_string(),
+            running,
+            at_us: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64),
+        };
+        let line = format!("{}\n", serde_json::to_string(&event).expect("plain data"));
+        // One short O_APPEND write per event, so concurrent containers do not interleave.
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+        if let Err(error) = written {
+            tracing::warn!(%error, "could not write the container report");
+        }
+    }
+
+    fn start(&mut self, task: TaskId) {
+        if self.working {
+            self.report(&task, true);
+        }
+        self.owned.insert(task);
+    }
+
+    fn stop(&mut self, task: &TaskId) {
+        if self.owned.remove(task) && self.working {
+            self.report(task, false);
+        }
+    }
+
+    fn set_working(&mut self, working: bool) {
+        if working != self.working {
+            self.working = working;
+            for task in &self.owned {
+                self.report(task, working);
+            }
+        }
+    }
+
+    fn stop_all(&mut self) {
+        self.set_working(false);
+        self.owned.clear();
+    }
+}
+
+fn read_lag(path: &Option<PathBuf>) -> u64 {
+    path.as_ref()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Runs a simulated container `container` against the cluster at `seeds` until `shutdown`
+/// resolves, it is fenced, or it is deregistered.
+pub async fn run_simulated_container(
+    seeds: Vec<String>,
+    container: ContainerId,
+    options: SimOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), ClientError> {
+    let client = Arc::new(ControlClient::connect(&seeds).await?);
+    let owned_now: Arc<Mutex<BTreeSet<TaskId>>> = Arc::default();
+    let lag = {
+        let (owned_now, lag_file) = (owned_now.clone(), options.lag_file.clone());
+        move || {
+            let per_task = read_lag(&lag_file);
+            let owned = owned_now.lock().expect("never poisoned");
+            owned
+                .iter()
+                .map(|t| (t.clone(), per_task))
+                .collect::<BTreeMap<_, _>>()
+        }
+    };
+    let session_options = SessionOptions {
+        heartbeat_interval: options.heartbeat_interval,
+        location: format!("pid {}", std::process::id()),
+    };
+    let session = ContainerSession::join(client, container.clone(), session_options, lag).await?;
+    let mut worker = Worker {
+        container: container.clone(),
+        epoch: session.epoch(),
+        report_file: options.report_file.clone(),
+        owned: BTreeSet::new(),
+        working: true,
+    };
+    let epoch = session.epoch();
+    let mut commands = session.commands();
+    let mut watchdog = tokio::time::interval(Duration::from_millis(50));
+    tokio::pin!(shutdown);
+    let result = loop {
+        tokio::select! {
+            _ = &mut shutdown => break Ok(()),
+            refusal = session.fenced() => {
+                tracing::warn!(%container, %refusal, "fenced; stopping all work");
+                break Ok(());
+            }
+            _ = watchdog.tick() => worker.set_working(session.heartbeat_age() < options.lease),
+            item = commands.next() => {
+                let entry = match item {
+                    Some(Ok(SubscriptionItem::Entry(entry))) => entry,
+                    Some(Ok(SubscriptionItem::Reset { state, .. })) => {
+                        // Far behind: own exactly what the state says this session owns.
+                        worker.stop_all();
+                        for (task, record) in state.tasks() {
+                            if record.phase.owner().is_some_and(|o| o.container == container && o.epoch == epoch) {
+                                worker.start(task.clone());
+                            }
+                        }
+                        continue;
+                    }
+                    Some(Err(error)) => {
+                        tracing::warn!(%error, "subscription trouble; retrying");
+                        continue;
+                    }
+                    None => break Ok(()),
+                };
+                let answered = match entry.command() {
+                    Command::AssignTask(assign) if assign.epoch == epoch => {
+                        worker.start(assign.task.clone());
+                        session.task_started(assign.task).await.map(drop)
+                    }
+                    Command::StopTask(stop) if stop.epoch == epoch => {
+                        // Stop first, then say so: the next owner starts only after this.
+                        worker.stop(&stop.task);
+                        let checkpoint = format!("stopped at offset {}", entry.offset).into_bytes();
+                        session.task_stopped(stop.task, Some(checkpoint)).await.map(drop)
+                    }
+                    Command::SchemaChange(_) | Command::ConfigChange(_) => {
+                        session.ack(entry.offset).await.map(drop)
+                    }
+                    Command::ExpireContainer(c) if c.epoch == epoch => break Ok(()),
+                    Command::DeregisterContainer(c) if c.epoch == epoch => break Ok(()),
+                    _ => Ok(()),
+                };
+                *owned_now.lock().expect("never poisoned") = worker.owned.clone();
+                if let Err(error) = answered {
+                    tracing::warn!(%container, %error, "answer refused; stopping");
+                    break Err(error);
+                }
+            }
+        }
+    };
+    worker.stop_all();
+    result
+}
+
+/// Reads a report file written by simulated containers (a missing file is an empty report).
+pub fn read_reports(path: &std::path::Path) -> Result<Vec<TaskEvent>, String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    text.lines()
+        .map(|line| serde_json::from_str(line).map_err(|e| format!("{line:?}: {e}")))
+        .collect()
+}
+
+/// Every moment at which two containers both said they ran the same task, from their own
+/// reports. Empty when the handshakes held.
+pub fn double_runs(events: &[TaskEvent]) -> Vec<String> {
+    let mut sorted: Vec<&TaskEvent> = events.iter().collect();
+    sorted.sort_by_key(|e| e.at_us);
+    let mut running: BTreeMap<&str, BTreeSet<(&str, Epoch)>> = BTreeMap::new();
+    let mut violations = Vec::new();
+    for event in sorted {
+        let runners = running.entry(&event.task).or_default();
+        let me = (event.container.as_str(), event.epoch);
+        if event.running {
+            if let Some(other) = runners.iter().find(|r| **r != me) {
+                violations.push(format!(
+                    "task {} started on {}@{} at {} µs while {}@{} ran it",
+                    event.task, me.0, me.1, event.at_us, other.0, other.1
+                ));
+            }
+            runners.insert(me);
+        } else {
+            runners.remove(&me);
+        }
+    }
+    violations
+}
+
+/// The longest time any task was run by nobody, between the first start of any task and
+/// `until_us` (wall clock, µs), from the containers' reports.
+pub fn longest_unowned(events: &[TaskEvent], until_us: u64) -> Duration {
+    let mut sorted: Vec<&TaskEvent> = events.iter().collect();
+    sorted.sort_by_key(|e| e.at_us);
+    let mut runners: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut idle_since: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut longest = 0u64;
+    for event in sorted {
+        let count = runners.entry(&event.task).or_default();
+        if event.running {
+            *count += 1;
+            if let Some(since) = idle_since.remove(event.task.as_str()) {
+                longest = longest.max(event.at_us.saturating_sub(since));
+            }
+        } else {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                idle_since.insert(&event.task, event.at_us);
+            }
+        }
+    }
+    for since in idle_since.values() {
+        longest = longest.max(until_us.saturating_sub(*since));
+    }
+    Duration::from_micros(longest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(container: &str, task: &str, running: bool, at_us: u64) -> TaskEvent {
+        TaskEvent {
+            container: container.into(),
+            epoch: 1,
+            task: task.into(),
+            running,
+            at_us,
+        }
+    }
+
+    #[test]
+    fn a_handover_is_fine_and_an_overlap_is_caught() {
+        let handover = [
+            event("a", "t", true, 1),
+            event("a", "t", false, 5),
+            event("b", "t", true, 9),
+        ];
+        assert!(double_runs(&handover).is_empty());
+        assert_eq!(longest_unowned(&handover, 20), Duration::from_micros(4));
+        let overlap = [event("a", "t", true, 1), event("b", "t", true, 3)];
+        assert_eq!(double_runs(&overlap).len(), 1);
+    }
+}

@@ -1,0 +1,329 @@
+//! The controller's decisions: given the JobState and what the leader observes, which commands
+//! to write next (DESIGN.md §8).
+//!
+//! Planning is level-triggered, as a Kubernetes controller reconciles: it compares the state
+//! the log describes with the wanted state and emits the next steps, never remembering what it
+//! did. Every handshake in flight is in JobState, so a new leader's first plan resumes exactly
+//! where the old leader stopped, repeating nothing that committed and losing nothing that did
+//! not. Pure and deterministic: same inputs, same plan.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use super::model::{Awaiting, Session, TaskPhase};
+use super::state::JobState;
+use crate::log::{
+    AddInputs, AssignTask, Command, ContainerId, DeregisterContainer, ExpireContainer, Input,
+    Offset, RemoveInputs, StopTask, TaskId,
+};
+
+/// Groups inputs into tasks.
+pub trait Grouper: Send + Sync {
+    fn task_for(&self, input: &Input) -> TaskId;
+}
+
+/// Samza's default: task `partition-N` holds partition N of every input stream.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GroupByPartition;
+
+impl Grouper for GroupByPartition {
+    fn task_for(&self, input: &Input) -> TaskId {
+        TaskId::new(format!("partition-{}", input.partition)).expect("a valid task name")
+    }
+}
+
+/// Decides how many containers the job should have.
+pub trait ScalingPolicy: Send {
+    /// The wanted count, given the current one and the total lag the live containers reported.
+    fn desired(&mut self, current: u32, total_lag: u64, now: Instant) -> u32;
+}
+
+/// The default policy: scale out by one while the lag per container is above
+/// `scale_out_lag`, in by one while it is below `scale_in_lag`, within `[min, max]`, at most
+/// once per `cooldown`.
+#[derive(Clone, Debug)]
+pub struct LagPolicy {
+    pub min: u32,
+    pub max: u32,
+    pub scale_out_lag: u64,
+    pub scale_in_lag: u64,
+    pub cooldown: Duration,
+    last_change: Option<Instant>,
+}
+
+impl LagPolicy {
+    pub fn new(
+        min: u32,
+        max: u32,
+        scale_out_lag: u64,
+        scale_in_lag: u64,
+        cooldown: Duration,
+    ) -> LagPolicy {
+        LagPolicy {
+            min,
+            max: max.max(min),
+            scale_out_lag,
+            scale_in_lag,
+            cooldown,
+            last_change: None,
+        }
+    }
+}
+
+impl ScalingPolicy for LagPolicy {
+    fn desired(&mut self, current: u32, total_lag: u64, now: Instant) -> u32 {
+        let clamped = current.clamp(self.min, self.max);
+        if clamped != current || current == 0 {
+            return clamped.max(self.min);
+        }
+        if self
+            .last_change
+            .is_some_and(|at| now.saturating_duration_since(at) < self.cooldown)
+        {
+            return current;
+        }
+        let per_container = total_lag / u64::from(current);
+        let wanted = if per_container > self.scale_out_lag && current < self.max {
+            current + 1
+        } else if per_container < self.scale_in_lag && current > self.min {
+            current - 1
+        } else {
+            current
+        };
+        if wanted != current {
+            self.last_change = Some(now);
+        }
+        wanted
+    }
+}
+
+/// What the controller observes besides JobState.
+#[derive(Clone, Debug, Default)]
+pub struct Observed {
+    /// The inputs the job should have now (from the input source).
+    pub inputs: BTreeSet<Input>,
+    /// Live sessions the leader has not heard from within the session timeout.
+    pub overdue: Vec<Session>,
+    /// Containers launched that have not registered yet.
+    pub launching: usize,
+    /// The container count wanted (recorded in the log before it is acted on).
+    pub desired_containers: u32,
+}
+
+/// One step of a plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    Append(Command),
+    /// Start this many new containers.
+    Launch(usize),
+    /// Stop a container's process (after its deregistration is written).
+    Stop(ContainerId),
+}
+
+/// At most this many task moves (stops for rebalancing) are in flight at once, so that a
+/// rebalance never leaves much of the job without an owner.
+pub const MOVES_IN_FLIGHT_MAX: usize = 1;
+
+/// The containers to drain when there are more live ones than wanted: the most recently
+/// registered first (the last in is the first out).
+pub fn draining(state: &JobState, desired: u32) -> BTreeSet<ContainerId> {
+    let mut live: Vec<Session> = state
+        .containers()
+        .keys()
+        .filter_map(|c| state.live_session(c))
+        .collect();
+    live.sort_by_key(|s| std::cmp::Reverse(s.epoch));
+    let excess = live.len().saturating_sub(desired as usize);
+    live.into_iter().take(excess).map(|s| s.container).collect()
+}
+
+/// Which containers still owe an ack for each open broadcast.
+pub fn owed_acks(state: &JobState) -> BTreeMap<Offset, Vec<ContainerId>> {
+    state
+        .pending()
+        .iter()
+        .filter(|(_, h)| h.awaiting == Awaiting::Acks)
+        .map(|(offset, h)| (*offset, h.owed_by.keys().cloned().collect()))
+        .collect()
+}
+
+/// The next steps towards the wanted state. Each step is valid against `state`, and an
+/// empty plan means the job is where it should be (or waits on a container's answer).
+pub fn plan(state: &JobState, observed: &Observed, grouper: &dyn Grouper) -> Vec<Action> {
+    // 1. Failures first: a silent container is expired, which releases its tasks.
+    if !observed.overdue.is_empty() {
+        return observed
+            .overdue
+            .iter()
+            .map(|s| {
+                Action::Append(Command::ExpireContainer(ExpireContainer {
+                    container: s.container.clone(),
+                    epoch: s.epoch,
+                }))
+            })
+            .collect();
+    }
+    let mut actions = Vec::new();
+
+    // 2. Inputs that appeared, and inputs that went away (revoked before removal).
+    let known: BTreeSet<&Input> = state.inputs().keys().collect();
+    let added: Vec<Input> = observed
+        .inputs
+        .iter()
+        .filter(|i| !known.contains(i))
+        .cloned()
+        .collect();
+    if !added.is_empty() {
+        actions.push(Action::Append(Command::AddInputs(AddInputs {
+            inputs: added,
+        })));
+    }
+    let mut removable = Vec::new();
+    let mut revoke: BTreeSet<&TaskId> = BTreeSet::new();
+    for (input, task) in state.inputs() {
+        if observed.inputs.contains(input) {
+            continue;
+        }
+        match task.as_ref().map(|t| (t, &state.tasks()[t].phase)) {
+            Some((task, TaskPhase::Running { .. })) => {
+                revoke.insert(task);
+            }
+            Some((_, TaskPhase::Starting { .. } | TaskPhase::Stopping { .. })) => {}
+            _ => removable.push(input.clone()),
+        }
+    }
+    if !removable.is_empty() {
+        actions.push(Action::Append(Command::RemoveInputs(RemoveInputs {
+            inputs: removable.clone(),
+        })));
+    }
+
+    // 3. Who should work: live containers minus the ones being drained.
+    let drain = draining(state, observed.desired_containers);
+    let mut load: BTreeMap<ContainerId, (usize, Offset)> = state
+        .containers()
+        .keys()
+        .filter_map(|c| state.live_session(c))
+        .filter(|s| !drain.contains(&s.container))
+        .map(|s| (s.container, (0, s.epoch)))
+        .collect();
+    for task in state.tasks().values() {
+        if let Some(owner) = task.phase.owner() {
+            if let Some((n, _)) = load.get_mut(&owner.container) {
+                *n += 1;
+            }
+        }
+    }
+
+    // 4. What each task should hold: the grouping of the inputs that stay.
+    let mut wanted: BTreeMap<TaskId, BTreeSet<Input>> = BTreeMap::new();
+    for input in state.inputs().keys() {
+        if observed.inputs.contains(input) && !removable.contains(input) {
+            wanted
+                .entry(grouper.task_for(input))
+                .or_default()
+                .insert(input.clone());
+        }
+    }
+    let mut stops: Vec<(TaskId, Session)> = Vec::new();
+    let mut moving = 0;
+    for (task, record) in state.tasks() {
+        match &record.phase {
+            TaskPhase::Running { owner, .. } => {
+                let regroup = wanted.get(task) != Some(&record.inputs);
+                if revoke.contains(task) || regroup || drain.contains(&owner.container) {
+                    stops.push((task.clone(), owner.clone()));
+                }
+            }
+            TaskPhase::Stopping { .. } => moving += 1,
+            _ => {}
+        }
+    }
+    for (task, inputs) in &wanted {
+        let phase = state.tasks().get(task).map(|t| &t.phase);
+        if !matches!(phase, None | Some(TaskPhase::Unassigned)) {
+            continue;
+        }
+        // The least-loaded container (ties: the oldest session, then the name).
+        let Some((container, (n, epoch))) = load
+            .iter()
+            .min_by_key(|(c, (n, epoch))| (*n, *epoch, (*c).clone()))
+            .map(|(c, v)| (c.clone(), *v))
+        else {
+            break;
+        };
+        load.insert(container.clone(), (n + 1, epoch));
+        actions.push(Action::Append(Command::AssignTask(AssignTask {
+            task: task.clone(),
+            container,
+            epoch,
+            inputs: inputs.iter().cloned().collect(),
+        })));
+    }
+
+    // 5. Balance: move one task from the busiest to the idlest container when they differ by
+    //    two or more, one move at a time.
+    if stops.is_empty() && moving < MOVES_IN_FLIGHT_MAX && !actions.iter().any(is_assign) {
+        let busiest = load
+            .iter()
+            .max_by_key(|(c, (n, _))| (*n, std::cmp::Reverse((*c).clone())));
+        let idlest = load.values().map(|(n, _)| *n).min();
+        if let (Some((busiest, (most, _))), Some(least)) = (busiest, idlest) {
+            if most >= &(least + 2) {
+                let victim = state
+                    .tasks()
+                    .iter()
+                    .find_map(|(task, record)| match &record.phase {
+                        TaskPhase::Running { owner, .. } if owner.container == *busiest => {
+                            Some((task.clone(), owner.clone()))
+                        }
+                        _ => None,
+                    });
+                stops.extend(victim);
+            }
+        }
+    }
+    for (task, owner) in stops {
+        actions.push(Action::Append(Command::StopTask(StopTask {
+            task,
+            container: owner.container,
+            epoch: owner.epoch,
+        })));
+    }
+
+    // 6. A drained container that owns nothing leaves: deregistered, then stopped.
+    for container in &drain {
+        let owns_nothing = state
+            .tasks()
+            .values()
+            .all(|t| t.phase.owner().is_none_or(|o| o.container != *container));
+        if owns_nothing {
+            let session = state
+                .live_session(container)
+                .expect("drained containers are live");
+            actions.push(Action::Append(Command::DeregisterContainer(
+                DeregisterContainer {
+                    container: container.clone(),
+                    epoch: session.epoch,
+                },
+            )));
+            actions.push(Action::Stop(container.clone()));
+        }
+    }
+
+    // 7. Capacity: launch what is missing.
+    let live = state
+        .containers()
+        .keys()
+        .filter(|c| state.live_session(c).is_some())
+        .count();
+    let missing = (observed.desired_containers as usize).saturating_sub(live + observed.launching);
+    if missing > 0 {
+        actions.push(Action::Launch(missing));
+    }
+    actions
+}
+
+fn is_assign(action: &Action) -> bool {
+    matches!(action, Action::Append(Command::AssignTask(_)))
+}

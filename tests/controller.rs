@@ -1,0 +1,381 @@
+//! The controller on a real cluster with simulated containers: inputs from a watched file,
+//! scale out and in with task moves, broadcasts, the leader killed mid-move, a silent
+//! container expired and its zombie fenced, and a launch that never registers.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ctrlog::client::{ApiError, ClientError, ControlClient};
+use ctrlog::controller::{
+    double_runs, read_reports, ContainerLauncher, Controller, ControllerConfig, ControllerFactory,
+    InProcessLauncher, LocalJob, SimOptions, TaskEvent, WatchedFile,
+};
+use ctrlog::jobs::plan::{GroupByPartition, LagPolicy};
+use ctrlog::jobs::{JobState, TaskPhase};
+use ctrlog::log::*;
+use ctrlog::raft::LocalCluster;
+
+const WAIT: Duration = Duration::from_secs(40);
+
+struct Harness {
+    job: LocalJob,
+    launcher: Arc<InProcessLauncher>,
+    inputs: PathBuf,
+    lag: PathBuf,
+    reports: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn write_inputs(path: &Path, partitions: std::ops::Range<u32>) {
+    let text: String = partitions.map(|p| format!("kafka/events/{p}\n")).collect();
+    std::fs::write(path, text).unwrap();
+}
+
+async fn harness(
+    partitions: u32,
+    launcher_of: impl FnOnce(Vec<String>, SimOptions) -> Arc<dyn ContainerLauncher>,
+) -> (LocalJob, PathBuf, PathBuf, PathBuf, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let (inputs, lag, reports) = (
+        dir.path().join("inputs"),
+        dir.path().join("lag"),
+        dir.path().join("reports.jsonl"),
+    );
+    write_inputs(&inputs, 0..partitions);
+    std::fs::write(&lag, "0").unwrap();
+    let cluster = LocalCluster::start(&dir.path().join("replicas"), 3, |_| {})
+        .await
+        .unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    let options = SimOptions {
+        heartbeat_interval: Duration::from_millis(100),
+        lease: Duration::from_millis(1000),
+        lag_file: Some(lag.clone()),
+        report_file: Some(reports.clone()),
+    };
+    let launcher = launcher_of(cluster.client_addrs(), options);
+    let inputs_path = inputs.clone();
+    let factory: ControllerFactory = Arc::new(move |replica| {
+        Controller::new(
+            replica,
+            Box::new(WatchedFile::new(&inputs_path)),
+            Box::new(LagPolicy::new(2, 3, 1000, 100, Duration::from_millis(300))),
+            Box::new(GroupByPartition),
+            launcher.clone(),
+            ControllerConfig {
+                tick: Duration::from_millis(50),
+                session_timeout: Duration::from_secs(2),
+                launch_timeout: Duration::from_millis(1500),
+                launch_attempts: 2,
+                container_prefix: "container".into(),
+            },
+        )
+    });
+    (LocalJob::start(cluster, factory), inputs, lag, reports, dir)
+}
+
+async fn start(partitions: u32) -> Harness {
+    let mut launcher = None;
+    let (job, inputs, lag, reports, dir) = harness(partitions, |seeds, options| {
+        let l = Arc::new(InProcessLauncher::new(seeds, options));
+        launcher = Some(l.clone());
+        l
+    })
+    .await;
+    Harness {
+        job,
+        launcher: launcher.unwrap(),
+        inputs,
+        lag,
+        reports,
+        _dir: dir,
+    }
+}
+
+fn state_of(job: &LocalJob) -> JobState {
+    let id = job.cluster.running_ids()[0];
+    job.cluster.replica(id).read_state(JobState::clone)
+}
+
+/// Waits until `condition` holds for the JobState, failing after `WAIT`.
+async fn until(job: &LocalJob, what: &str, condition: impl Fn(&JobState) -> bool) -> JobState {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let state = state_of(job);
+        if condition(&state) {
+            return state;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting until {what}; state: {state:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn live(state: &JobState) -> usize {
+    state
+        .containers()
+        .keys()
+        .filter(|c| state.live_session(c).is_some())
+        .count()
+}
+
+/// Tasks per live container, sorted.
+fn loads(state: &JobState) -> Vec<usize> {
+    let mut loads: Vec<usize> = state
+        .containers()
+        .keys()
+        .filter(|c| state.live_session(c).is_some())
+        .map(|c| {
+            state
+                .tasks()
+                .values()
+                .filter(|t| t.phase.owner().is_some_and(|o| &o.container == c))
+                .count()
+        })
+        .collect();
+    loads.sort();
+    loads
+}
+
+/// Every input in a running task, `tasks` tasks, spread over `containers` live containers as
+/// evenly as possible, nothing in flight.
+fn settled(state: &JobState, tasks: usize, containers: usize) -> bool {
+    let all_running = state.tasks().len() == tasks
+        && state
+            .tasks()
+            .values()
+            .all(|t| matches!(t.phase, TaskPhase::Running { .. }));
+    let inputs_owned = state.inputs().values().all(Option::is_some);
+    let loads = loads(state);
+    all_running
+        && inputs_owned
+        && live(state) == containers
+        && loads
+            .last()
+            .zip(loads.first())
+            .is_some_and(|(max, min)| max - min <= 1)
+        && state.pending().is_empty()
+}
+
+/// A crashed container cannot report that it stopped: its work ended when it died. Writes
+/// that into the report for every task it was running.
+fn record_crash(reports: &Path, container: &ContainerId) {
+    let events = read_reports(reports).unwrap();
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    let mut running = std::collections::BTreeMap::new();
+    for event in events.iter().filter(|e| e.container == container.as_str()) {
+        running.insert((event.task.clone(), event.epoch), event.running);
+    }
+    let mut lines = String::new();
+    for ((task, epoch), _) in running.into_iter().filter(|(_, running)| *running) {
+        let stop = TaskEvent {
+            container: container.to_string(),
+            epoch,
+            task,
+            running: false,
+            at_us: now_us,
+        };
+        lines.push_str(&format!("{}\n", serde_json::to_string(&stop).unwrap()));
+    }
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(reports)
+        .unwrap()
+        .write_all(lines.as_bytes())
+        .unwrap();
+}
+
+fn assert_no_double_runs(reports: &Path) {
+    let events = read_reports(reports).unwrap();
+    assert!(!events.is_empty(), "the containers reported their work");
+    let violations = double_runs(&events);
+    assert!(violations.is_empty(), "{violations:#?}");
+}
+
+/// Goal: inputs from the watched file are grouped and assigned; the job scales out when lag
+/// rises (tasks move onto the new container by handshake), scales in when it falls (a
+/// container is drained, deregistered and stopped), broadcasts complete when every container
+/// acked, and removed inputs are revoked; no task ever runs on two containers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inputs_scaling_broadcasts_and_revocation() {
+    let h = start(4).await;
+    until(&h.job, "4 tasks on 2 containers", |s| settled(s, 4, 2)).await;
+
+    write_inputs(&h.inputs, 0..8);
+    until(&h.job, "8 tasks on 2 containers", |s| settled(s, 8, 2)).await;
+
+    std::fs::write(&h.lag, "5000").unwrap();
+    let state = until(&h.job, "8 tasks on 3 containers", |s| settled(s, 8, 3)).await;
+    assert_eq!(state.desired_containers().unwrap().count, 3);
+
+    let client = ControlClient::connect(&h.job.cluster.client_addrs())
+        .await
+        .unwrap();
+    let schema = client
+        .append(Command::SchemaChange(SchemaChange {
+            subject: "events".into(),
+            schema: b"v2".to_vec(),
+        }))
+        .await
+        .unwrap()
+        .offset;
+    until(&h.job, "every container acked the schema", |s| {
+        !s.pending().contains_key(&schema)
+    })
+    .await;
+
+    std::fs::write(&h.lag, "0").unwrap();
+    let state = until(&h.job, "8 tasks back on 2 containers", |s| settled(s, 8, 2)).await;
+    let gone: Vec<_> = state
+        .containers()
+        .iter()
+        .filter(|(_, r)| r.status == ctrlog::jobs::ContainerStatus::Deregistered)
+        .collect();
+    assert_eq!(gone.len(), 1, "one container was drained and deregistered");
+
+    write_inputs(&h.inputs, 0..6);
+    until(&h.job, "6 tasks after revoking 2 inputs", |s| {
+        settled(s, 6, 2) && s.inputs().len() == 6
+    })
+    .await;
+    assert_no_double_runs(&h.reports);
+    h.job.shutdown().await;
+}
+
+/// Goal: a task move interrupted by the leader's death completes under the new leader, with
+/// no task run twice.
+/// Steps: 4 tasks on 2 containers; lag rises so a third container is launched and tasks move
+/// to it; the moment a task is between `StopTask` and its new `TaskStarted`, the leader and its
+/// controller are killed; the new leader's controller finishes the moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_mid_move_and_the_move_completes() {
+    let mut h = start(4).await;
+    until(&h.job, "4 tasks on 2 containers", |s| settled(s, 4, 2)).await;
+    std::fs::write(&h.lag, "5000").unwrap();
+    until(&h.job, "a task in the middle of a move", |s| {
+        live(s) == 3
+            && s.tasks()
+                .values()
+                .any(|t| matches!(t.phase, TaskPhase::Stopping { .. } | TaskPhase::Unassigned))
+    })
+    .await;
+    let leader = h.job.cluster.wait_for_leader(WAIT).await.unwrap();
+    let killed = Instant::now();
+    h.job.kill(leader).await;
+    until(
+        &h.job,
+        "4 tasks on 3 containers under the new leader",
+        |s| settled(s, 4, 3),
+    )
+    .await;
+    let new_leader = h.job.cluster.wait_for_leader(WAIT).await.unwrap();
+    assert_ne!(new_leader, leader);
+    println!(
+        "move completed {:?} after the leader was killed",
+        killed.elapsed()
+    );
+    assert_no_double_runs(&h.reports);
+    h.job.shutdown().await;
+}
+
+/// Goal: a container that stops heartbeating is expired in the log, its tasks are reassigned,
+/// a replacement is launched, and the zombie's late answers are fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_container_is_expired_and_its_zombie_fenced() {
+    let h = start(4).await;
+    let state = until(&h.job, "4 tasks on 2 containers", |s| settled(s, 4, 2)).await;
+    let (victim, record) = state
+        .containers()
+        .iter()
+        .find(|(_, r)| r.status == ctrlog::jobs::ContainerStatus::Live)
+        .map(|(c, r)| (c.clone(), r.clone()))
+        .unwrap();
+    let victim_task = state
+        .tasks()
+        .iter()
+        .find(|(_, t)| t.phase.owner().is_some_and(|o| o.container == victim))
+        .map(|(task, _)| task.clone())
+        .unwrap();
+    h.launcher.crash(&victim);
+    record_crash(&h.reports, &victim);
+    let state = until(&h.job, "the silent container expired and replaced", |s| {
+        s.containers()[&victim].status == ctrlog::jobs::ContainerStatus::Expired && settled(s, 4, 2)
+    })
+    .await;
+    assert_ne!(
+        state.tasks()[&victim_task].phase.owner().unwrap().container,
+        victim
+    );
+
+    // The zombie wakes up and answers with its old epoch.
+    let zombie = ControlClient::connect(&h.job.cluster.client_addrs())
+        .await
+        .unwrap();
+    let late = zombie
+        .append(Command::TaskStopped(TaskStopped {
+            task: victim_task,
+            container: victim.clone(),
+            epoch: record.epoch,
+            checkpoint: None,
+        }))
+        .await;
+    assert!(
+        matches!(late, Err(ClientError::Api(ApiError::Fenced { ref container, .. })) if *container == victim),
+        "{late:?}"
+    );
+    assert!(matches!(
+        zombie
+            .heartbeat(&victim, record.epoch, &Default::default())
+            .await,
+        Err(ClientError::Api(ApiError::Fenced { .. }))
+    ));
+    assert_no_double_runs(&h.reports);
+    h.job.shutdown().await;
+}
+
+/// A launcher whose containers never come up.
+struct Dud;
+
+impl ContainerLauncher for Dud {
+    fn launch(&self, _: &ContainerId) -> Result<(), String> {
+        Ok(())
+    }
+    fn stop(&self, _: &ContainerId) {}
+}
+
+/// Goal: a launch that never registers is retried within the limit, then reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launch_that_never_registers_is_retried_then_reported() {
+    let (job, _inputs, _lag, _reports, _dir) = harness(2, |_, _| Arc::new(Dud)).await;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let report = job.active_report();
+        if report
+            .as_ref()
+            .is_some_and(|r| r.failed_launches.len() == 2)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no launch failure reported: {report:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Two slots, each tried twice: four launches, the two last attempts reported.
+    let report = job.active_report().unwrap();
+    assert!(report
+        .failed_launches
+        .iter()
+        .all(|c| c.as_str().starts_with("container-")));
+    job.shutdown().await;
+}
