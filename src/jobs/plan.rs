@@ -327,3 +327,256 @@ pub fn plan(state: &JobState, observed: &Observed, grouper: &dyn Grouper) -> Vec
 fn is_assign(action: &Action) -> bool {
     matches!(action, Action::Append(Command::AssignTask(_)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::jobs::Outcome;
+    use crate::log::*;
+
+    /// A JobState built from commands that must all be accepted.
+    fn state_after(commands: Vec<Command>) -> JobState {
+        let mut state = JobState::default();
+        for command in commands {
+            let target = command.target().unwrap_or(Target::All);
+            let outcome = state.apply(None, &target, &command.clone().into_frame(), 0);
+            assert!(
+                matches!(outcome, Outcome::Appended { .. }),
+                "{command:?}: {outcome:?}"
+            );
+        }
+        state
+    }
+
+    fn c(name: &str) -> ContainerId {
+        ContainerId::new(name).unwrap()
+    }
+
+    fn input(p: u32) -> Input {
+        Input::new("kafka", "events", p).unwrap()
+    }
+
+    fn register(name: &str) -> Command {
+        Command::RegisterContainer(RegisterContainer {
+            container: c(name),
+            location: String::new(),
+        })
+    }
+
+    fn add(partitions: std::ops::Range<u32>) -> Command {
+        Command::AddInputs(AddInputs {
+            inputs: partitions.map(input).collect(),
+        })
+    }
+
+    fn assign(p: u32, container: &str, epoch: Offset) -> Command {
+        Command::AssignTask(AssignTask {
+            task: GroupByPartition.task_for(&input(p)),
+            container: c(container),
+            epoch,
+            inputs: vec![input(p)],
+        })
+    }
+
+    fn started(p: u32, container: &str, epoch: Offset) -> Command {
+        Command::TaskStarted(TaskStarted {
+            task: GroupByPartition.task_for(&input(p)),
+            container: c(container),
+            epoch,
+        })
+    }
+
+    fn observed(partitions: std::ops::Range<u32>, desired: u32) -> Observed {
+        Observed {
+            inputs: partitions.map(input).collect(),
+            desired_containers: desired,
+            ..Observed::default()
+        }
+    }
+
+    fn appended(actions: &[Action]) -> Vec<&Command> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Append(c) => Some(c),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn new_inputs_are_added_then_assigned_to_the_least_loaded() {
+        let state = state_after(vec![register("a"), register("b")]);
+        let actions = plan(&state, &observed(0..3, 2), &GroupByPartition);
+        assert_eq!(actions, vec![Action::Append(add(0..3))]);
+
+        let state = state_after(vec![register("a"), register("b"), add(0..3)]);
+        let actions = plan(&state, &observed(0..3, 2), &GroupByPartition);
+        // Round robin by load, ties to the older session: a, b, a.
+        assert_eq!(
+            actions,
+            vec![
+                Action::Append(assign(0, "a", 1)),
+                Action::Append(assign(1, "b", 2)),
+                Action::Append(assign(2, "a", 1)),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_settled_job_plans_nothing_and_an_open_handshake_is_awaited() {
+        let settled = state_after(vec![
+            register("a"),
+            add(0..1),
+            assign(0, "a", 1),
+            started(0, "a", 1),
+        ]);
+        assert!(plan(&settled, &observed(0..1, 1), &GroupByPartition).is_empty());
+        let starting = state_after(vec![register("a"), add(0..1), assign(0, "a", 1)]);
+        assert!(plan(&starting, &observed(0..1, 1), &GroupByPartition).is_empty());
+    }
+
+    #[test]
+    fn imbalance_moves_one_task_at_a_time_from_the_busiest() {
+        let mut commands = vec![register("a"), add(0..4)];
+        for p in 0..4 {
+            commands.push(assign(p, "a", 1));
+            commands.push(started(p, "a", 1));
+        }
+        commands.push(register("b"));
+        let state = state_after(commands.clone());
+        let actions = plan(&state, &observed(0..4, 2), &GroupByPartition);
+        let stop = Command::StopTask(StopTask {
+            task: GroupByPartition.task_for(&input(0)),
+            container: c("a"),
+            epoch: 1,
+        });
+        assert_eq!(actions, vec![Action::Append(stop.clone())]);
+        // While that move is in flight, no other starts.
+        commands.push(stop);
+        let state = state_after(commands);
+        assert!(plan(&state, &observed(0..4, 2), &GroupByPartition).is_empty());
+    }
+
+    #[test]
+    fn scale_in_drains_the_newest_then_deregisters_and_stops_it() {
+        let state = state_after(vec![
+            register("a"),
+            register("b"),
+            add(0..2),
+            assign(0, "a", 1),
+            started(0, "a", 1),
+            assign(1, "b", 2),
+            started(1, "b", 2),
+        ]);
+        assert_eq!(draining(&state, 1), BTreeSet::from([c("b")]));
+        let actions = plan(&state, &observed(0..2, 1), &GroupByPartition);
+        assert_eq!(
+            appended(&actions),
+            vec![&Command::StopTask(StopTask {
+                task: GroupByPartition.task_for(&input(1)),
+                container: c("b"),
+                epoch: 2,
+            })]
+        );
+
+        let drained = state_after(vec![register("a"), register("b")]);
+        let actions = plan(&drained, &observed(0..0, 1), &GroupByPartition);
+        assert_eq!(
+            actions,
+            vec![
+                Action::Append(Command::DeregisterContainer(DeregisterContainer {
+                    container: c("b"),
+                    epoch: 2
+                })),
+                Action::Stop(c("b")),
+            ]
+        );
+    }
+
+    #[test]
+    fn missing_capacity_is_launched_counting_launches_in_flight() {
+        let state = state_after(vec![register("a")]);
+        let mut wanted = observed(0..0, 3);
+        assert_eq!(
+            plan(&state, &wanted, &GroupByPartition),
+            vec![Action::Launch(2)]
+        );
+        wanted.launching = 2;
+        assert!(plan(&state, &wanted, &GroupByPartition).is_empty());
+    }
+
+    #[test]
+    fn silent_containers_are_expired_before_anything_else() {
+        let state = state_after(vec![register("a"), register("b"), add(0..2)]);
+        let mut wanted = observed(0..4, 2);
+        wanted.overdue = vec![state.live_session(&c("b")).unwrap()];
+        assert_eq!(
+            plan(&state, &wanted, &GroupByPartition),
+            vec![Action::Append(Command::ExpireContainer(ExpireContainer {
+                container: c("b"),
+                epoch: 2
+            }))]
+        );
+    }
+
+    #[test]
+    fn removed_inputs_are_revoked_from_running_tasks_then_removed() {
+        let running = state_after(vec![
+            register("a"),
+            add(0..2),
+            assign(1, "a", 1),
+            started(1, "a", 1),
+        ]);
+        let actions = plan(&running, &observed(0..1, 1), &GroupByPartition);
+        assert!(appended(&actions).contains(&&Command::StopTask(StopTask {
+            task: GroupByPartition.task_for(&input(1)),
+            container: c("a"),
+            epoch: 1,
+        })));
+        let unowned = state_after(vec![register("a"), add(0..2)]);
+        let actions = plan(&unowned, &observed(0..1, 1), &GroupByPartition);
+        assert_eq!(
+            actions[0],
+            Action::Append(Command::RemoveInputs(RemoveInputs {
+                inputs: vec![input(1)]
+            }))
+        );
+    }
+
+    #[test]
+    fn the_lag_policy_steps_within_bounds_and_cools_down() {
+        let mut policy = LagPolicy::new(2, 4, 1000, 100, Duration::from_secs(10));
+        let t0 = Instant::now();
+        assert_eq!(policy.desired(0, 0, t0), 2, "starts at the minimum");
+        assert_eq!(
+            policy.desired(2, 5000, t0),
+            3,
+            "2,500 per container is too much"
+        );
+        assert_eq!(policy.desired(3, 50_000, t0), 3, "cooling down");
+        let later = t0 + Duration::from_secs(11);
+        assert_eq!(policy.desired(3, 50_000, later), 4);
+        let much_later = later + Duration::from_secs(11);
+        assert_eq!(policy.desired(4, 50_000, much_later), 4, "at the maximum");
+        assert_eq!(policy.desired(4, 0, much_later), 3);
+    }
+
+    #[test]
+    fn owed_acks_lists_who_has_not_answered_a_broadcast() {
+        let state = state_after(vec![
+            register("a"),
+            register("b"),
+            Command::SchemaChange(SchemaChange {
+                subject: "s".into(),
+                schema: vec![],
+            }),
+            Command::Ack(Ack {
+                container: c("a"),
+                epoch: 1,
+                offset: 3,
+            }),
+        ]);
+        assert_eq!(owed_acks(&state), BTreeMap::from([(3, vec![c("b")])]));
+    }
+}
