@@ -1,86 +1,378 @@
-//! `ctrlog demo`: three replicas in this process, on loopback, with real files and sockets.
+//! `ctrlog demo`: the whole SAMZA-237 story on one machine, with no setup.
 //!
-//! It appends commands through the client library, kills the leader, shows that a new leader
-//! takes over with every acknowledged command intact, restarts the old leader and shows it
-//! catch up. The SAMZA-237 job controller joins this demo once it exists.
+//! Three replicas run in this process on loopback sockets with real data directories, each with
+//! its controller; containers are real `ctrlog container` processes started by the process
+//! launcher. The scenario: 4 input partitions on 2 containers; 4 more partitions appear; lag
+//! rises and the job scales out to 3 containers, moving tasks by handshake, and the leader is
+//! killed in the middle of a move; a schema change is broadcast and acked by every container;
+//! lag falls and the job scales back in. The log is printed as a timeline as it commits, then a
+//! summary, and the demo fails unless the invariants held.
 
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::client::{ControlClient, FetchRequest};
-use crate::log::{Command, Target};
+use anyhow::{bail, ensure, Context};
+use futures::StreamExt;
+
+use crate::client::{ControlClient, SubscriptionItem};
+use crate::controller::{
+    double_runs, longest_unowned, read_reports, Controller, ControllerConfig, ControllerFactory,
+    ControllerReport, LocalJob, ProcessLauncher, WatchedFile,
+};
+use crate::jobs::plan::{settled, GroupByPartition, LagPolicy};
+use crate::jobs::{ContainerStatus, JobState, TaskPhase};
+use crate::log::{Command, LogEntry, Offset, SchemaChange};
 use crate::raft::LocalCluster;
 
-const WAIT: Duration = Duration::from_secs(20);
+/// Each step of the scenario must finish within this.
+const STEP: Duration = Duration::from_secs(30);
 
-async fn append_some(client: &ControlClient, from: u32, count: u32) -> anyhow::Result<Vec<u64>> {
-    let mut offsets = Vec::new();
-    for i in from..from + count {
-        let payload = format!("config-change #{i}").into_bytes();
-        let ack = client
-            .append_to(Target::All, Command::custom(1, 1, payload))
-            .await?;
-        offsets.push(ack.offset);
+struct Files {
+    inputs: PathBuf,
+    lag: PathBuf,
+    reports: PathBuf,
+    logs: PathBuf,
+}
+
+fn write_inputs(path: &Path, partitions: std::ops::Range<u32>) -> anyhow::Result<()> {
+    let text: String = partitions.map(|p| format!("kafka/events/{p}\n")).collect();
+    std::fs::write(path, text).context("writing the inputs file")
+}
+
+/// One committed command as a timeline line.
+fn describe(entry: &LogEntry) -> String {
+    let command = entry.command();
+    match command {
+        Command::RegisterContainer(c) => {
+            format!("register {} (epoch {})", c.container, entry.offset)
+        }
+        Command::DeregisterContainer(c) => format!("deregister {}@{}", c.container, c.epoch),
+        Command::ExpireContainer(c) => format!("expire {}@{}", c.container, c.epoch),
+        Command::AddInputs(c) => {
+            let inputs: Vec<String> = c.inputs.iter().map(ToString::to_string).collect();
+            format!("add inputs {}", inputs.join(" "))
+        }
+        Command::RemoveInputs(c) => format!("remove {} inputs", c.inputs.len()),
+        Command::AssignTask(c) => format!("assign {} → {}@{}", c.task, c.container, c.epoch),
+        Command::StopTask(c) => format!("stop {} on {}@{}", c.task, c.container, c.epoch),
+        Command::TaskStarted(c) => format!("   ack: {} started by {}", c.task, c.container),
+        Command::TaskStopped(c) => format!("   ack: {} stopped by {}", c.task, c.container),
+        Command::DesiredContainersV1(c) => format!("desired containers = {}", c.count),
+        Command::DesiredContainers(c) => {
+            format!("desired containers = {} ({})", c.count, c.reason)
+        }
+        Command::SchemaChange(c) => format!("schema change of {:?} (broadcast)", c.subject),
+        Command::ConfigChange(_) => "config change (broadcast)".to_string(),
+        Command::Ack(c) => format!("   ack: #{} by {}", c.offset, c.container),
+        Command::SetVocabularyLevel(c) => format!("vocabulary level {}", c.level),
+        Command::Custom { kind, .. } => format!("custom command kind {kind}"),
+        Command::Unknown(frame) => format!("unknown kind {}", frame.kind),
     }
-    Ok(offsets)
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// Prints the log as it commits, and keeps it for the summary.
+fn follow_timeline(
+    client: Arc<ControlClient>,
+    started_ms: u64,
+) -> (Arc<Mutex<Vec<LogEntry>>>, tokio::task::JoinHandle<()>) {
+    let seen: Arc<Mutex<Vec<LogEntry>>> = Arc::default();
+    let task = tokio::spawn({
+        let seen = seen.clone();
+        async move {
+            let mut stream = client.subscribe(1, crate::log::Filter::Everything);
+            while let Some(item) = stream.next().await {
+                if let Ok(SubscriptionItem::Entry(entry)) = item {
+                    let at = entry.appended_at_ms.saturating_sub(started_ms) as f64 / 1000.0;
+                    println!("  [{at:>6.2}s] #{:<4} {}", entry.offset, describe(&entry));
+                    seen.lock().expect("never poisoned").push(entry);
+                }
+            }
+        }
+    });
+    (seen, task)
+}
+
+async fn until(
+    job: &LocalJob,
+    what: &str,
+    condition: impl Fn(&JobState) -> bool,
+) -> anyhow::Result<JobState> {
+    let deadline = Instant::now() + STEP;
+    loop {
+        let id = job.cluster.running_ids()[0];
+        let state = job.cluster.replica(id).read_state(JobState::clone);
+        if condition(&state) {
+            return Ok(state);
+        }
+        if Instant::now() > deadline {
+            bail!("the job did not reach \"{what}\" within {STEP:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn step(text: &str) {
+    println!("\n== {text}");
 }
 
 /// Runs the demo. Data goes under `data`, or a fresh temporary directory that is removed after.
 pub async fn run(data: Option<PathBuf>) -> anyhow::Result<()> {
-    let (dir, temporary) = match data {
-        Some(dir) => (dir, false),
-        None => {
-            let dir = std::env::temp_dir().join(format!("ctrlog-demo-{}", std::process::id()));
-            (dir, true)
-        }
-    };
+    let temporary = data.is_none();
+    let dir = data.unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("ctrlog-demo-{}", std::process::id()))
+    });
     std::fs::create_dir_all(&dir)?;
-    println!("== starting 3 replicas under {}", dir.display());
-    let mut cluster = LocalCluster::start(&dir, 3, |_| {}).await?;
-    let leader = cluster.wait_for_leader(WAIT).await?;
-    println!("== replica {leader} is the leader");
+    let result = scenario(&dir).await;
+    if temporary {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
 
-    let client = ControlClient::connect(&cluster.client_addrs()).await?;
+async fn scenario(dir: &Path) -> anyhow::Result<()> {
+    let files = Files {
+        inputs: dir.join("inputs.txt"),
+        lag: dir.join("lag.txt"),
+        reports: dir.join("container-reports.jsonl"),
+        logs: dir.join("container-logs"),
+    };
+    std::fs::create_dir_all(&files.logs)?;
+    write_inputs(&files.inputs, 0..4)?;
+    std::fs::write(&files.lag, "0")?;
     let started = Instant::now();
-    let offsets = append_some(&client, 1, 5).await?;
-    println!(
-        "== appended 5 commands at offsets {offsets:?} in {:?}",
-        started.elapsed()
-    );
+    let started_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
 
-    println!("== killing the leader, replica {leader}");
-    cluster.stop(leader).await;
-    let started = Instant::now();
-    let offsets = append_some(&client, 6, 5).await?;
-    let new_leader = cluster.wait_for_leader(WAIT).await?;
-    println!(
-        "== replica {new_leader} took over; 5 more commands at offsets {offsets:?} ({:?} including the election)",
-        started.elapsed()
-    );
+    step(&format!(
+        "3 replicas on loopback, data under {}",
+        dir.display()
+    ));
+    let cluster = LocalCluster::start(&dir.join("replicas"), 3, |_| {}).await?;
+    let leader = cluster.wait_for_leader(STEP).await?;
+    let seeds = cluster.client_addrs();
+    println!("   replica {leader} leads; containers run as `ctrlog container` processes");
 
-    println!("== restarting replica {leader}; it catches up from its own disk and the new leader");
-    cluster.restart(leader).await?;
-    let last = *offsets.last().expect("appended five");
-    cluster.wait_for_applied(last, WAIT).await?;
-    let response = cluster
-        .replica(leader)
-        .fetch(&FetchRequest::from(1), Duration::ZERO)
-        .await?;
-    println!("== the control log as replica {leader} has it now:");
-    for entry in &response.entries {
-        if let Command::Custom { payload, .. } = entry.command() {
-            println!(
-                "   offset {:>2}  term {}  {}",
-                entry.offset,
-                entry.term,
-                String::from_utf8_lossy(&payload)
-            );
+    let launcher = Arc::new(ProcessLauncher::new(
+        std::env::current_exe().context("finding this executable")?,
+        [
+            "container",
+            "--cluster",
+            &seeds.join(","),
+            "--id",
+            "{id}",
+            "--heartbeat-ms",
+            "200",
+            "--lease-ms",
+            "1500",
+            "--stop-delay-ms",
+            "300",
+            "--lag-file",
+            &files.lag.display().to_string(),
+            "--report-file",
+            &files.reports.display().to_string(),
+        ]
+        .map(String::from)
+        .to_vec(),
+        Some(files.logs.clone()),
+    ));
+    let factory: ControllerFactory = {
+        let (inputs, launcher) = (files.inputs.clone(), launcher.clone());
+        Arc::new(move |replica| {
+            Controller::new(
+                replica,
+                Box::new(WatchedFile::new(&inputs)),
+                Box::new(LagPolicy::new(2, 3, 1_000, 100, Duration::from_secs(1))),
+                Box::new(GroupByPartition),
+                launcher.clone(),
+                ControllerConfig {
+                    tick: Duration::from_millis(50),
+                    session_timeout: Duration::from_secs(3),
+                    ..ControllerConfig::default()
+                },
+            )
+        })
+    };
+    let mut job = LocalJob::start(cluster, factory);
+    let client = Arc::new(ControlClient::connect(&seeds).await?);
+    let (timeline, follower) = follow_timeline(client.clone(), started_ms);
+
+    step("start: 4 input partitions, 2 containers");
+    until(&job, "4 tasks running on 2 containers", |s| {
+        settled(s, 4, 2)
+    })
+    .await?;
+
+    step("4 new partitions appear in the inputs file");
+    write_inputs(&files.inputs, 0..8)?;
+    until(&job, "8 tasks running on 2 containers", |s| {
+        settled(s, 8, 2)
+    })
+    .await?;
+
+    step("lag rises: the policy scales out to 3 containers and moves tasks onto the new one");
+    std::fs::write(&files.lag, "5000")?;
+    let old_leader = job.cluster.wait_for_leader(STEP).await?;
+    let mid_move = until(&job, "a task in the middle of a move", |s| {
+        crate::jobs::plan::loads(s).len() == 3
+            && s.tasks()
+                .values()
+                .any(|t| matches!(t.phase, TaskPhase::Stopping { .. }))
+    })
+    .await?;
+    let moving: Vec<String> = mid_move
+        .tasks()
+        .iter()
+        .filter(|(_, t)| matches!(t.phase, TaskPhase::Stopping { .. }))
+        .map(|(task, _)| task.to_string())
+        .collect();
+    step(&format!(
+        "killing the leader, replica {old_leader}, while {} is being moved",
+        moving.join(", ")
+    ));
+    let killed_at = Instant::now();
+    let last_before = job.cluster.replica(old_leader).applied_offset();
+    let mut reports = vec![job.kill(old_leader).await.unwrap_or_default()];
+    let new_leader = job.cluster.wait_for_leader(STEP).await?;
+    until(&job, "a commit under the new leader", |s| {
+        s.last_offset() > last_before
+    })
+    .await?;
+    let failover = killed_at.elapsed();
+    println!("   replica {new_leader} leads after {failover:.2?}; its controller resumes the move");
+    until(&job, "8 tasks running on 3 containers", |s| {
+        settled(s, 8, 3)
+    })
+    .await?;
+    let move_done = killed_at.elapsed();
+    println!("   the interrupted move completed {move_done:.2?} after the kill");
+
+    step("broadcast a schema change; every live container must ack it");
+    let schema = client
+        .append(Command::SchemaChange(SchemaChange {
+            subject: "events".into(),
+            schema: br#"{"type":"record","name":"Event","fields":[{"name":"v","type":"int"}]}"#
+                .to_vec(),
+        }))
+        .await?
+        .offset;
+    until(&job, "every container acked the schema", |s| {
+        !s.pending().contains_key(&schema)
+    })
+    .await?;
+
+    step("lag falls: the policy scales in, draining one container first");
+    std::fs::write(&files.lag, "0")?;
+    let end = until(&job, "8 tasks running on 2 containers", |s| {
+        settled(s, 8, 2)
+            && s.containers()
+                .values()
+                .any(|r| r.status == ContainerStatus::Deregistered)
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_millis(300)).await; // let the timeline catch up
+    reports.extend(job.reports().into_values());
+    follower.abort();
+
+    let log = timeline.lock().expect("never poisoned").clone();
+    let verdict = check_and_summarise(&end, &log, &reports, &files, failover, move_done, started);
+    job.shutdown().await;
+    drop(launcher); // kills any container process still running
+    verdict
+}
+
+fn check_and_summarise(
+    end: &JobState,
+    log: &[LogEntry],
+    reports: &[ControllerReport],
+    files: &Files,
+    failover: Duration,
+    move_done: Duration,
+    started: Instant,
+) -> anyhow::Result<()> {
+    let count = |pred: fn(&Command) -> bool| log.iter().filter(|e| pred(&e.command())).count();
+    let acks = count(|c| {
+        matches!(
+            c,
+            Command::TaskStarted(_) | Command::TaskStopped(_) | Command::Ack(_)
+        )
+    });
+    let scale_events = count(|c| {
+        matches!(
+            c,
+            Command::DesiredContainersV1(_) | Command::DesiredContainers(_)
+        )
+    });
+    // A move: a task started on a container other than its previous owner.
+    let mut owner: BTreeMap<String, String> = BTreeMap::new();
+    let mut moves = 0;
+    for entry in log {
+        if let Command::TaskStarted(c) = entry.command() {
+            if let Some(previous) = owner.insert(c.task.to_string(), c.container.to_string()) {
+                moves += usize::from(previous != c.container.to_string());
+            }
         }
     }
-    cluster.shutdown().await;
-    if temporary {
-        std::fs::remove_dir_all(&dir)?;
+    let events = read_reports(&files.reports).map_err(anyhow::Error::msg)?;
+    let idle = longest_unowned(&events, now_us());
+
+    println!("\n== summary");
+    println!("   commands committed       {}", log.len());
+    println!("   container acks           {acks}");
+    println!("   task moves               {moves}");
+    println!("   scale events             {scale_events}");
+    println!("   failover (kill → commit) {failover:.2?}");
+    println!("   interrupted move done in {move_done:.2?} after the kill");
+    println!("   longest a task had no owner  {idle:.2?}");
+    println!("   total time               {:.2?}", started.elapsed());
+
+    // Invariants.
+    let mut owners: BTreeMap<&crate::log::Input, usize> = BTreeMap::new();
+    for task in end.tasks().values() {
+        ensure!(
+            matches!(task.phase, TaskPhase::Running { .. }),
+            "a task is not running at the end"
+        );
+        for input in &task.inputs {
+            *owners.entry(input).or_default() += 1;
+        }
     }
-    println!("== done: every acknowledged command survived the leader's death, in order");
+    ensure!(
+        end.inputs().keys().all(|i| owners.get(i) == Some(&1)),
+        "an input is not owned by exactly one running task"
+    );
+    let doubles = double_runs(&events);
+    ensure!(
+        doubles.is_empty(),
+        "a task ran on two containers: {doubles:?}"
+    );
+    let by_offset: BTreeMap<Offset, &LogEntry> = log.iter().map(|e| (e.offset, e)).collect();
+    let mut acknowledged = BTreeSet::new();
+    for report in reports {
+        for (offset, command) in &report.appended {
+            let entry = by_offset
+                .get(offset)
+                .with_context(|| format!("acknowledged offset {offset} is missing from the log"))?;
+            ensure!(
+                entry.frame == command.clone().into_frame(),
+                "offset {offset} holds another command than the one acknowledged"
+            );
+            acknowledged.insert(*offset);
+        }
+    }
+    println!(
+        "\n== invariants held: every input in exactly one running task; no task ran on two \
+         containers ({} container reports); all {} acknowledged controller commands are in the log",
+        events.len(),
+        acknowledged.len()
+    );
     Ok(())
 }

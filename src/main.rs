@@ -88,6 +88,9 @@ enum Cmd {
         /// Append a JSON line per task started or stopped here.
         #[arg(long)]
         report_file: Option<PathBuf>,
+        /// How long a stopping task flushes its state before the stop is acknowledged.
+        #[arg(long, default_value_t = 0)]
+        stop_delay_ms: u64,
     },
     /// Run a three-replica cluster in this process and show the control log at work.
     Demo {
@@ -231,8 +234,8 @@ async fn connect(cluster: &[String]) -> anyhow::Result<ControlClient> {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
+    // Not locked for the whole command: the demo prints from several tasks.
+    let mut out = std::io::stdout();
     match cli.command {
         Cmd::Serve(args) => ctrlog::raft::serve(serve_config(args)?, shutdown_signal()).await?,
         Cmd::Append(args) => {
@@ -346,6 +349,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             lease_ms,
             lag_file,
             report_file,
+            stop_delay_ms,
         } => {
             if cli.cluster.is_empty() {
                 bail!("no cluster given: use --cluster ADDR,ADDR,... or set CTRLOG_CLUSTER");
@@ -355,6 +359,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 lease: std::time::Duration::from_millis(lease_ms),
                 lag_file,
                 report_file,
+                stop_delay: std::time::Duration::from_millis(stop_delay_ms),
             };
             let id = ctrlog::log::ContainerId::new(id)?;
             ctrlog::controller::run_simulated_container(
@@ -378,14 +383,20 @@ fn is_broken_pipe(error: &anyhow::Error) -> bool {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The demo kills a leader on purpose; its story is the timeline, not the replicas' logs.
+    let default_filter = match cli.command {
+        Cmd::Demo { .. } => "error,openraft=off,tarpc=off",
+        _ => "info,openraft=warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,openraft=warn".into()),
+                .unwrap_or_else(|_| default_filter.into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    match run(Cli::parse()).await {
+    match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         // `ctrlog tail | head` closing the pipe is not an error.
         Err(error) if is_broken_pipe(&error) => ExitCode::SUCCESS,

@@ -13,7 +13,7 @@ use ctrlog::controller::{
     double_runs, read_reports, ContainerLauncher, Controller, ControllerConfig, ControllerFactory,
     InProcessLauncher, LocalJob, SimOptions, TaskEvent, WatchedFile,
 };
-use ctrlog::jobs::plan::{GroupByPartition, LagPolicy};
+use ctrlog::jobs::plan::{loads, settled, GroupByPartition, LagPolicy};
 use ctrlog::jobs::{JobState, TaskPhase};
 use ctrlog::log::*;
 use ctrlog::raft::LocalCluster;
@@ -55,6 +55,7 @@ async fn harness(
         lease: Duration::from_millis(1000),
         lag_file: Some(lag.clone()),
         report_file: Some(reports.clone()),
+        stop_delay: Duration::ZERO,
     };
     let launcher = launcher_of(cluster.client_addrs(), options);
     let inputs_path = inputs.clone();
@@ -117,49 +118,7 @@ async fn until(job: &LocalJob, what: &str, condition: impl Fn(&JobState) -> bool
 }
 
 fn live(state: &JobState) -> usize {
-    state
-        .containers()
-        .keys()
-        .filter(|c| state.live_session(c).is_some())
-        .count()
-}
-
-/// Tasks per live container, sorted.
-fn loads(state: &JobState) -> Vec<usize> {
-    let mut loads: Vec<usize> = state
-        .containers()
-        .keys()
-        .filter(|c| state.live_session(c).is_some())
-        .map(|c| {
-            state
-                .tasks()
-                .values()
-                .filter(|t| t.phase.owner().is_some_and(|o| &o.container == c))
-                .count()
-        })
-        .collect();
-    loads.sort();
-    loads
-}
-
-/// Every input in a running task, `tasks` tasks, spread over `containers` live containers as
-/// evenly as possible, nothing in flight.
-fn settled(state: &JobState, tasks: usize, containers: usize) -> bool {
-    let all_running = state.tasks().len() == tasks
-        && state
-            .tasks()
-            .values()
-            .all(|t| matches!(t.phase, TaskPhase::Running { .. }));
-    let inputs_owned = state.inputs().values().all(Option::is_some);
-    let loads = loads(state);
-    all_running
-        && inputs_owned
-        && live(state) == containers
-        && loads
-            .last()
-            .zip(loads.first())
-            .is_some_and(|(max, min)| max - min <= 1)
-        && state.pending().is_empty()
+    loads(state).len()
 }
 
 /// A crashed container cannot report that it stopped: its work ended when it died. Writes

@@ -24,7 +24,9 @@ pub const RETRY_DEADLINE: Duration = Duration::from_secs(30);
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const BACKOFF_MIN: Duration = Duration::from_millis(20);
-const BACKOFF_MAX: Duration = Duration::from_millis(1000);
+/// Short enough that a client notices a new leader within a few hundred milliseconds of its
+/// election; retries are cheap, one small request each.
+const BACKOFF_MAX: Duration = Duration::from_millis(250);
 /// Frames this client accepts: a fetch response of many entries.
 pub const CLIENT_FRAME_BYTES_MAX: usize = 64 << 20;
 

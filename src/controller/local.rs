@@ -50,13 +50,16 @@ impl LocalJob {
         self.controllers.insert(id, Running { stop, task, report });
     }
 
-    /// Kills a replica and its controller together, as a process dies.
-    pub async fn kill(&mut self, id: NodeId) {
-        if let Some(running) = self.controllers.remove(&id) {
+    /// Kills a replica and its controller together, as a process dies; returns what the
+    /// controller had reported until then.
+    pub async fn kill(&mut self, id: NodeId) -> Option<ControllerReport> {
+        let report = self.controllers.remove(&id).map(|running| {
             running.task.abort();
-            let _ = running.task.await;
-        }
+            let report = running.report.borrow().clone();
+            report
+        });
         self.cluster.stop(id).await;
+        report
     }
 
     /// Restarts a killed replica on its directory, with a fresh controller.

@@ -220,9 +220,21 @@ impl<P: ControlPlane> Controller<P> {
             }
         };
         let recorded = state.desired_containers().map(|d| d.count);
-        let total_lag: u64 = self.plane.reported_lag().values().sum();
         let current = recorded.unwrap_or(0);
-        let desired = self.policy.desired(current, total_lag, now);
+        let lag = self.plane.reported_lag();
+        let total_lag: u64 = lag.values().sum();
+        let live = state
+            .containers()
+            .keys()
+            .filter(|c| state.live_session(c).is_some())
+            .count();
+        // A new leader knows no lag until every container has heartbeated to it; deciding on
+        // that silence would scale in and straight back out after every failover.
+        let desired = if lag.len() < live && recorded.is_some() {
+            current
+        } else {
+            self.policy.desired(current, total_lag, now)
+        };
         if recorded != Some(desired) {
             let reason = format!("total lag {total_lag} over {current} containers");
             let command = if state.level() >= 2 {

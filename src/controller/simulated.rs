@@ -28,6 +28,9 @@ pub struct SimOptions {
     pub lag_file: Option<PathBuf>,
     /// Where to append what this container runs, one JSON [`TaskEvent`] per line.
     pub report_file: Option<PathBuf>,
+    /// How long a stopping task takes to flush its state before the container says it
+    /// stopped (it stops processing at once).
+    pub stop_delay: Duration,
 }
 
 impl Default for SimOptions {
@@ -37,6 +40,7 @@ impl Default for SimOptions {
             lease: Duration::from_secs(3),
             lag_file: None,
             report_file: None,
+            stop_delay: Duration::ZERO,
         }
     }
 }
@@ -195,6 +199,7 @@ pub async fn run_simulated_container(
                     Command::StopTask(stop) if stop.epoch == epoch => {
                         // Stop first, then say so: the next owner starts only after this.
                         worker.stop(&stop.task);
+                        tokio::time::sleep(options.stop_delay).await;
                         let checkpoint = format!("stopped at offset {}", entry.offset).into_bytes();
                         session.task_stopped(stop.task, Some(checkpoint)).await.map(drop)
                     }

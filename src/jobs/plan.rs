@@ -137,6 +137,38 @@ pub fn draining(state: &JobState, desired: u32) -> BTreeSet<ContainerId> {
     live.into_iter().take(excess).map(|s| s.container).collect()
 }
 
+/// Live containers and how many tasks each owns.
+pub fn loads(state: &JobState) -> BTreeMap<ContainerId, usize> {
+    let mut loads: BTreeMap<ContainerId, usize> = state
+        .containers()
+        .keys()
+        .filter(|c| state.live_session(c).is_some())
+        .map(|c| (c.clone(), 0))
+        .collect();
+    for task in state.tasks().values() {
+        if let Some(n) = task.phase.owner().and_then(|o| loads.get_mut(&o.container)) {
+            *n += 1;
+        }
+    }
+    loads
+}
+
+/// Whether the job is at rest with `tasks` tasks on `containers` live containers: every input
+/// in a running task, loads within one of each other, no handshake open.
+pub fn settled(state: &JobState, tasks: usize, containers: usize) -> bool {
+    let loads = loads(state);
+    let (min, max) = (loads.values().min(), loads.values().max());
+    state.tasks().len() == tasks
+        && state
+            .tasks()
+            .values()
+            .all(|t| matches!(t.phase, TaskPhase::Running { .. }))
+        && state.inputs().values().all(Option::is_some)
+        && loads.len() == containers
+        && min.zip(max).is_some_and(|(min, max)| max - min <= 1)
+        && state.pending().is_empty()
+}
+
 /// Which containers still owe an ack for each open broadcast.
 pub fn owed_acks(state: &JobState) -> BTreeMap<Offset, Vec<ContainerId>> {
     state
