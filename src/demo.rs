@@ -19,7 +19,7 @@ use futures::StreamExt;
 use crate::client::{ControlClient, SubscriptionItem};
 use crate::controller::{
     double_runs, longest_unowned, read_reports, Controller, ControllerConfig, ControllerFactory,
-    ControllerReport, LocalJob, ProcessLauncher, WatchedFile,
+    ControllerReport, JobDriver, LocalJob, ProcessLauncher, WatchedFile,
 };
 use crate::jobs::plan::{settled, GroupByPartition, LagPolicy};
 use crate::jobs::{ContainerStatus, JobState, TaskPhase};
@@ -189,10 +189,12 @@ async fn scenario(dir: &Path) -> anyhow::Result<()> {
         Arc::new(move |replica| {
             Controller::new(
                 replica,
-                Box::new(WatchedFile::new(&inputs)),
-                Box::new(LagPolicy::new(2, 3, 1_000, 100, Duration::from_secs(1))),
-                Box::new(GroupByPartition),
-                launcher.clone(),
+                JobDriver {
+                    inputs: Box::new(WatchedFile::new(&inputs)),
+                    grouper: Box::new(GroupByPartition),
+                    policy: Box::new(LagPolicy::new(2, 3, 1_000, 100, Duration::from_secs(1))),
+                    launcher: launcher.clone(),
+                },
                 ControllerConfig {
                     tick: Duration::from_millis(50),
                     session_timeout: Duration::from_secs(3),

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use ctrlog::client::{ApiError, ClientError, ControlClient};
 use ctrlog::controller::{
     double_runs, read_reports, ContainerLauncher, Controller, ControllerConfig, ControllerFactory,
-    InProcessLauncher, LocalJob, SimOptions, TaskEvent, WatchedFile,
+    InProcessLauncher, JobDriver, LocalJob, SimOptions, TaskEvent, WatchedFile,
 };
 use ctrlog::jobs::plan::{loads, settled, GroupByPartition, LagPolicy};
 use ctrlog::jobs::{JobState, TaskPhase};
@@ -62,10 +62,12 @@ async fn harness(
     let factory: ControllerFactory = Arc::new(move |replica| {
         Controller::new(
             replica,
-            Box::new(WatchedFile::new(&inputs_path)),
-            Box::new(LagPolicy::new(2, 3, 1000, 100, Duration::from_millis(300))),
-            Box::new(GroupByPartition),
-            launcher.clone(),
+            JobDriver {
+                inputs: Box::new(WatchedFile::new(&inputs_path)),
+                grouper: Box::new(GroupByPartition),
+                policy: Box::new(LagPolicy::new(2, 3, 1000, 100, Duration::from_millis(300))),
+                launcher: launcher.clone(),
+            },
             ControllerConfig {
                 tick: Duration::from_millis(50),
                 session_timeout: Duration::from_secs(2),

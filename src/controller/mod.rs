@@ -136,33 +136,32 @@ struct Launch {
     attempt: u32,
 }
 
+/// The pluggable parts a controller drives a job with.
+pub struct JobDriver {
+    /// Where the inputs come from.
+    pub inputs: Box<dyn InputSource>,
+    /// How inputs group into tasks.
+    pub grouper: Box<dyn Grouper>,
+    /// How many containers the job should have.
+    pub policy: Box<dyn ScalingPolicy>,
+    /// How containers start and stop.
+    pub launcher: Arc<dyn ContainerLauncher>,
+}
+
 /// The controller of one replica. Build it, then [`Controller::run`] it.
 pub struct Controller<P: ControlPlane> {
     plane: P,
-    inputs: Box<dyn InputSource>,
-    policy: Box<dyn ScalingPolicy>,
-    grouper: Box<dyn Grouper>,
-    launcher: Arc<dyn ContainerLauncher>,
+    driver: JobDriver,
     config: ControllerConfig,
     report: watch::Sender<ControllerReport>,
     launching: BTreeMap<ContainerId, Launch>,
 }
 
 impl<P: ControlPlane> Controller<P> {
-    pub fn new(
-        plane: P,
-        inputs: Box<dyn InputSource>,
-        policy: Box<dyn ScalingPolicy>,
-        grouper: Box<dyn Grouper>,
-        launcher: Arc<dyn ContainerLauncher>,
-        config: ControllerConfig,
-    ) -> Controller<P> {
+    pub fn new(plane: P, driver: JobDriver, config: ControllerConfig) -> Controller<P> {
         Controller {
             plane,
-            inputs,
-            policy,
-            grouper,
-            launcher,
+            driver,
             config,
             report: watch::Sender::new(ControllerReport::default()),
             launching: BTreeMap::new(),
@@ -212,7 +211,7 @@ impl<P: ControlPlane> Controller<P> {
             .retain(|container, _| state.live_session(container).is_none());
         self.retry_overdue_launches(&state, now);
 
-        let inputs = match self.inputs.inputs() {
+        let inputs = match self.driver.inputs.inputs() {
             Ok(inputs) => inputs,
             Err(error) => {
                 tracing::warn!(%error, "the input source failed; waiting");
@@ -233,7 +232,7 @@ impl<P: ControlPlane> Controller<P> {
         let desired = if lag.len() < live && recorded.is_some() {
             current
         } else {
-            self.policy.desired(current, total_lag, now)
+            self.driver.policy.desired(current, total_lag, now)
         };
         if recorded != Some(desired) {
             let reason = format!("total lag {total_lag} over {current} containers");
@@ -255,7 +254,7 @@ impl<P: ControlPlane> Controller<P> {
             launching: self.launching.len(),
             desired_containers: desired,
         };
-        for action in plan(&state, &observed, self.grouper.as_ref()) {
+        for action in plan(&state, &observed, self.driver.grouper.as_ref()) {
             let done = match action {
                 Action::Append(command) => self.append(command).await,
                 Action::Launch(count) => {
@@ -266,7 +265,7 @@ impl<P: ControlPlane> Controller<P> {
                     true
                 }
                 Action::Stop(container) => {
-                    self.launcher.stop(&container);
+                    self.driver.launcher.stop(&container);
                     true
                 }
             };
@@ -319,7 +318,7 @@ impl<P: ControlPlane> Controller<P> {
 
     fn launch(&mut self, container: ContainerId, attempt: u32, now: Instant) {
         tracing::info!(%container, attempt, "launching a container");
-        if let Err(error) = self.launcher.launch(&container) {
+        if let Err(error) = self.driver.launcher.launch(&container) {
             tracing::error!(%container, %error, "launch failed");
         }
         self.launching.insert(
@@ -342,7 +341,7 @@ impl<P: ControlPlane> Controller<P> {
             .collect();
         for (container, attempt) in overdue {
             self.launching.remove(&container);
-            self.launcher.stop(&container);
+            self.driver.launcher.stop(&container);
             if attempt < self.config.launch_attempts {
                 tracing::warn!(%container, attempt, "launch never registered; retrying");
                 let name = self.next_name(state);

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::client::{
     ClientError, ContainerSession, ControlClient, SessionOptions, SubscriptionItem,
 };
+use crate::jobs::TaskPhase;
 use crate::log::{Command, ContainerId, Epoch, TaskId};
 
 /// How a simulated container behaves.
@@ -176,14 +177,35 @@ pub async fn run_simulated_container(
                 let entry = match item {
                     Some(Ok(SubscriptionItem::Entry(entry))) => entry,
                     Some(Ok(SubscriptionItem::Reset { state, .. })) => {
-                        // Far behind: own exactly what the state says this session owns.
+                        // Far behind: do exactly what the state says this session owes.
                         worker.stop_all();
-                        for (task, record) in state.tasks() {
-                            if record.phase.owner().is_some_and(|o| o.container == container && o.epoch == epoch) {
-                                worker.start(task.clone());
+                        let mine = |phase: &TaskPhase| {
+                            phase.owner().is_some_and(|o| o.container == container && o.epoch == epoch)
+                        };
+                        let mut answered = Ok(());
+                        for (task, record) in state.tasks().iter().filter(|(_, r)| mine(&r.phase)) {
+                            answered = match record.phase {
+                                TaskPhase::Starting { .. } => {
+                                    worker.start(task.clone());
+                                    session.task_started(task.clone()).await.map(drop)
+                                }
+                                TaskPhase::Stopping { .. } => {
+                                    session.task_stopped(task.clone(), None).await.map(drop)
+                                }
+                                _ => {
+                                    worker.start(task.clone());
+                                    Ok(())
+                                }
+                            };
+                            if answered.is_err() {
+                                break;
                             }
                         }
-                        continue;
+                        *owned_now.lock().expect("never poisoned") = worker.owned.clone();
+                        match answered {
+                            Ok(()) => continue,
+                            Err(error) => break Err(error),
+                        }
                     }
                     Some(Err(error)) => {
                         tracing::warn!(%error, "subscription trouble; retrying");
