@@ -33,6 +33,9 @@ pub type Level = u16;
 pub struct Frame {
     pub kind: Kind,
     pub version: u16,
+    /// Encoded as one length and the bytes (the same layout as a byte sequence, without
+    /// walking it byte by byte).
+    #[serde(with = "serde_bytes")]
     pub body: Vec<u8>,
 }
 

@@ -32,6 +32,7 @@ pub mod meta_store;
 pub mod network;
 pub mod node;
 pub mod proposer;
+mod recent;
 pub mod service;
 pub mod state_machine;
 pub mod types;

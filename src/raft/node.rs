@@ -384,8 +384,8 @@ impl ReplicaHandle {
         for (span_offset, span) in spans {
             let Some(raft_entry) = self
                 .inner
-                .log
-                .entry(span.log_index)
+                .state_machine
+                .applied_entry(span.log_index)
                 .map_err(|e| ApiError::Unavailable(e.to_string()))?
             else {
                 // Purged while we read: what was read so far stands.

@@ -21,6 +21,7 @@ use tokio::sync::watch;
 
 use super::log_store::LogStore;
 use super::meta_store::{MetaStore, VALUE_BYTES_MAX};
+use super::recent::RecentEntries;
 use super::types::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StorageIOError, StoredMembership,
     TypeConfig,
@@ -178,6 +179,8 @@ struct Shared {
     next_storage_id: AtomicU64,
     /// The last offset the current snapshot covers, for `Compacted` answers.
     snapshot_offset: AtomicU64,
+    /// The latest applied entries, for readers at the head of the log.
+    recent: RecentEntries,
     /// Serialises snapshot writes (a build and an install must not interleave).
     snapshot_lock: tokio::sync::Mutex<()>,
 }
@@ -229,6 +232,7 @@ impl StateMachineStore {
                 applied: watch::Sender::new(applied),
                 next_storage_id: AtomicU64::new(next_storage_id),
                 snapshot_offset: AtomicU64::new(snapshot_offset),
+                recent: RecentEntries::default(),
                 snapshot_lock: tokio::sync::Mutex::new(()),
             }),
         })
@@ -240,6 +244,15 @@ impl StateMachineStore {
     }
 
     /// The last offset the current snapshot covers (0 without a snapshot).
+    /// An applied entry: from the window of recent entries, else from the log store. `None` if
+    /// it was purged.
+    pub fn applied_entry(&self, index: u64) -> io::Result<Option<Arc<Entry>>> {
+        if let Some(entry) = self.shared.recent.get(index) {
+            return Ok(Some(entry));
+        }
+        Ok(self.shared.log.entry(index)?.map(Arc::new))
+    }
+
     pub fn snapshot_offset(&self) -> Offset {
         self.shared.snapshot_offset.load(Ordering::Acquire)
     }
@@ -366,7 +379,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     {
         let first_log_index = self.shared.log.first_index();
         let mut state = self.shared.state.write().expect("state lock poisoned");
-        let replies: Vec<Vec<Outcome>> = entries.into_iter().map(|e| state.apply(&e)).collect();
+        let replies: Vec<Vec<Outcome>> = entries
+            .into_iter()
+            .map(|entry| {
+                let outcomes = state.apply(&entry);
+                self.shared.recent.push(Arc::new(entry));
+                outcomes
+            })
+            .collect();
         Self::prune_offset_index(&mut state, first_log_index);
         let applied = Applied {
             log_index: state.last_applied.map(|l| l.index),
@@ -411,6 +431,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             .snapshot_offset
             .store(new_state.job.last_offset(), Ordering::Release);
         *self.shared.state.write().expect("state lock poisoned") = new_state;
+        self.shared.recent.clear();
         self.shared.applied.send_replace(applied);
         tracing::info!(snapshot = %meta.snapshot_id, bytes = bytes.len(), "snapshot installed");
         Ok(())
