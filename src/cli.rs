@@ -303,6 +303,29 @@ pub fn vocabulary_text(level: Level) -> String {
     out
 }
 
+/// One `ctrlog bench` result as a line for people.
+pub fn bench_line(result: &Value) -> String {
+    let ms = |key: &str| result[key].as_u64().unwrap_or(0) as f64 / 1000.0;
+    match result["workload"].as_str() {
+        Some("append") => format!(
+            "append  clients {:>4}  {:>8} commits/s  p50 {:>7.2} ms  p99 {:>7.2} ms  p99.9 {:>7.2} ms  max {:>7.2} ms  errors {}",
+            result["clients"], result["ops_per_s"], ms("p50_us"), ms("p99_us"), ms("p999_us"), ms("max_us"), result["errors"]
+        ),
+        Some("fanout") => format!(
+            "fanout  subscribers {}  rate {}/s  delivered {}/{}  lag p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms  append p99 {:.2} ms",
+            result["subscribers"], result["rate"], result["delivered"], result["expected"],
+            ms("lag_p50_us"), ms("lag_p99_us"), ms("lag_max_us"), ms("append_p99_us")
+        ),
+        Some("recovery") => format!(
+            "recovery  {} commands, snapshots {}: answering after {} ms, caught up after {} ms; before the kill: RSS {} MiB, disk {} MiB",
+            result["commands"], result["snapshots"], result["answering_ms"], result["caught_up_ms"],
+            result["rss_before_kill_bytes"].as_u64().unwrap_or(0) >> 20,
+            result["disk_bytes"].as_u64().unwrap_or(0) >> 20
+        ),
+        _ => result.to_string(),
+    }
+}
+
 /// Bytes as JSON: a `key` string when they are UTF-8, else base64 under `key_b64`.
 fn put_bytes(object: &mut Value, key: &str, bytes: &[u8]) {
     match std::str::from_utf8(bytes) {

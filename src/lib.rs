@@ -5,6 +5,8 @@
 //! containers link.
 
 #[cfg(feature = "server")]
+pub mod bench;
+#[cfg(feature = "server")]
 pub mod cli;
 pub mod client;
 #[cfg(feature = "server")]

@@ -71,6 +71,15 @@ enum Cmd {
         #[command(subcommand)]
         command: MembersCmd,
     },
+    /// Measure command throughput, fan-out lag or recovery (starts its own 3-replica cluster
+    /// of `ctrlog serve` processes unless --cluster is given).
+    Bench {
+        #[command(subcommand)]
+        workload: BenchCmd,
+        /// One JSON object per line instead of a table.
+        #[arg(long, global = true)]
+        json: bool,
+    },
     /// Run a simulated container: join the job, run what it is assigned, report lag, obey.
     Container {
         /// This container's name.
@@ -147,6 +156,41 @@ struct ServeArgs {
     snapshot_logs_since_last: Option<u64>,
     #[arg(long)]
     snapshot_logs_to_keep: Option<u64>,
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// Clients each appending sequentially, every append durable.
+    Append {
+        /// Client counts to run one after the other, e.g. 1,16,64,256.
+        #[arg(long, value_delimiter = ',', default_value = "1,64,256")]
+        clients: Vec<usize>,
+        #[arg(long, default_value_t = 5)]
+        duration_s: u64,
+        #[arg(long, default_value_t = 1)]
+        warmup_s: u64,
+        #[arg(long, default_value_t = 256)]
+        payload_bytes: usize,
+    },
+    /// Subscribers each receiving every command while appends arrive at a fixed rate.
+    Fanout {
+        #[arg(long, default_value_t = 100)]
+        subscribers: usize,
+        #[arg(long, default_value_t = 1000)]
+        rate: u64,
+        #[arg(long, default_value_t = 5)]
+        duration_s: u64,
+        #[arg(long, default_value_t = 256)]
+        payload_bytes: usize,
+    },
+    /// Restart a follower behind N commands, with and without snapshots (always its own
+    /// cluster).
+    Recovery {
+        #[arg(long, default_value_t = 100_000)]
+        commands: u64,
+        #[arg(long, default_value_t = 256)]
+        payload_bytes: usize,
+    },
 }
 
 #[derive(Subcommand)]
@@ -340,6 +384,70 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 MembersCmd::Remove { id } => {
                     client.remove_member(id).await?;
                     writeln!(out, "replica {id} removed")?;
+                }
+            }
+        }
+        Cmd::Bench { workload, json } => {
+            let print =
+                |out: &mut std::io::Stdout, result: serde_json::Value| -> std::io::Result<()> {
+                    if json {
+                        writeln!(out, "{result}")
+                    } else {
+                        writeln!(out, "{}", cli::bench_line(&result))
+                    }
+                };
+            // Keep our own cluster alive for the whole run; it is removed when dropped.
+            let own = match (&workload, cli.cluster.is_empty()) {
+                (BenchCmd::Recovery { .. }, _) | (_, false) => None,
+                (_, true) => Some(ctrlog::bench::ProcessCluster::start(3, &[]).await?),
+            };
+            let seeds = own
+                .as_ref()
+                .map_or(cli.cluster.clone(), |c| c.client_addrs());
+            match workload {
+                BenchCmd::Append {
+                    clients,
+                    duration_s,
+                    warmup_s,
+                    payload_bytes,
+                } => {
+                    for n in clients {
+                        let result = ctrlog::bench::append(
+                            &seeds,
+                            n,
+                            std::time::Duration::from_secs(duration_s),
+                            std::time::Duration::from_secs(warmup_s),
+                            payload_bytes,
+                        )
+                        .await?;
+                        print(&mut out, result)?;
+                    }
+                }
+                BenchCmd::Fanout {
+                    subscribers,
+                    rate,
+                    duration_s,
+                    payload_bytes,
+                } => {
+                    let result = ctrlog::bench::fanout(
+                        &seeds,
+                        subscribers,
+                        rate,
+                        std::time::Duration::from_secs(duration_s),
+                        payload_bytes,
+                    )
+                    .await?;
+                    print(&mut out, result)?;
+                }
+                BenchCmd::Recovery {
+                    commands,
+                    payload_bytes,
+                } => {
+                    for snapshots in [true, false] {
+                        let result =
+                            ctrlog::bench::recovery(commands, snapshots, payload_bytes).await?;
+                        print(&mut out, result)?;
+                    }
                 }
             }
         }

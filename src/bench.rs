@@ -1,0 +1,437 @@
+//! `ctrlog bench`: command throughput, fan-out lag and recovery, measured against three
+//! `ctrlog serve` processes (started here, in a temporary folder) or a running cluster.
+//!
+//! Every append is durable: acknowledged once fsynced on a majority and applied. Latencies go
+//! into HDR histograms; results print as a table or, with `--json`, one object per line.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command as Process, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use futures::StreamExt;
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+
+use crate::client::{ControlClient, SubscriptionItem};
+use crate::log::{Command, Filter, Target};
+
+/// Three `ctrlog serve` processes on loopback with their data in a temporary folder; killed
+/// and removed when dropped.
+pub struct ProcessCluster {
+    exe: PathBuf,
+    dir: tempfile::TempDir,
+    members: String,
+    addrs: Vec<(String, String)>,
+    extra: Vec<String>,
+    children: Vec<Option<Child>>,
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+impl ProcessCluster {
+    /// Starts `size` replicas of this executable with `extra` flags for `serve`, and waits for
+    /// a leader.
+    pub async fn start(size: u64, extra: &[String]) -> anyhow::Result<ProcessCluster> {
+        let mut addrs = Vec::new();
+        for _ in 0..size {
+            addrs.push((
+                format!("127.0.0.1:{}", free_port()?),
+                format!("127.0.0.1:{}", free_port()?),
+            ));
+        }
+        let members = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, (peer, client))| format!("{}={peer}/{client}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = ProcessCluster {
+            exe: std::env::current_exe().context("finding this executable")?,
+            dir: tempfile::Builder::new().prefix("ctrlog-bench-").tempdir()?,
+            members,
+            addrs,
+            extra: extra.to_vec(),
+            children: Vec::new(),
+        };
+        for i in 0..size as usize {
+            let child = cluster.spawn(i)?;
+            cluster.children.push(Some(child));
+        }
+        let client = ControlClient::connect(&cluster.client_addrs()).await?;
+        client.leader_status().await?;
+        Ok(cluster)
+    }
+
+    fn spawn(&self, i: usize) -> anyhow::Result<Child> {
+        let (peer, client) = &self.addrs[i];
+        let data = self.dir.path().join(format!("replica-{}", i + 1));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("replica-{}.log", i + 1)))?;
+        let child = Process::new(&self.exe)
+            .args(["serve", "--id", &(i + 1).to_string(), "--peer-addr", peer])
+            .args(["--client-addr", client, "--initial-members", &self.members])
+            .arg("--data")
+            .arg(&data)
+            .args(&self.extra)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting ctrlog serve")?;
+        Ok(child)
+    }
+
+    pub fn client_addrs(&self) -> Vec<String> {
+        self.addrs
+            .iter()
+            .map(|(_, client)| client.clone())
+            .collect()
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The resident memory of replica `i` (0-based), from `/proc`.
+    pub fn rss_bytes(&self, i: usize) -> Option<u64> {
+        let pid = self.children.get(i)?.as_ref()?.id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))?
+            .trim()
+            .trim_end_matches(" kB")
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kb * 1024)
+    }
+
+    /// SIGKILLs replica `i`.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.children[i].take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts replica `i` again on its directory.
+    pub fn restart(&mut self, i: usize) -> anyhow::Result<()> {
+        self.kill(i);
+        self.children[i] = Some(self.spawn(i)?);
+        Ok(())
+    }
+}
+
+impl Drop for ProcessCluster {
+    fn drop(&mut self) {
+        for i in 0..self.children.len() {
+            self.kill(i);
+        }
+    }
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("static bounds")
+}
+
+fn payload(index: u64, bytes: usize) -> Vec<u8> {
+    let mut body = index.to_be_bytes().to_vec();
+    body.resize(bytes.max(8), b'x');
+    body
+}
+
+fn progress(seconds: u64, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(seconds);
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} s")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(what.to_string());
+    bar
+}
+
+/// Ticks a progress bar once a second until `stop`.
+fn tick(bar: ProgressBar, stop: Arc<AtomicBool>) {
+    tokio::spawn(async move {
+        while !stop.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+    });
+}
+
+/// `ctrlog bench append`: `clients` clients, each appending sequentially; returns the result
+/// as JSON.
+pub async fn append(
+    seeds: &[String],
+    clients: usize,
+    duration: Duration,
+    warmup: Duration,
+    payload_bytes: usize,
+) -> anyhow::Result<serde_json::Value> {
+    let mut connected = Vec::new();
+    for _ in 0..clients {
+        connected.push(ControlClient::connect(seeds).await?);
+    }
+    let measuring = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let errors = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = connected
+        .into_iter()
+        .map(|client| {
+            let (measuring, stop, errors) = (measuring.clone(), stop.clone(), errors.clone());
+            tokio::spawn(async move {
+                let mut latencies = histogram();
+                while !stop.load(Ordering::Relaxed) {
+                    let sent = Instant::now();
+                    let command = Command::custom(1, 1, payload(0, payload_bytes));
+                    match client.append_to(Target::All, command).await {
+                        Ok(_) if measuring.load(Ordering::Relaxed) => {
+                            let _ = latencies.record(sent.elapsed().as_micros() as u64);
+                        }
+                        Ok(_) => {}
+                        Err(_) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                latencies
+            })
+        })
+        .collect();
+    tokio::time::sleep(warmup).await;
+    measuring.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    tick(
+        progress(duration.as_secs(), &format!("append, {clients} clients")),
+        stop.clone(),
+    );
+    tokio::time::sleep(duration).await;
+    measuring.store(false, Ordering::Relaxed);
+    let elapsed = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let mut all = histogram();
+    for task in tasks {
+        all.add(task.await?)?;
+    }
+    Ok(json!({
+        "workload": "append",
+        "clients": clients,
+        "payload_bytes": payload_bytes,
+        "ops": all.len(),
+        "ops_per_s": (all.len() as f64 / elapsed).round() as u64,
+        "p50_us": all.value_at_quantile(0.5),
+        "p99_us": all.value_at_quantile(0.99),
+        "p999_us": all.value_at_quantile(0.999),
+        "max_us": all.max(),
+        "errors": errors.load(Ordering::Relaxed),
+    }))
+}
+
+/// `ctrlog bench fanout`: `subscribers` subscriptions reading everything while appends arrive
+/// at `rate` per second; lag runs from the moment each append was sent to its delivery.
+pub async fn fanout(
+    seeds: &[String],
+    subscribers: usize,
+    rate: u64,
+    duration: Duration,
+    payload_bytes: usize,
+) -> anyhow::Result<serde_json::Value> {
+    let total = rate * duration.as_secs();
+    let base = Instant::now();
+    let micros = move || base.elapsed().as_micros() as u64 + 1;
+    let sent: Arc<Vec<AtomicU64>> = Arc::new((0..total).map(|_| AtomicU64::new(0)).collect());
+    let probe = ControlClient::connect(seeds).await?;
+    let from = probe.leader_status().await?.applied_offset + 1;
+    let mut readers = Vec::new();
+    for _ in 0..subscribers {
+        let client = ControlClient::connect(seeds).await?;
+        let sent = sent.clone();
+        readers.push(tokio::spawn(async move {
+            let mut lag = histogram();
+            let mut stream = client.subscribe(from, Filter::Everything);
+            let deadline = tokio::time::Instant::now() + duration + Duration::from_secs(30);
+            let mut received = 0u64;
+            while received < total {
+                let next = tokio::time::timeout_at(deadline, stream.next()).await;
+                let Ok(Some(Ok(SubscriptionItem::Entry(entry)))) = next else {
+                    break;
+                };
+                let index =
+                    u64::from_be_bytes(entry.frame.body[..8].try_into().unwrap_or_default());
+                if let Some(at) = sent.get(index as usize) {
+                    let _ = lag.record(micros().saturating_sub(at.load(Ordering::Acquire)).max(1));
+                    received += 1;
+                }
+            }
+            (lag, received)
+        }));
+    }
+    let mut writers = Vec::new();
+    for _ in 0..8 {
+        writers.push(Arc::new(ControlClient::connect(seeds).await?));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    tick(
+        progress(duration.as_secs(), &format!("fan-out to {subscribers}")),
+        stop.clone(),
+    );
+    let mut ticker = tokio::time::interval(Duration::from_micros(1_000_000 / rate.max(1)));
+    let mut appends = Vec::with_capacity(total as usize);
+    for index in 0..total {
+        ticker.tick().await;
+        let (writer, sent) = (
+            writers[index as usize % writers.len()].clone(),
+            sent.clone(),
+        );
+        appends.push(tokio::spawn(async move {
+            let command = Command::custom(1, 1, payload(index, payload_bytes));
+            let started = micros();
+            sent[index as usize].store(started, Ordering::Release);
+            writer
+                .append_to(Target::All, command)
+                .await
+                .map(|_| micros() - started)
+        }));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut append_latency = histogram();
+    let mut errors = 0u64;
+    for append in appends {
+        match append.await? {
+            Ok(us) => {
+                let _ = append_latency.record(us.max(1));
+            }
+            Err(_) => errors += 1,
+        }
+    }
+    let mut lag = histogram();
+    let mut delivered = 0u64;
+    for reader in readers {
+        let (histogram, received) = reader.await?;
+        lag.add(histogram)?;
+        delivered += received;
+    }
+    Ok(json!({
+        "workload": "fanout",
+        "subscribers": subscribers,
+        "rate": rate,
+        "payload_bytes": payload_bytes,
+        "delivered": delivered,
+        "expected": total * subscribers as u64,
+        "lag_p50_us": lag.value_at_quantile(0.5),
+        "lag_p99_us": lag.value_at_quantile(0.99),
+        "lag_max_us": lag.max(),
+        "append_p99_us": append_latency.value_at_quantile(0.99),
+        "append_errors": errors,
+    }))
+}
+
+/// `ctrlog bench recovery`: fills a fresh cluster with `commands` commands, SIGKILLs a follower,
+/// restarts it on its directory and times until it serves (answers) and until it has applied
+/// everything again. `snapshots` chooses the default snapshot policy or none at all.
+pub async fn recovery(
+    commands: u64,
+    snapshots: bool,
+    payload_bytes: usize,
+) -> anyhow::Result<serde_json::Value> {
+    let extra: Vec<String> = if snapshots {
+        Vec::new()
+    } else {
+        vec!["--snapshot-logs-since-last".into(), u64::MAX.to_string()]
+    };
+    let mut cluster = ProcessCluster::start(3, &extra).await?;
+    let seeds = cluster.client_addrs();
+    let client = ControlClient::connect(&seeds).await?;
+    let leader = client.leader_status().await?.id;
+    let follower = (1..=3u64).find(|id| *id != leader).expect("three replicas") as usize - 1;
+
+    let bar = ProgressBar::new(commands);
+    bar.set_style(
+        ProgressStyle::with_template("filling [{bar:30}] {pos}/{len} commands")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    let next = Arc::new(AtomicU64::new(0));
+    let mut fillers = Vec::new();
+    for _ in 0..128 {
+        let (client, next, bar) = (
+            ControlClient::connect(&seeds).await?,
+            next.clone(),
+            bar.clone(),
+        );
+        fillers.push(tokio::spawn(async move {
+            while next.fetch_add(1, Ordering::Relaxed) < commands {
+                let command = Command::custom(1, 1, payload(0, payload_bytes));
+                client.append_to(Target::All, command).await?;
+                bar.inc(1);
+            }
+            Ok::<_, crate::client::ClientError>(())
+        }));
+    }
+    for filler in fillers {
+        filler.await??;
+    }
+    bar.finish_and_clear();
+    let applied = client.leader_status().await?.applied_offset;
+    let rss = cluster.rss_bytes(follower).unwrap_or(0);
+    let disk = dir_bytes(&cluster.data_dir().join(format!("replica-{}", follower + 1)));
+
+    cluster.kill(follower);
+    let started = Instant::now();
+    cluster.restart(follower)?;
+    let probe = ControlClient::connect_with(
+        std::slice::from_ref(&seeds[follower]),
+        crate::client::ClientOptions {
+            retry_deadline: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(5),
+        },
+    )
+    .await?;
+    let answering = started.elapsed();
+    while probe.status().await?.applied_offset < applied {
+        if started.elapsed() > Duration::from_secs(120) {
+            bail!("the restarted replica did not catch up within 120 s");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let caught_up = started.elapsed();
+    Ok(json!({
+        "workload": "recovery",
+        "commands": applied,
+        "snapshots": snapshots,
+        "rss_before_kill_bytes": rss,
+        "disk_bytes": disk,
+        "answering_ms": answering.as_millis() as u64,
+        "caught_up_ms": caught_up.as_millis() as u64,
+    }))
+}
+
+fn dir_bytes(path: &Path) -> u64 {
+    std::fs::read_dir(path)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
