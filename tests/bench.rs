@@ -1,0 +1,75 @@
+//! `ctrlog bench` against the three `ctrlog serve` processes it starts itself: the documented
+//! JSON, with real work done and nothing lost. (Figures belong in BENCHMARKS.md, not here.)
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+async fn bench(args: &[&str]) -> Vec<Value> {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctrlog"));
+    command
+        .arg("bench")
+        .args(args)
+        .arg("--json")
+        .env("RUST_LOG", "off")
+        .env_remove("CTRLOG_CLUSTER")
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(Duration::from_secs(120), command.output())
+        .await
+        .expect("the bench finished")
+        .expect("the bench ran");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+        .collect()
+}
+
+/// Goal: the append and fan-out workloads run against real replica processes and report the
+/// documented fields: every append acknowledged, every command delivered to every subscriber.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_and_fanout_report_the_documented_json() {
+    let appends = bench(&[
+        "append",
+        "--clients",
+        "1,4",
+        "--duration-s",
+        "1",
+        "--warmup-s",
+        "0",
+    ])
+    .await;
+    assert_eq!(appends.len(), 2);
+    for (result, clients) in appends.iter().zip([1, 4]) {
+        assert_eq!(result["workload"], "append");
+        assert_eq!(result["clients"], clients);
+        assert!(result["ops"].as_u64().unwrap() > 0);
+        assert!(result["ops_per_s"].as_u64().unwrap() > 0);
+        assert_eq!(result["errors"], 0);
+        for key in ["p50_us", "p99_us", "p999_us", "max_us"] {
+            assert!(result[key].as_u64().unwrap() > 0, "{key}");
+        }
+    }
+    let fanout = &bench(&[
+        "fanout",
+        "--subscribers",
+        "5",
+        "--rate",
+        "100",
+        "--duration-s",
+        "1",
+    ])
+    .await[0];
+    assert_eq!(fanout["workload"], "fanout");
+    assert_eq!(fanout["expected"], 500);
+    assert_eq!(
+        fanout["delivered"], 500,
+        "every subscriber got every command"
+    );
+    assert!(fanout["lag_p99_us"].as_u64().unwrap() > 0);
+}
