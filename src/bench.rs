@@ -399,6 +399,7 @@ pub async fn recovery(
         crate::client::ClientOptions {
             retry_deadline: Duration::from_secs(60),
             request_timeout: Duration::from_secs(5),
+            ..Default::default()
         },
     )
     .await?;

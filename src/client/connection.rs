@@ -22,6 +22,9 @@ use crate::NodeId;
 pub const RETRY_DEADLINE: Duration = Duration::from_secs(30);
 /// The per-request deadline sent with each call (a long poll adds its wait to it).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default subscription linger: small against the delivery lag a control plane tolerates,
+/// large enough that a subscriber following a busy head gets several commands per answer.
+pub const SUBSCRIPTION_LINGER: Duration = Duration::from_millis(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const BACKOFF_MIN: Duration = Duration::from_millis(20);
 /// Short enough that a client notices a new leader within a few hundred milliseconds of its
@@ -56,6 +59,9 @@ pub struct ClientOptions {
     /// How long one attempt may take before it counts as failed and is retried elsewhere (a
     /// long poll adds its wait to this).
     pub request_timeout: Duration,
+    /// How long a subscription's long poll, once woken by a new command, waits for the
+    /// commands that follow it before answering (`FetchRequest::linger_ms`).
+    pub subscription_linger: Duration,
 }
 
 impl Default for ClientOptions {
@@ -63,6 +69,7 @@ impl Default for ClientOptions {
         ClientOptions {
             retry_deadline: RETRY_DEADLINE,
             request_timeout: REQUEST_TIMEOUT,
+            subscription_linger: SUBSCRIPTION_LINGER,
         }
     }
 }

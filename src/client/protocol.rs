@@ -161,6 +161,10 @@ pub struct FetchRequest {
     /// below the request's deadline, so a long poll answers (possibly empty) before the caller
     /// gives up on it.
     pub max_wait_ms: u32,
+    /// Once a poll that had to wait is woken by a new entry, wait this much longer to collect
+    /// the entries that follow it into the same answer (like Kafka's `fetch.min.bytes` wait):
+    /// a little latency for far fewer answers when many subscribers follow the head.
+    pub linger_ms: u32,
     /// Which commands to return. Entries that do not match are skipped, and `next_offset`
     /// moves past them.
     pub filter: Filter,
@@ -174,6 +178,7 @@ impl FetchRequest {
             entries_max: 1024,
             bytes_max: 4 << 20,
             max_wait_ms: 0,
+            linger_ms: 0,
             filter: Filter::Everything,
         }
     }

@@ -47,6 +47,7 @@ pub struct Subscription {
 
 struct Cursor {
     connector: Connector,
+    linger: Duration,
     filter: Filter,
     /// The offset to fetch from next; everything below it was delivered or filtered out.
     next: Offset,
@@ -56,6 +57,7 @@ struct Cursor {
 impl Subscription {
     pub(crate) fn new(connector: Connector, from: Offset, filter: Filter) -> Subscription {
         let cursor = Cursor {
+            linger: connector.settings().options.subscription_linger,
             connector,
             filter,
             next: from.max(1),
@@ -90,6 +92,7 @@ impl Cursor {
                 entries_max: FETCH_ENTRIES_MAX,
                 bytes_max: FETCH_BYTES_MAX,
                 max_wait_ms: LONG_POLL_WAIT.as_millis() as u32,
+                linger_ms: self.linger.as_millis() as u32,
                 filter: self.filter.clone(),
             };
             let answer = self

@@ -324,19 +324,26 @@ impl ReplicaHandle {
                 return Ok(response);
             }
             from = response.next_offset;
+            // `Some(woke)`: the wait ended (`woke` false if the state machine closed).
             let waited =
                 tokio::time::timeout_at(deadline, applied.wait_for(|a| a.last_offset >= from))
-                    .await;
+                    .await
+                    .ok()
+                    .map(|woke| woke.is_ok());
             match waited {
-                Ok(Ok(_)) => continue,
-                Ok(Err(_)) => return Err(ApiError::ShuttingDown),
-                Err(_) if self.metrics().current_leader.is_none() => {
+                Some(true) => {
+                    let linger = Duration::from_millis(request.linger_ms.into());
+                    let until = (tokio::time::Instant::now() + linger).min(deadline);
+                    tokio::time::sleep_until(until).await;
+                }
+                Some(false) => return Err(ApiError::ShuttingDown),
+                None if self.metrics().current_leader.is_none() => {
                     return Err(ApiError::Unavailable(format!(
                         "replica {} knows no leader; its log may be stale",
                         self.id()
                     )))
                 }
-                Err(_) => return Ok(response),
+                None => return Ok(response),
             }
         }
     }
