@@ -142,6 +142,10 @@ impl Drop for ProcessCluster {
     }
 }
 
+/// The user kind of the commands the bench writes, so that against a running cluster it can
+/// tell its own commands from the job's.
+const BENCH_KIND: u32 = 0xbe7c;
+
 fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("static bounds")
 }
@@ -198,7 +202,7 @@ pub async fn append(
                 let mut latencies = histogram();
                 while !stop.load(Ordering::Relaxed) {
                     let sent = Instant::now();
-                    let command = Command::custom(1, 1, payload(0, payload_bytes));
+                    let command = Command::custom(BENCH_KIND, 1, payload(0, payload_bytes));
                     match client.append_to(Target::All, command).await {
                         Ok(_) if measuring.load(Ordering::Relaxed) => {
                             let _ = latencies.record(sent.elapsed().as_micros() as u64);
@@ -299,7 +303,7 @@ pub async fn fanout(
             sent.clone(),
         );
         appends.push(tokio::spawn(async move {
-            let command = Command::custom(1, 1, payload(index, payload_bytes));
+            let command = Command::custom(BENCH_KIND, 1, payload(index, payload_bytes));
             let started = micros();
             sent[index as usize].store(started, Ordering::Release);
             writer
@@ -376,7 +380,7 @@ pub async fn recovery(
         );
         fillers.push(tokio::spawn(async move {
             while next.fetch_add(1, Ordering::Relaxed) < commands {
-                let command = Command::custom(1, 1, payload(0, payload_bytes));
+                let command = Command::custom(BENCH_KIND, 1, payload(0, payload_bytes));
                 client.append_to(Target::All, command).await?;
                 bar.inc(1);
             }
