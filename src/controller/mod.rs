@@ -21,12 +21,11 @@ use std::time::{Duration, Instant};
 use openraft::ServerState;
 use tokio::sync::watch;
 
+pub use crate::checker::{double_runs, longest_unowned, read_reports, TaskEvent};
 pub use inputs::{InputSource, StaticInputs, WatchedFile};
 pub use launcher::{ContainerLauncher, InProcessLauncher, ProcessLauncher};
 pub use local::{ControllerFactory, LocalJob};
-pub use simulated::{
-    double_runs, longest_unowned, read_reports, run_simulated_container, SimOptions, TaskEvent,
-};
+pub use simulated::{run_simulated_container, SimOptions};
 
 use crate::client::{ApiError, AppendAck};
 use crate::jobs::plan::{owed_acks, plan, Action, Grouper, Observed, ScalingPolicy};

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
-use serde::{Deserialize, Serialize};
 
+use crate::checker::TaskEvent;
 use crate::client::{
     ClientError, ContainerSession, ControlClient, SessionOptions, SubscriptionItem,
 };
@@ -44,17 +44,6 @@ impl Default for SimOptions {
             stop_delay: Duration::ZERO,
         }
     }
-}
-
-/// One line of a container's report: it began or ceased to run a task.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskEvent {
-    pub container: String,
-    pub epoch: Epoch,
-    pub task: String,
-    pub running: bool,
-    /// Wall clock, microseconds since the epoch.
-    pub at_us: u64,
 }
 
 struct Worker {
@@ -242,97 +231,4 @@ pub async fn run_simulated_container(
     };
     worker.stop_all();
     result
-}
-
-/// Reads a report file written by simulated containers (a missing file is an empty report).
-pub fn read_reports(path: &std::path::Path) -> Result<Vec<TaskEvent>, String> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
-    };
-    text.lines()
-        .map(|line| serde_json::from_str(line).map_err(|e| format!("{line:?}: {e}")))
-        .collect()
-}
-
-/// Every moment at which two containers both said they ran the same task, from their own
-/// reports. Empty when the handshakes held.
-pub fn double_runs(events: &[TaskEvent]) -> Vec<String> {
-    let mut sorted: Vec<&TaskEvent> = events.iter().collect();
-    sorted.sort_by_key(|e| e.at_us);
-    let mut running: BTreeMap<&str, BTreeSet<(&str, Epoch)>> = BTreeMap::new();
-    let mut violations = Vec::new();
-    for event in sorted {
-        let runners = running.entry(&event.task).or_default();
-        let me = (event.container.as_str(), event.epoch);
-        if event.running {
-            if let Some(other) = runners.iter().find(|r| **r != me) {
-                violations.push(format!(
-                    "task {} started on {}@{} at {} µs while {}@{} ran it",
-                    event.task, me.0, me.1, event.at_us, other.0, other.1
-                ));
-            }
-            runners.insert(me);
-        } else {
-            runners.remove(&me);
-        }
-    }
-    violations
-}
-
-/// The longest time any task was run by nobody, between the first start of any task and
-/// `until_us` (wall clock, µs), from the containers' reports.
-pub fn longest_unowned(events: &[TaskEvent], until_us: u64) -> Duration {
-    let mut sorted: Vec<&TaskEvent> = events.iter().collect();
-    sorted.sort_by_key(|e| e.at_us);
-    let mut runners: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut idle_since: BTreeMap<&str, u64> = BTreeMap::new();
-    let mut longest = 0u64;
-    for event in sorted {
-        let count = runners.entry(&event.task).or_default();
-        if event.running {
-            *count += 1;
-            if let Some(since) = idle_since.remove(event.task.as_str()) {
-                longest = longest.max(event.at_us.saturating_sub(since));
-            }
-        } else {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                idle_since.insert(&event.task, event.at_us);
-            }
-        }
-    }
-    for since in idle_since.values() {
-        longest = longest.max(until_us.saturating_sub(*since));
-    }
-    Duration::from_micros(longest)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn event(container: &str, task: &str, running: bool, at_us: u64) -> TaskEvent {
-        TaskEvent {
-            container: container.into(),
-            epoch: 1,
-            task: task.into(),
-            running,
-            at_us,
-        }
-    }
-
-    #[test]
-    fn a_handover_is_fine_and_an_overlap_is_caught() {
-        let handover = [
-            event("a", "t", true, 1),
-            event("a", "t", false, 5),
-            event("b", "t", true, 9),
-        ];
-        assert!(double_runs(&handover).is_empty());
-        assert_eq!(longest_unowned(&handover, 20), Duration::from_micros(4));
-        let overlap = [event("a", "t", true, 1), event("b", "t", true, 3)];
-        assert_eq!(double_runs(&overlap).len(), 1);
-    }
 }

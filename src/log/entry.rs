@@ -6,7 +6,7 @@ use super::{Command, Frame, Offset, ProducerId, Seq, Target, Term};
 
 /// Identifies one append of an idempotent producer. A retry carries the same pair, and the
 /// replicated state machine answers it with the original offset instead of appending again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct ProducerSeq {
     pub producer: ProducerId,
     pub seq: Seq,
