@@ -118,6 +118,24 @@ impl ProcessCluster {
         Some(kb * 1024)
     }
 
+    /// The process id of replica `i`, if it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        Some(self.children.get(i)?.as_ref()?.id())
+    }
+
+    /// Sends a signal to replica `i` (SIGSTOP and SIGCONT pause and resume it).
+    pub fn signal(&self, i: usize, signal: libc::c_int) -> std::io::Result<()> {
+        let pid = self
+            .pid(i)
+            .ok_or_else(|| std::io::Error::other("not running"))?;
+        // SAFETY: kill(2) on a child process id this struct owns; no memory is involved.
+        if unsafe { libc::kill(pid as libc::pid_t, signal) } == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+
     /// SIGKILLs replica `i`.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut child) = self.children[i].take() {
@@ -126,7 +144,7 @@ impl ProcessCluster {
         }
     }
 
-    /// Starts replica `i` again on its directory.
+    /// Starts replica `i` again on its directory (killing it first if it runs).
     pub fn restart(&mut self, i: usize) -> anyhow::Result<()> {
         self.kill(i);
         self.children[i] = Some(self.spawn(i)?);

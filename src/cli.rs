@@ -326,6 +326,30 @@ pub fn bench_line(result: &Value) -> String {
     }
 }
 
+/// `ctrlog chaos` figures for people.
+pub fn chaos_text(figures: &Value) -> String {
+    format!(
+        "chaos seed {seed}: {rounds} rounds ({lk} leader kills, {rk} other kills, {p} leader pauses)\n\
+         acknowledged appends {acked} (log reached offset {last}); lost {lost}; duplicated {dup}; violations {v}\n\
+         failover (fault → first commit under a new leader): p50 {f50} ms, p99 {f99} ms, max {fmax} ms\n\
+         subscribers caught up {catch} ms after the load stopped",
+        seed = figures["seed"],
+        rounds = figures["rounds"],
+        lk = figures["leader_kills"],
+        rk = figures["replica_kills"],
+        p = figures["leader_pauses"],
+        acked = figures["acked_appends"],
+        last = figures["committed_offsets"],
+        lost = figures["lost"],
+        dup = figures["duplicates"],
+        v = figures["violations"],
+        f50 = figures["failover_p50_ms"],
+        f99 = figures["failover_p99_ms"],
+        fmax = figures["failover_max_ms"],
+        catch = figures["subscriber_catch_up_ms"],
+    )
+}
+
 /// Bytes as JSON: a `key` string when they are UTF-8, else base64 under `key_b64`.
 fn put_bytes(object: &mut Value, key: &str, bytes: &[u8]) {
     match std::str::from_utf8(bytes) {

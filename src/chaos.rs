@@ -1,0 +1,311 @@
+//! `ctrlog chaos`: three real `ctrlog serve` processes, producers and subscribers through the
+//! real client, and rounds of faults (SIGKILL a replica or the leader, SIGSTOP the leader past
+//! the election timeout); then the history is verified with the [`checker`](crate::checker).
+//!
+//! Faults are chosen by a seeded generator, so a run's fault schedule is reproducible from its
+//! seed (the timing of real processes is not).
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+use crate::bench::ProcessCluster;
+use crate::checker::{check, Acked, Delivery, History, SubscriptionRecord, Violation};
+use crate::client::{
+    ApiError, ClientError, ClientOptions, ControlClient, FetchRequest, SubscriptionItem,
+};
+use crate::log::{Command, Filter, LogEntry, Offset, ProducerSeq, Proposal, Target};
+
+/// How a run is shaped.
+#[derive(Clone, Debug)]
+pub struct ChaosOptions {
+    pub rounds: u32,
+    pub seed: u64,
+    pub producers: usize,
+    pub subscribers: usize,
+}
+
+/// One fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    KillLeader,
+    KillReplica(usize),
+    PauseLeader,
+}
+
+/// What producers recorded.
+#[derive(Default)]
+struct Produced {
+    attempted: BTreeSet<ProducerSeq>,
+    acked: Vec<Acked>,
+}
+
+async fn leader_index(client: &ControlClient) -> anyhow::Result<usize> {
+    Ok(client.leader_status().await?.id as usize - 1)
+}
+
+/// Runs the chaos rounds and returns the figures as JSON; fails if the history has a violation.
+pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(options.seed);
+    let mut cluster = ProcessCluster::start(3, &[]).await?;
+    let seeds = cluster.client_addrs();
+    // A paused leader holds requests until they time out; keep that short.
+    let options_quick = ClientOptions {
+        retry_deadline: Duration::from_secs(60),
+        request_timeout: Duration::from_secs(1),
+        ..ClientOptions::default()
+    };
+    let admin = ControlClient::connect_with(&seeds, options_quick.clone()).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let produced = Arc::new(Mutex::new(Produced::default()));
+
+    // Producers: each appends with its own (producer, seq), retrying a pair until it is
+    // acknowledged, as a real producer must when an append's fate is unknown.
+    let mut producers = Vec::new();
+    for p in 0..options.producers {
+        let client = ControlClient::connect_with(&seeds, options_quick.clone()).await?;
+        let (stop, produced) = (stop.clone(), produced.clone());
+        let producer = options.seed.wrapping_mul(1_000) + p as u64 + 1;
+        producers.push(tokio::spawn(async move {
+            let mut seq = 0;
+            while !stop.load(Ordering::Relaxed) {
+                seq += 1;
+                let pair = ProducerSeq { producer, seq };
+                let frame =
+                    Command::custom(1, 1, format!("{producer}/{seq}").into_bytes()).into_frame();
+                produced
+                    .lock()
+                    .expect("never poisoned")
+                    .attempted
+                    .insert(pair);
+                let proposal = Proposal {
+                    producer: Some(pair),
+                    target: Target::All,
+                    frame: frame.clone(),
+                };
+                loop {
+                    match client.append_proposal(proposal.clone()).await {
+                        Ok(ack) => {
+                            produced.lock().expect("never poisoned").acked.push(Acked {
+                                pair,
+                                offset: ack.offset,
+                                frame,
+                            });
+                            break;
+                        }
+                        Err(ClientError::GaveUp { .. }) if !stop.load(Ordering::Relaxed) => {}
+                        Err(_) => return,
+                    }
+                }
+            }
+        }));
+    }
+
+    // Subscribers: record every delivery.
+    let records: Arc<Mutex<Vec<Vec<Delivery>>>> =
+        Arc::new(Mutex::new(vec![Vec::new(); options.subscribers]));
+    let delivered_upto = Arc::new(
+        (0..options.subscribers)
+            .map(|_| AtomicU64::new(0))
+            .collect::<Vec<_>>(),
+    );
+    let mut subscribers = Vec::new();
+    for s in 0..options.subscribers {
+        let client = ControlClient::connect_with(&seeds, options_quick.clone()).await?;
+        let (records, upto) = (records.clone(), delivered_upto.clone());
+        subscribers.push(tokio::spawn(async move {
+            let mut stream = client.subscribe(1, Filter::Everything);
+            while let Some(item) = stream.next().await {
+                let delivery = match item {
+                    Ok(SubscriptionItem::Entry(entry)) => {
+                        upto[s].store(entry.offset, Ordering::Relaxed);
+                        Delivery::Entry(entry)
+                    }
+                    Ok(SubscriptionItem::Reset { offset, .. }) => {
+                        upto[s].store(offset, Ordering::Relaxed);
+                        Delivery::Reset { offset }
+                    }
+                    Err(_) => continue, // retried from the same offset by the stream
+                };
+                records.lock().expect("never poisoned")[s].push(delivery);
+            }
+        }));
+    }
+
+    // The rounds.
+    let mut failovers = Vec::new();
+    let (mut leader_kills, mut replica_kills, mut pauses) = (0, 0, 0);
+    for round in 0..options.rounds {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(300..1_000))).await;
+        let fault = match rng.gen_range(0..3) {
+            0 => Fault::KillLeader,
+            1 => Fault::KillReplica(rng.gen_range(0..3)),
+            _ => Fault::PauseLeader,
+        };
+        let leader = leader_index(&admin).await?;
+        let fault = match fault {
+            Fault::KillReplica(i) if i == leader => Fault::KillLeader,
+            other => other,
+        };
+        let before = admin.leader_status().await?.applied_offset;
+        let started = Instant::now();
+        tracing::info!(round, ?fault, leader = leader + 1, "fault");
+        match fault {
+            Fault::KillLeader => {
+                leader_kills += 1;
+                cluster.kill(leader);
+            }
+            Fault::KillReplica(i) => {
+                replica_kills += 1;
+                cluster.kill(i);
+            }
+            Fault::PauseLeader => {
+                pauses += 1;
+                cluster.signal(leader, libc::SIGSTOP)?;
+            }
+        }
+        if matches!(fault, Fault::KillLeader | Fault::PauseLeader) {
+            failovers.push(first_commit_under_new_leader(&admin, leader, before, started).await?);
+        }
+        match fault {
+            Fault::PauseLeader => {
+                tokio::time::sleep(Duration::from_millis(2_000).saturating_sub(started.elapsed()))
+                    .await;
+                cluster.signal(leader, libc::SIGCONT)?;
+            }
+            Fault::KillLeader => cluster.restart(leader)?,
+            Fault::KillReplica(i) => cluster.restart(i)?,
+        }
+    }
+
+    // Quiesce: stop producing, let every subscriber reach the end, read every replica's log.
+    stop.store(true, Ordering::Relaxed);
+    for producer in producers {
+        let _ = producer.await;
+    }
+    let last = admin.leader_status().await?.applied_offset;
+    let caught_up_started = Instant::now();
+    while delivered_upto
+        .iter()
+        .any(|u| u.load(Ordering::Relaxed) < last)
+    {
+        if caught_up_started.elapsed() > Duration::from_secs(60) {
+            anyhow::bail!("subscribers did not reach offset {last} within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let catch_up = caught_up_started.elapsed();
+    for subscriber in subscribers {
+        subscriber.abort();
+    }
+    let mut replica_logs = Vec::new();
+    for (i, addr) in seeds.iter().enumerate() {
+        replica_logs.push((format!("replica-{}", i + 1), read_log(addr, last).await?));
+    }
+    let produced = std::mem::take(&mut *produced.lock().expect("never poisoned"));
+    let history = History {
+        replica_logs,
+        attempted: produced.attempted,
+        acked: produced.acked,
+        subscriptions: std::mem::take(&mut *records.lock().expect("never poisoned"))
+            .into_iter()
+            .enumerate()
+            .map(|(s, deliveries)| SubscriptionRecord {
+                name: format!("subscriber-{s}"),
+                filter: Filter::Everything,
+                from: 1,
+                deliveries,
+            })
+            .collect(),
+        task_events: Vec::new(),
+    };
+    let violations = check(&history);
+    let count = |f: fn(&Violation) -> bool| violations.iter().filter(|v| f(v)).count();
+    failovers.sort();
+    let quantile = |q: f64| {
+        failovers
+            .get(((failovers.len() as f64 - 1.0) * q).round() as usize)
+            .map_or(0, |d: &Duration| d.as_millis() as u64)
+    };
+    let figures = json!({
+        "seed": options.seed,
+        "rounds": options.rounds,
+        "leader_kills": leader_kills,
+        "replica_kills": replica_kills,
+        "leader_pauses": pauses,
+        "acked_appends": history.acked.len(),
+        "committed_offsets": last,
+        "lost": count(|v| matches!(v, Violation::LostAck { .. })),
+        "duplicates": count(|v| matches!(v, Violation::DuplicateInLog { .. } | Violation::DuplicateDelivery { .. })),
+        "violations": violations.len(),
+        "failover_p50_ms": quantile(0.5),
+        "failover_p99_ms": quantile(0.99),
+        "failover_max_ms": failovers.last().map_or(0, |d| d.as_millis() as u64),
+        "subscriber_catch_up_ms": catch_up.as_millis() as u64,
+    });
+    if !violations.is_empty() {
+        for violation in violations.iter().take(20) {
+            eprintln!("violation: {violation}");
+        }
+        anyhow::bail!(
+            "{} violations in the history (seed {}; replay the fault schedule with `ctrlog chaos --seed {} --rounds {}`): {figures}",
+            violations.len(),
+            options.seed,
+            options.seed,
+            options.rounds
+        );
+    }
+    Ok(figures)
+}
+
+/// Waits for a commit past `before` under a leader other than `old`, returning the time since
+/// the fault.
+async fn first_commit_under_new_leader(
+    admin: &ControlClient,
+    old: usize,
+    before: Offset,
+    since: Instant,
+) -> anyhow::Result<Duration> {
+    loop {
+        if since.elapsed() > Duration::from_secs(60) {
+            anyhow::bail!("no commit under a new leader within 60 s");
+        }
+        if let Ok(status) = admin.leader_status().await {
+            if status.id as usize - 1 != old && status.applied_offset > before {
+                return Ok(since.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Everything one replica retains, up to `last`.
+async fn read_log(addr: &str, last: Offset) -> anyhow::Result<Vec<LogEntry>> {
+    let client = ControlClient::connect(&[addr.to_string()]).await?;
+    let mut entries = Vec::new();
+    let mut next = 1;
+    while next <= last {
+        match client.fetch(FetchRequest::from(next)).await {
+            Ok(response) if response.entries.is_empty() && response.next_offset <= next => {
+                // This replica has not applied that far yet: wait for it.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok(response) => {
+                next = response.next_offset;
+                entries.extend(response.entries.into_iter().filter(|e| e.offset <= last));
+            }
+            Err(ClientError::Api(ApiError::Compacted { first_offset, .. }))
+                if entries.is_empty() =>
+            {
+                next = first_offset;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Ok(entries)
+}
