@@ -221,11 +221,7 @@ impl<P: ControlPlane> Controller<P> {
         let current = recorded.unwrap_or(0);
         let lag = self.plane.reported_lag();
         let total_lag: u64 = lag.values().sum();
-        let live = state
-            .containers()
-            .keys()
-            .filter(|c| state.live_session(c).is_some())
-            .count();
+        let live = state.live_sessions().count();
         // A new leader knows no lag until every container has heartbeated to it; deciding on
         // that silence would scale in and straight back out after every failover.
         let desired = if lag.len() < live && recorded.is_some() {

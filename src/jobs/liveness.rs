@@ -74,9 +74,7 @@ impl Liveness {
     /// The live sessions of `state` not heard from for longer than `timeout`.
     pub fn overdue(&self, state: &JobState, now: Instant, timeout: Duration) -> Vec<Session> {
         state
-            .containers()
-            .keys()
-            .filter_map(|container| state.live_session(container))
+            .live_sessions()
             .filter(|session| now.saturating_duration_since(self.last_heard(session)) > timeout)
             .collect()
     }
@@ -84,9 +82,7 @@ impl Liveness {
     /// The lag each live session reported last (sessions without a heartbeat are absent).
     pub fn lag(&self, state: &JobState) -> BTreeMap<ContainerId, u64> {
         state
-            .containers()
-            .keys()
-            .filter_map(|container| state.live_session(container))
+            .live_sessions()
             .filter_map(|session| {
                 let beat = self.beats.get(&session.container)?;
                 (beat.epoch == session.epoch).then(|| (session.container, beat.lag.values().sum()))

@@ -127,11 +127,7 @@ pub const MOVES_IN_FLIGHT_MAX: usize = 1;
 /// The containers to drain when there are more live ones than wanted: the most recently
 /// registered first (the last in is the first out).
 pub fn draining(state: &JobState, desired: u32) -> BTreeSet<ContainerId> {
-    let mut live: Vec<Session> = state
-        .containers()
-        .keys()
-        .filter_map(|c| state.live_session(c))
-        .collect();
+    let mut live: Vec<Session> = state.live_sessions().collect();
     live.sort_by_key(|s| std::cmp::Reverse(s.epoch));
     let excess = live.len().saturating_sub(desired as usize);
     live.into_iter().take(excess).map(|s| s.container).collect()
@@ -139,12 +135,8 @@ pub fn draining(state: &JobState, desired: u32) -> BTreeSet<ContainerId> {
 
 /// Live containers and how many tasks each owns.
 pub fn loads(state: &JobState) -> BTreeMap<ContainerId, usize> {
-    let mut loads: BTreeMap<ContainerId, usize> = state
-        .containers()
-        .keys()
-        .filter(|c| state.live_session(c).is_some())
-        .map(|c| (c.clone(), 0))
-        .collect();
+    let mut loads: BTreeMap<ContainerId, usize> =
+        state.live_sessions().map(|s| (s.container, 0)).collect();
     for task in state.tasks().values() {
         if let Some(n) = task.phase.owner().and_then(|o| loads.get_mut(&o.container)) {
             *n += 1;
@@ -233,9 +225,7 @@ pub fn plan(state: &JobState, observed: &Observed, grouper: &dyn Grouper) -> Vec
     // 3. Who should work: live containers minus the ones being drained.
     let drain = draining(state, observed.desired_containers);
     let mut load: BTreeMap<ContainerId, (usize, Offset)> = state
-        .containers()
-        .keys()
-        .filter_map(|c| state.live_session(c))
+        .live_sessions()
         .filter(|s| !drain.contains(&s.container))
         .map(|s| (s.container, (0, s.epoch)))
         .collect();
@@ -344,11 +334,7 @@ pub fn plan(state: &JobState, observed: &Observed, grouper: &dyn Grouper) -> Vec
     }
 
     // 7. Capacity: launch what is missing.
-    let live = state
-        .containers()
-        .keys()
-        .filter(|c| state.live_session(c).is_some())
-        .count();
+    let live = state.live_sessions().count();
     let missing = (observed.desired_containers as usize).saturating_sub(live + observed.launching);
     if missing > 0 {
         actions.push(Action::Launch(missing));

@@ -177,6 +177,17 @@ impl JobState {
             })
     }
 
+    /// Every live session, by container name.
+    pub fn live_sessions(&self) -> impl Iterator<Item = Session> + '_ {
+        self.containers
+            .iter()
+            .filter(|(_, r)| r.status == ContainerStatus::Live)
+            .map(|(container, r)| Session {
+                container: container.clone(),
+                epoch: r.epoch,
+            })
+    }
+
     pub fn inputs(&self) -> &BTreeMap<Input, Option<TaskId>> {
         &self.inputs
     }
@@ -636,10 +647,8 @@ impl JobState {
     /// Opens a broadcast handshake owed by every live container.
     fn broadcast(&mut self, offset: Offset) {
         let owed_by: BTreeMap<ContainerId, Epoch> = self
-            .containers
-            .iter()
-            .filter(|(_, r)| r.status == ContainerStatus::Live)
-            .map(|(c, r)| (c.clone(), r.epoch))
+            .live_sessions()
+            .map(|s| (s.container, s.epoch))
             .collect();
         if !owed_by.is_empty() {
             self.pending.insert(
