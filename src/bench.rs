@@ -40,6 +40,16 @@ impl ProcessCluster {
     /// Starts `size` replicas of this executable with `extra` flags for `serve`, and waits for
     /// a leader.
     pub async fn start(size: u64, extra: &[String]) -> anyhow::Result<ProcessCluster> {
+        let exe = std::env::current_exe().context("finding this executable")?;
+        ProcessCluster::start_with(exe, size, extra).await
+    }
+
+    /// Starts `size` replicas of the `ctrlog` binary at `exe` (tests pass the one cargo built).
+    pub async fn start_with(
+        exe: PathBuf,
+        size: u64,
+        extra: &[String],
+    ) -> anyhow::Result<ProcessCluster> {
         let mut addrs = Vec::new();
         for _ in 0..size {
             addrs.push((
@@ -54,7 +64,7 @@ impl ProcessCluster {
             .collect::<Vec<_>>()
             .join(",");
         let mut cluster = ProcessCluster {
-            exe: std::env::current_exe().context("finding this executable")?,
+            exe,
             dir: tempfile::Builder::new().prefix("ctrlog-bench-").tempdir()?,
             members,
             addrs,
@@ -101,6 +111,14 @@ impl ProcessCluster {
 
     pub fn data_dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The last `lines` lines replica `i` (0-based) logged, for failure reports.
+    pub fn log_tail(&self, i: usize, lines: usize) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join(format!("replica-{}.log", i + 1)))
+            .unwrap_or_default();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
     }
 
     /// The resident memory of replica `i` (0-based), from `/proc`.

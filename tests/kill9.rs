@@ -1,12 +1,11 @@
 //! Real `ctrlog serve` processes killed with SIGKILL in a loop while clients append.
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::Path;
-use std::process::{Child, Command as Process, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ctrlog::bench::ProcessCluster;
 use ctrlog::client::{ApiError, AppendAck, ClientError, ControlClient, FetchRequest};
 use ctrlog::log::{Command, LogEntry, ProducerSeq, Proposal, Target};
 
@@ -19,44 +18,6 @@ const APPENDS_MIN: usize = 3_000;
 /// Every this many appends carries a body above 128 KiB.
 const LARGE_EVERY: u64 = 40;
 const LARGE_BYTES: usize = 200 << 10;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Replica {
-    id: u64,
-    args: Vec<String>,
-    child: Child,
-    client_addr: String,
-}
-
-/// Kills the child even when the test panics, so no replica outlives its test.
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn(id: u64, args: &[String], log_dir: &Path) -> Child {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log_dir.join(format!("replica-{id}.log")))
-        .unwrap();
-    Process::new(env!("CARGO_BIN_EXE_ctrlog"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawning ctrlog serve")
-}
 
 fn body(producer: u64) -> Vec<u8> {
     let size = if producer % LARGE_EVERY == 0 {
@@ -104,58 +65,18 @@ async fn read_retained(addr: &str) -> Vec<LogEntry> {
 /// equal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_loop_never_loses_an_acknowledged_append() {
-    let dir = tempfile::tempdir().unwrap();
-    let ids = [1u64, 2, 3];
-    let addrs: BTreeMap<u64, (String, String)> = ids
-        .iter()
-        .map(|id| {
-            (
-                *id,
-                (
-                    format!("127.0.0.1:{}", free_port()),
-                    format!("127.0.0.1:{}", free_port()),
-                ),
-            )
-        })
-        .collect();
-    let members = addrs
-        .iter()
-        .map(|(id, (peer, client))| format!("{id}={peer}/{client}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut replicas: Vec<Replica> = ids
-        .iter()
-        .map(|id| {
-            let (peer, client) = &addrs[id];
-            let args: Vec<String> = [
-                "serve",
-                "--id",
-                &id.to_string(),
-                "--peer-addr",
-                peer,
-                "--client-addr",
-                client,
-                "--data",
-                dir.path().join(format!("replica-{id}")).to_str().unwrap(),
-                "--initial-members",
-                &members,
-                "--snapshot-logs-since-last",
-                "200",
-                "--snapshot-logs-to-keep",
-                "50",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-            Replica {
-                id: *id,
-                child: spawn(*id, &args, dir.path()),
-                args,
-                client_addr: client.clone(),
-            }
-        })
-        .collect();
-    let client_addrs: Vec<String> = replicas.iter().map(|r| r.client_addr.clone()).collect();
+    let extra: Vec<String> = [
+        "--snapshot-logs-since-last",
+        "200",
+        "--snapshot-logs-to-keep",
+        "50",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut cluster = ProcessCluster::start_with(env!("CARGO_BIN_EXE_ctrlog").into(), 3, &extra)
+        .await
+        .unwrap();
+    let client_addrs = cluster.client_addrs();
 
     // Writers: each append has its own producer id, so the outcome is checkable per append.
     let acked: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default(); // (producer, offset)
@@ -189,32 +110,19 @@ async fn sigkill_loop_never_loses_an_acknowledged_append() {
         let deadline = tokio::time::Instant::now() + WAIT;
         while progress(&acked) < target {
             if tokio::time::Instant::now() >= deadline {
-                let tails: Vec<String> = ids
-                    .iter()
-                    .map(|id| {
-                        let log =
-                            std::fs::read_to_string(dir.path().join(format!("replica-{id}.log")))
-                                .unwrap_or_default();
-                        let lines: Vec<&str> = log.lines().collect();
-                        format!(
-                            "replica {id}:\n{}",
-                            lines[lines.len().saturating_sub(15)..].join("\n")
-                        )
-                    })
+                let tails: Vec<String> = (0..3)
+                    .map(|i| format!("replica {}:\n{}", i + 1, cluster.log_tail(i, 15)))
                     .collect();
                 panic!("writers stalled in round {round}\n{}", tails.join("\n"));
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let victim = if round % 2 == 0 {
-            status_client.leader_status().await.unwrap().id
+            status_client.leader_status().await.unwrap().id as usize - 1
         } else {
-            ids[round % ids.len()]
+            round % 3
         };
-        let replica = replicas.iter_mut().find(|r| r.id == victim).unwrap();
-        replica.child.kill().unwrap(); // SIGKILL
-        replica.child.wait().unwrap();
-        replica.child = spawn(replica.id, &replica.args, dir.path());
+        cluster.restart(victim).unwrap(); // SIGKILL, then start on the same directory
     }
     stop.store(true, Ordering::Relaxed);
     for writer in writers {
@@ -230,21 +138,20 @@ async fn sigkill_loop_never_loses_an_acknowledged_append() {
     let last = acked.iter().map(|(_, offset)| *offset).max().unwrap();
     // Every replica applies at least everything acknowledged.
     let deadline = tokio::time::Instant::now() + WAIT;
-    for replica in &replicas {
-        let client = ControlClient::connect(std::slice::from_ref(&replica.client_addr))
+    for (i, addr) in client_addrs.iter().enumerate() {
+        let client = ControlClient::connect(std::slice::from_ref(addr))
             .await
             .unwrap();
         while client.status().await.unwrap().applied_offset < last {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "replica {} did not catch up",
-                replica.id
+                i + 1
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    let logs =
-        futures::future::join_all(replicas.iter().map(|r| read_retained(&r.client_addr))).await;
+    let logs = futures::future::join_all(client_addrs.iter().map(|addr| read_retained(addr))).await;
     // Replicas purge at different points, so compare where their retained ranges overlap. A
     // replica may also lack a trailing unacknowledged append: only content may not differ.
     let maps: Vec<BTreeMap<u64, &LogEntry>> = logs
