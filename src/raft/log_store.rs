@@ -44,6 +44,9 @@ struct Shared {
     syncer: Syncer,
     /// The first log index still present, for the state machine's offset index.
     first_index: AtomicU64,
+    /// The last entry the durable snapshot covers, once a replica wires the state machine in
+    /// with [`LogStore::guard_with_snapshots`]; `None` inside while there is no snapshot.
+    durable_snapshot: Mutex<Option<Option<LogId>>>,
 }
 
 /// The Raft log store. Clones share one log; a clone is also the log reader.
@@ -88,6 +91,7 @@ impl LogStore {
                 meta,
                 syncer: Syncer::start(),
                 first_index: AtomicU64::new(first_index),
+                durable_snapshot: Mutex::new(None),
             }),
         })
     }
@@ -97,6 +101,31 @@ impl LogStore {
             .wal
             .lock()
             .expect("a panic while holding the wal lock is a bug")
+    }
+
+    /// Makes the log respect the durable snapshot, whose last entry is `last` now: from here
+    /// on a purge never removes an entry the durable snapshot does not cover, and the
+    /// committed point read at start is one this log and snapshot can re-apply.
+    ///
+    /// openraft 0.9 issues the purge that follows a snapshot install without waiting for the
+    /// install to be durable; a crash in between would otherwise leave a replica with neither
+    /// the entries nor the snapshot (found by the `snapshot-install` fail point).
+    pub fn guard_with_snapshots(&self, last: Option<LogId>) {
+        *self.snapshot_guard() = Some(last);
+    }
+
+    /// Records that a snapshot up to `last` is durable (no effect before the guard is on).
+    pub fn snapshot_stored(&self, last: Option<LogId>) {
+        if let Some(current) = self.snapshot_guard().as_mut() {
+            *current = (*current).max(last);
+        }
+    }
+
+    fn snapshot_guard(&self) -> MutexGuard<'_, Option<Option<LogId>>> {
+        self.shared
+            .durable_snapshot
+            .lock()
+            .expect("a panic while holding the snapshot guard is a bug")
     }
 
     /// The first log index still on disk (entries before it are purged).
@@ -209,10 +238,30 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        match self.shared.meta.get(COMMITTED_KEY).map_err(read_err)? {
-            Some(bytes) => decode(&bytes, 1024).map_err(read_err),
-            None => Ok(None),
+        let saved: Option<LogId> = match self.shared.meta.get(COMMITTED_KEY).map_err(read_err)? {
+            Some(bytes) => decode(&bytes, 1024).map_err(read_err)?,
+            None => None,
+        };
+        let (Some(committed), Some(snapshot)) = (saved, *self.snapshot_guard()) else {
+            return Ok(saved);
+        };
+        if snapshot.is_some_and(|s| s.index >= committed.index) {
+            return Ok(saved);
         }
+        // Re-applying up to `committed` at start needs every entry after the snapshot, ending
+        // in `committed` itself (which, by log matching, vouches for those before it). A
+        // committed point learned from a snapshot that never became durable fails this, and
+        // the snapshot's own point is what can be re-applied.
+        let state = self.lock();
+        let contiguous = state.wal.first_index() <= snapshot.map_or(0, |s| s.index + 1);
+        let ends_in_it = read_entry(&state.wal, committed.index)
+            .map_err(read_err)?
+            .is_some_and(|e| e.log_id == committed);
+        Ok(if contiguous && ends_in_it {
+            saved
+        } else {
+            snapshot
+        })
     }
 
     async fn append<I>(
@@ -251,6 +300,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        // Never past the durable snapshot (see `guard_with_snapshots`); the rest of the purge
+        // happens at the next one, after the snapshot is stored.
+        let log_id = match *self.snapshot_guard() {
+            Some(None) => return Ok(()),
+            Some(Some(snapshot)) if snapshot.index < log_id.index => snapshot,
+            _ => log_id,
+        };
+        if self
+            .lock()
+            .last_purged
+            .is_some_and(|p| p.index >= log_id.index)
+        {
+            return Ok(());
+        }
         // Durable first: a restart must not bring back what the WAL is about to delete.
         self.shared
             .meta
@@ -287,6 +350,13 @@ struct SyncRequest {
     callback: LogFlushed<TypeConfig>,
 }
 
+/// `fdatasync`s one segment. The `wal-sync` fail point makes it fail, as a crash before the
+/// flush would leave the entries unacknowledged.
+fn sync_file(file: &File) -> Result<(), io::ErrorKind> {
+    fail::fail_point!("wal-sync", |_| Err(io::ErrorKind::Other));
+    file.sync_data().map_err(|e| e.kind())
+}
+
 impl Syncer {
     fn start() -> Syncer {
         let (requests, incoming) = mpsc::channel::<SyncRequest>();
@@ -302,7 +372,7 @@ impl Syncer {
                             match synced.iter().find(|(f, _)| Arc::ptr_eq(f, &request.file)) {
                                 Some((_, result)) => *result,
                                 None => {
-                                    let result = request.file.sync_data().map_err(|e| e.kind());
+                                    let result = sync_file(&request.file);
                                     synced.push((request.file.clone(), result));
                                     result
                                 }

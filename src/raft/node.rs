@@ -120,6 +120,7 @@ impl Replica {
         let meta = Arc::new(MetaStore::open(&config.data_dir.join("meta"))?);
         let log = LogStore::open(&config.data_dir.join("log"), meta.clone())?;
         let state_machine = StateMachineStore::open(meta, log.clone())?;
+        log.guard_with_snapshots(state_machine.stored_snapshot_last()?);
         let raft = Raft::new(
             config.id,
             Arc::new(raft_config(&config)?),

@@ -253,6 +253,12 @@ impl StateMachineStore {
         Ok(self.shared.log.entry(index)?.map(Arc::new))
     }
 
+    /// The last entry the stored snapshot covers, `None` without one.
+    pub fn stored_snapshot_last(&self) -> io::Result<Option<LogId>> {
+        let tree = self.shared.meta.tree(SNAPSHOT_TREE)?;
+        Ok(read_header(&tree)?.and_then(|h| h.meta.last_log_id))
+    }
+
     pub fn snapshot_offset(&self) -> Offset {
         self.shared.snapshot_offset.load(Ordering::Acquire)
     }
@@ -286,6 +292,7 @@ impl StateMachineStore {
         tree.insert(CURRENT_KEY, encode(&header))
             .map_err(io::Error::other)?;
         self.shared.meta.sync()?;
+        self.shared.log.snapshot_stored(meta.last_log_id);
         if let Some(previous) = previous {
             for chunk in 0..previous.chunks {
                 tree.remove(chunk_key(previous.storage_id, chunk))
@@ -333,6 +340,9 @@ fn read_chunks(tree: &sled::Tree, header: &StoredSnapshotHeader) -> io::Result<V
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
+        fail::fail_point!("snapshot-build", |_| Err(snapshot_write_err(
+            io::Error::other("injected: snapshot-build")
+        )));
         let (bytes, meta, offset) = {
             let state = self.shared.state.read().expect("state lock poisoned");
             let meta = SnapshotMeta {
@@ -377,6 +387,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        fail::fail_point!("apply", |_| Err(StorageIOError::write_state_machine(
+            &io::Error::other("injected: apply")
+        )
+        .into()));
         let first_log_index = self.shared.log.first_index();
         let mut state = self.shared.state.write().expect("state lock poisoned");
         let replies: Vec<Vec<Outcome>> = entries
@@ -410,9 +424,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         meta: &SnapshotMeta,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
+        fail::fail_point!("snapshot-install", |_| Err(snapshot_read_err(
+            io::Error::other("injected: snapshot-install")
+        )));
         let bytes = snapshot.into_inner();
         // Check before writing: a snapshot that does not decode is never stored.
-        let new_state: MachineState =
+        let mut new_state: MachineState =
             decode(&bytes, SNAPSHOT_BYTES_MAX).map_err(snapshot_read_err)?;
         if new_state.last_applied != meta.last_log_id {
             return Err(snapshot_read_err(io::Error::new(
@@ -430,6 +447,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         self.shared
             .snapshot_offset
             .store(new_state.job.last_offset(), Ordering::Release);
+        // This replica's log does not hold what the snapshot covers (it was behind, which is
+        // why it installs a snapshot), so those offsets are compacted here.
+        let covered = meta.last_log_id.map_or(0, |l| l.index + 1);
+        new_state
+            .offset_index
+            .retain(|_, span| span.log_index >= covered);
         *self.shared.state.write().expect("state lock poisoned") = new_state;
         self.shared.recent.clear();
         self.shared.applied.send_replace(applied);
