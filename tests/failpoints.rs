@@ -88,45 +88,58 @@ async fn assert_nothing_lost(
     }
 }
 
-/// Goal: each storage fault stops only the replica it hits, and a restart recovers it.
-/// Steps, for a failed WAL flush and a failed apply: commit 20 commands, arm the fail point
-/// for one hit, commit 30 more through whatever failover follows, restart the replica that
-/// stopped, and check every acknowledged command on every replica. For a failed snapshot
-/// build: arm it, ask the leader for a snapshot, restart it, check. For a failed snapshot
-/// install: a follower far behind a purged leader fails its first install, is restarted, and
-/// installs on the second try.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn storage_faults_stop_a_replica_and_a_restart_recovers_it() {
-    let scenario = fail::FailScenario::setup();
-    let options = ClientOptions {
+fn quick() -> ClientOptions {
+    ClientOptions {
         request_timeout: Duration::from_secs(2),
         ..ClientOptions::default()
-    };
-    for point in ["wal-sync", "apply"] {
-        let dir = tempfile::tempdir().unwrap();
-        let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
-        cluster.wait_for_leader(WAIT).await.unwrap();
-        let client = ControlClient::connect_with(&cluster.client_addrs(), options.clone())
-            .await
-            .unwrap();
-        let mut acked = append(&client, "before", 20).await;
-        fail::cfg(point, "1*return").unwrap();
-        acked.extend(append(&client, "after", 30).await);
-        let victims = restart_stopped(&mut cluster, point).await;
-        fail::remove(point);
-        acked.extend(append(&client, "restarted", 10).await);
-        assert_nothing_lost(&cluster, &acked, point).await;
-        println!("{point}: replica(s) {victims:?} stopped and recovered");
-        cluster.shutdown().await;
     }
+}
 
-    // A failed snapshot build stops the leader; its successor and its restart lose nothing.
+/// Commits 20 commands, arms `point` for one hit, commits 30 more through whatever failover
+/// follows, restarts the replica that stopped, commits 10 more, and checks every acknowledged
+/// command on every replica.
+async fn one_fault_then_restart(point: &str) {
+    let scenario = fail::FailScenario::setup();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    let client = ControlClient::connect_with(&cluster.client_addrs(), quick())
+        .await
+        .unwrap();
+    let mut acked = append(&client, "before", 20).await;
+    fail::cfg(point, "1*return").unwrap();
+    acked.extend(append(&client, "after", 30).await);
+    restart_stopped(&mut cluster, point).await;
+    fail::remove(point);
+    acked.extend(append(&client, "restarted", 10).await);
+    assert_nothing_lost(&cluster, &acked, point).await;
+    cluster.shutdown().await;
+    scenario.teardown();
+}
+
+/// Goal: a WAL flush that fails (a crash before the flush) stops only that replica, and a
+/// restart on its directory recovers it with nothing acknowledged lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_wal_flush_stops_one_replica_and_a_restart_recovers_it() {
+    one_fault_then_restart("wal-sync").await;
+}
+
+/// Goal: the same for a failed apply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_apply_stops_one_replica_and_a_restart_recovers_it() {
+    one_fault_then_restart("apply").await;
+}
+
+/// Goal: a failed snapshot build stops the leader; its successor and its restart lose nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_snapshot_build_stops_the_leader_and_nothing_is_lost() {
+    let scenario = fail::FailScenario::setup();
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = LocalCluster::start(dir.path(), 3, |c| c.snapshot_logs_to_keep = 5)
         .await
         .unwrap();
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
-    let client = ControlClient::connect_with(&cluster.client_addrs(), options.clone())
+    let client = ControlClient::connect_with(&cluster.client_addrs(), quick())
         .await
         .unwrap();
     let mut acked = append(&client, "before", 40).await;
@@ -137,9 +150,30 @@ async fn storage_faults_stop_a_replica_and_a_restart_recovers_it() {
     assert_eq!(victims, vec![leader]);
     acked.extend(append(&client, "after", 20).await);
     assert_nothing_lost(&cluster, &acked, "snapshot-build").await;
+    cluster.shutdown().await;
+    scenario.teardown();
+}
 
-    // A follower left behind a purged log must install a snapshot; the first install fails.
+/// Regression, found by the `snapshot-install` fail point: openraft 0.9 purges a follower's
+/// log after a snapshot install without waiting for the install to be durable. A crash in
+/// between left the follower with neither the entries nor the snapshot, and it could not
+/// restart ("Failed to get log entries"). Now the log store never purges past the durable
+/// snapshot and reads back only a committed point it can re-apply.
+/// Steps: a follower is stopped while the others commit 60 commands and snapshot (keeping 5
+/// entries); it restarts, must install a snapshot, and the first install fails; restarted
+/// again, it installs, catches up, and holds what the leader holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_snapshot_install_and_its_purge_recovers() {
+    let scenario = fail::FailScenario::setup();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 3, |c| c.snapshot_logs_to_keep = 5)
+        .await
+        .unwrap();
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let client = ControlClient::connect_with(&cluster.client_addrs(), quick())
+        .await
+        .unwrap();
+    let mut acked = append(&client, "before", 20).await;
     let follower = cluster.follower_of(leader);
     cluster.stop(follower).await;
     acked.extend(append(&client, "while away", 60).await);
@@ -154,8 +188,10 @@ async fn storage_faults_stop_a_replica_and_a_restart_recovers_it() {
     acked.extend(append(&client, "after install", 10).await);
     let last = *acked.keys().last().unwrap();
     cluster.wait_for_applied(last, WAIT).await.unwrap();
-    let installed = cluster.replica(follower).metrics().snapshot;
-    assert!(installed.is_some(), "the follower installed a snapshot");
+    assert!(
+        cluster.replica(follower).metrics().snapshot.is_some(),
+        "the follower installed a snapshot"
+    );
     // Both retain the tail after their snapshots; where they overlap they are equal, and
     // the acknowledged commands there are at their offsets.
     let first = [leader, follower]
@@ -165,18 +201,11 @@ async fn storage_faults_stop_a_replica_and_a_restart_recovers_it() {
         .unwrap();
     let leader_tail = read_from(cluster.replica(leader), first).await;
     let follower_tail = read_from(cluster.replica(follower), first).await;
-    assert_eq!(
-        follower_tail, leader_tail,
-        "snapshot-install: the follower diverged"
-    );
+    assert_eq!(follower_tail, leader_tail, "the follower diverged");
     assert!(!follower_tail.is_empty());
     for entry in &follower_tail {
         if let Some(body) = acked.get(&entry.offset) {
-            assert_eq!(
-                &entry.frame.body, body,
-                "snapshot-install: offset {}",
-                entry.offset
-            );
+            assert_eq!(&entry.frame.body, body, "offset {}", entry.offset);
         }
     }
     cluster.shutdown().await;
