@@ -74,10 +74,12 @@ pub struct ReplicaHandle {
     inner: Arc<Inner>,
 }
 
-/// A running replica. Dropping it without [`Replica::shutdown`] aborts its listeners.
+/// A running replica. Prefer [`Replica::shutdown`]; dropping it also stops it (see `Drop`).
 pub struct Replica {
     handle: ReplicaHandle,
     tasks: Vec<JoinHandle<()>>,
+    /// Set by [`Replica::shutdown`], so that dropping afterwards does not stop Raft twice.
+    stopped: bool,
 }
 
 impl std::ops::Deref for Replica {
@@ -87,10 +89,21 @@ impl std::ops::Deref for Replica {
     }
 }
 
+/// Dropping a replica without [`Replica::shutdown`] still stops it: the listeners at once, and
+/// Raft's core on the runtime, if one is running, rather than leaving it to run unreachable.
 impl Drop for Replica {
     fn drop(&mut self) {
         for task in &self.tasks {
             task.abort();
+        }
+        if self.stopped {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let raft = self.handle.inner.raft.clone();
+            runtime.spawn(async move {
+                let _ = raft.shutdown().await;
+            });
         }
     }
 }
@@ -149,6 +162,7 @@ impl Replica {
             }),
         };
         let replica = Replica {
+            stopped: false,
             tasks: vec![
                 tokio::spawn(serve_peers(peer_listener, raft.clone())),
                 tokio::spawn(serve_clients(
@@ -178,6 +192,7 @@ impl Replica {
             task.abort();
             let _ = task.await;
         }
+        self.stopped = true;
         if let Err(error) = self.handle.inner.raft.shutdown().await {
             tracing::warn!(%error, "raft did not shut down cleanly");
         }
