@@ -202,13 +202,19 @@ impl<P: ControlPlane> Controller<P> {
         }
     }
 
-    /// One round: launch bookkeeping, the desired count, then the plan.
+    /// One round: launch bookkeeping and the report, the desired count, then the plan. It
+    /// reads the JobState once.
     async fn reconcile(&mut self) {
         let state = self.plane.job_state();
         let now = Instant::now();
         self.launching
             .retain(|container, _| state.live_session(container).is_none());
         self.retry_overdue_launches(&state, now);
+        // The state read for this round already holds everything the last round appended.
+        self.report.send_modify(|r| {
+            r.owed_acks = owed_acks(&state);
+            r.launching = self.launching.keys().cloned().collect();
+        });
 
         let inputs = match self.driver.inputs.inputs() {
             Ok(inputs) => inputs,
@@ -268,11 +274,6 @@ impl<P: ControlPlane> Controller<P> {
                 break; // the state moved under the plan: re-plan next tick
             }
         }
-        let state = self.plane.job_state();
-        self.report.send_modify(|r| {
-            r.owed_acks = owed_acks(&state);
-            r.launching = self.launching.keys().cloned().collect();
-        });
     }
 
     /// Appends one command; false if it was refused or failed.
