@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{bail, ensure, Context};
+use anyhow::{ensure, Context};
 use futures::StreamExt;
 
 use crate::client::{ControlClient, SubscriptionItem};
@@ -78,12 +78,18 @@ fn now_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
+/// The log as the demo printed it.
+struct Timeline {
+    seen: Arc<Mutex<Vec<LogEntry>>>,
+    /// The last offset printed.
+    printed: tokio::sync::watch::Receiver<Offset>,
+    task: tokio::task::JoinHandle<()>,
+}
+
 /// Prints the log as it commits, and keeps it for the summary.
-fn follow_timeline(
-    client: Arc<ControlClient>,
-    started_ms: u64,
-) -> (Arc<Mutex<Vec<LogEntry>>>, tokio::task::JoinHandle<()>) {
+fn follow_timeline(client: Arc<ControlClient>, started_ms: u64) -> Timeline {
     let seen: Arc<Mutex<Vec<LogEntry>>> = Arc::default();
+    let (printed_to, printed) = tokio::sync::watch::channel(0);
     let task = tokio::spawn({
         let seen = seen.clone();
         async move {
@@ -92,12 +98,18 @@ fn follow_timeline(
                 if let Ok(SubscriptionItem::Entry(entry)) = item {
                     let at = entry.appended_at_ms.saturating_sub(started_ms) as f64 / 1000.0;
                     println!("  [{at:>6.2}s] #{:<4} {}", entry.offset, describe(&entry));
+                    let offset = entry.offset;
                     seen.lock().expect("never poisoned").push(entry);
+                    printed_to.send_replace(offset);
                 }
             }
         }
     });
-    (seen, task)
+    Timeline {
+        seen,
+        printed,
+        task,
+    }
 }
 
 async fn until(
@@ -105,18 +117,7 @@ async fn until(
     what: &str,
     condition: impl Fn(&JobState) -> bool,
 ) -> anyhow::Result<JobState> {
-    let deadline = Instant::now() + STEP;
-    loop {
-        let id = job.cluster.running_ids()[0];
-        let state = job.cluster.replica(id).read_state(JobState::clone);
-        if condition(&state) {
-            return Ok(state);
-        }
-        if Instant::now() > deadline {
-            bail!("the job did not reach \"{what}\" within {STEP:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    Ok(job.wait_for_state(what, STEP, condition).await?)
 }
 
 fn step(text: &str) {
@@ -205,7 +206,7 @@ async fn scenario(dir: &Path) -> anyhow::Result<()> {
     };
     let mut job = LocalJob::start(cluster, factory);
     let client = Arc::new(ControlClient::connect(&seeds).await?);
-    let (timeline, follower) = follow_timeline(client.clone(), started_ms);
+    let mut timeline = follow_timeline(client.clone(), started_ms);
 
     step("start: 4 input partitions, 2 containers");
     until(&job, "4 tasks running on 2 containers", |s| {
@@ -280,11 +281,16 @@ async fn scenario(dir: &Path) -> anyhow::Result<()> {
                 .any(|r| r.status == ContainerStatus::Deregistered)
     })
     .await?;
-    tokio::time::sleep(Duration::from_millis(300)).await; // let the timeline catch up
+    let printed_all = timeline
+        .printed
+        .wait_for(|printed| *printed >= end.last_offset());
+    tokio::time::timeout(STEP, printed_all)
+        .await
+        .context("the timeline did not reach the end of the log")??;
     reports.extend(job.reports().into_values());
-    follower.abort();
+    timeline.task.abort();
 
-    let log = timeline.lock().expect("never poisoned").clone();
+    let log = timeline.seen.lock().expect("never poisoned").clone();
     let verdict = check_and_summarise(&end, &log, &reports, &files, failover, move_done, started);
     job.shutdown().await;
     drop(launcher); // kills any container process still running

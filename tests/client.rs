@@ -224,12 +224,11 @@ async fn subscription_below_the_retained_range_resets_then_continues() {
     for replica in cluster.running() {
         assert_eq!(replica.snapshot().await.unwrap(), 300);
     }
-    wait_until("every replica purged its log", || async {
-        let mut all = true;
-        for replica in cluster.running() {
-            all &= replica.status().first_offset > 200;
-        }
-        all
+    eventually("every replica purged its log", || {
+        cluster
+            .running()
+            .all(|r| r.status().first_offset > 200)
+            .then_some(())
     })
     .await;
 
@@ -263,19 +262,6 @@ async fn subscription_below_the_retained_range_resets_then_continues() {
     assert_eq!(offsets, (reset_offset + 1..=310).collect::<Vec<_>>());
     assert_eq!(delivered.last().unwrap().frame.body, b"cmd 309");
     cluster.shutdown().await;
-}
-
-/// Polls `condition` until it holds, failing after `WAIT`.
-async fn wait_until<F, Fut>(what: &str, condition: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + WAIT;
-    while !condition().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Goal: a container's filter delivers its own commands and broadcasts, in order, and nothing

@@ -98,25 +98,9 @@ async fn start(partitions: u32) -> Harness {
     }
 }
 
-fn state_of(job: &LocalJob) -> JobState {
-    let id = job.cluster.running_ids()[0];
-    job.cluster.replica(id).read_state(JobState::clone)
-}
-
 /// Waits until `condition` holds for the JobState, failing after `WAIT`.
 async fn until(job: &LocalJob, what: &str, condition: impl Fn(&JobState) -> bool) -> JobState {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let state = state_of(job);
-        if condition(&state) {
-            return state;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting until {what}; state: {state:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    job.wait_for_state(what, WAIT, condition).await.unwrap()
 }
 
 fn live(state: &JobState) -> usize {

@@ -9,9 +9,9 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{assert_contiguous, read_all, read_from, WAIT};
+use common::{assert_contiguous, eventually, read_all, read_from, WAIT};
 use ctrlog::client::{ClientOptions, ControlClient};
 use ctrlog::log::{Command, Offset, Target};
 use ctrlog::raft::LocalCluster;
@@ -42,18 +42,11 @@ fn stopped(cluster: &LocalCluster) -> Vec<NodeId> {
 
 /// Waits until some replica stopped on the fault, then restarts every stopped one.
 async fn restart_stopped(cluster: &mut LocalCluster, point: &str) -> Vec<NodeId> {
-    let deadline = Instant::now() + WAIT;
-    let victims = loop {
+    let victims = eventually(&format!("{point} to stop a replica"), || {
         let victims = stopped(cluster);
-        if !victims.is_empty() {
-            break victims;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{point}: no replica hit the fault"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+        (!victims.is_empty()).then_some(victims)
+    })
+    .await;
     for id in &victims {
         cluster.stop(*id).await;
         cluster.restart(*id).await.unwrap();

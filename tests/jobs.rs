@@ -5,9 +5,9 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::WAIT;
+use common::{eventually, WAIT};
 use ctrlog::client::{
     ApiError, ClientError, ContainerSession, ControlClient, SessionOptions, Subscription,
     SubscriptionItem,
@@ -30,18 +30,6 @@ async fn next_command(stream: &mut Subscription) -> (Offset, Command) {
     match next_item(stream).await {
         SubscriptionItem::Entry(entry) => (entry.offset, entry.command()),
         reset => panic!("unexpected {reset:?}"),
-    }
-}
-
-/// Polls `probe` until it returns `Some`, failing after `WAIT`.
-async fn eventually<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(value) = probe() {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

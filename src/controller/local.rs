@@ -3,11 +3,14 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use super::{Controller, ControllerReport};
+use crate::jobs::JobState;
+use crate::raft::local_cluster::WaitError;
 use crate::raft::{LocalCluster, ReplicaHandle, StartError};
 use crate::NodeId;
 
@@ -67,6 +70,35 @@ impl LocalJob {
         self.cluster.restart(id).await?;
         self.start_controller(id);
         Ok(())
+    }
+
+    /// Waits until the JobState of a running replica satisfies `condition`, re-checking on
+    /// every apply, and returns that state; fails with `what` after `timeout`.
+    pub async fn wait_for_state(
+        &self,
+        what: &str,
+        timeout: Duration,
+        condition: impl Fn(&JobState) -> bool,
+    ) -> Result<JobState, WaitError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let Some(id) = self.cluster.running_ids().first().copied() else {
+                return Err(WaitError("no replica is running".into()));
+            };
+            let replica = self.cluster.replica(id);
+            let mut applied = replica.applied();
+            let state = replica.read_state(JobState::clone);
+            if condition(&state) {
+                return Ok(state);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(WaitError(format!(
+                    "the job did not reach \"{what}\" within {timeout:?}"
+                )));
+            }
+            // The state changes only when an entry is applied.
+            let _ = tokio::time::timeout_at(deadline, applied.changed()).await;
+        }
     }
 
     /// The report of the controller that is active now, if any.

@@ -12,6 +12,23 @@ use ctrlog::raft::{LocalCluster, ReplicaHandle};
 /// Generous: CI machines are shared and slow, and a deadline only bounds a failure.
 pub const WAIT: Duration = Duration::from_secs(30);
 
+/// Polls `probe` every 20 ms until it returns `Some`, failing with `what` after `WAIT`. For
+/// conditions nothing signals (replica metrics, the leader's heartbeat table); JobState
+/// conditions wait on applies instead (`LocalJob::wait_for_state`).
+pub async fn eventually<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        if let Some(value) = probe() {
+            return value;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 pub fn command(i: u64, size: usize) -> Proposal {
     let mut body = format!("cmd-{i}:").into_bytes();
     body.resize(size.max(body.len()), b'x');
