@@ -69,7 +69,9 @@ impl MachineState {
             .map_or(self.job.next_offset(), |(first, _)| *first)
     }
 
-    fn apply(&mut self, entry: &Entry) -> Vec<Outcome> {
+    /// Applies one committed entry: the whole transition, with no I/O. The replica's store and
+    /// the deterministic simulation's in-memory store both apply through here.
+    pub fn apply(&mut self, entry: &Entry) -> Vec<Outcome> {
         self.last_applied = Some(entry.log_id);
         match &entry.payload {
             EntryPayload::Blank => Vec::new(),

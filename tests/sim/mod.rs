@@ -1,0 +1,926 @@
+//! Deterministic simulation of a ctrlog cluster: 3 or 5 openraft replicas running the product's
+//! state machine ([`MachineState::apply`](ctrlog::raft::state_machine::MachineState::apply))
+//! over in-memory storage, producers, subscribers, containers and a coordinator that runs the
+//! product's planner, all on one thread with tokio's paused clock and a simulated network.
+//!
+//! A fault schedule drawn from the seed crashes and restarts replicas (the leader among them),
+//! isolates the leader, cuts links one way, partitions a minority, and loses and delays
+//! messages. At the end the network heals, everything catches up, and the history goes through
+//! the same checker as `ctrlog chaos`. A monitor also checks Raft's election safety (one leader
+//! per term) every 10 ms of simulated time.
+//!
+//! Reproducibility: every random choice (faults, network, election timeouts, client pauses)
+//! comes from the seed, the clock is virtual, and the runtime is single-threaded with its own
+//! scheduler seed, so the same seed gives the same run. [`SimReport::digest`] fingerprints a run
+//! and a test holds two runs of one seed to the same digest.
+
+pub mod network;
+pub mod store;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ctrlog::checker::{self, Acked, Delivery, History, SubscriptionRecord, TaskEvent, Violation};
+use ctrlog::client::Member;
+use ctrlog::jobs::plan::{plan, Action, GroupByPartition, Observed};
+use ctrlog::jobs::{JobState, Outcome, TaskPhase};
+use ctrlog::log::{
+    Batch, Command, ContainerId, Epoch, Filter, Input, LogEntry, Offset, ProducerSeq, Proposal,
+    RegisterContainer, Target, TaskId, TaskStarted, TaskStopped,
+};
+use ctrlog::raft::types::{ClientWriteError, Raft};
+use ctrlog::NodeId;
+use openraft::error::RaftError;
+use openraft::{ServerState, SnapshotPolicy};
+use rand::Rng;
+use tokio::time::Instant;
+
+use network::{Failure, Net, Party, SimNetwork};
+use store::{Fetched, Storage};
+
+/// How long a client waits for one call before it counts the call's fate as unknown.
+const CLIENT_TIMEOUT: Duration = Duration::from_millis(1_000);
+/// How long the end of a run (heal, catch up, drain) may take in simulated time before the run
+/// counts as stuck.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Partitions of the job's one input stream.
+const PARTITIONS: u32 = 6;
+const CONTAINERS: usize = 3;
+
+/// One run's parameters; everything else follows from the seed.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub seed: u64,
+    pub replicas: u64,
+    /// Simulated time under faults.
+    pub duration: Duration,
+    pub producers: usize,
+    pub subscribers: usize,
+    /// Makes every crash lose the last few appended entries: a store that acknowledges before
+    /// it is durable. The simulation must catch it.
+    pub store_acknowledges_early: bool,
+}
+
+impl SimConfig {
+    pub fn new(seed: u64, replicas: u64) -> SimConfig {
+        SimConfig {
+            seed,
+            replicas,
+            duration: Duration::from_secs(20),
+            producers: 3,
+            subscribers: 2,
+            store_acknowledges_early: false,
+        }
+    }
+
+    /// The command that replays this run.
+    pub fn replay_command(&self) -> String {
+        format!(
+            "CTRLOG_SIM_SEED={} CTRLOG_SIM_REPLICAS={} cargo test --test simulation replay -- --nocapture",
+            self.seed, self.replicas
+        )
+    }
+}
+
+/// What a run did and found.
+#[derive(Debug, Default)]
+pub struct SimReport {
+    pub violations: Vec<String>,
+    pub faults: BTreeMap<&'static str, u32>,
+    pub acked: usize,
+    pub committed: Offset,
+    pub terms_with_leader: usize,
+    pub resets: usize,
+    pub snapshots: u64,
+    pub task_starts: usize,
+    pub task_stops: usize,
+    pub simulated: Duration,
+    /// A fingerprint of the run: the canonical log, the leaders per term and the faults.
+    pub digest: u64,
+}
+
+/// Runs one simulation on a fresh single-threaded runtime with a paused clock.
+pub fn run(config: &SimConfig) -> SimReport {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("building the simulation runtime");
+    // Actors run as local tasks: their futures borrow across awaits and need not be `Send`.
+    let actors = tokio::task::LocalSet::new();
+    runtime.block_on(actors.run_until(Sim::new(config.clone()).run()))
+}
+
+/// What the actors record; becomes the checker's [`History`].
+#[derive(Default)]
+struct Record {
+    attempted: BTreeSet<ProducerSeq>,
+    acked: Vec<Acked>,
+    subscriptions: Vec<SubscriptionRecord>,
+    task_events: Vec<TaskEvent>,
+    /// Term → the leaders seen in it (more than one is an election-safety violation).
+    leaders: BTreeMap<u64, BTreeSet<NodeId>>,
+    faults: Vec<(u64, String)>,
+    anomalies: Vec<String>,
+}
+
+struct Sim {
+    config: SimConfig,
+    net: Arc<Net>,
+    disks: BTreeMap<NodeId, Storage>,
+    members: BTreeMap<NodeId, Member>,
+    record: Mutex<Record>,
+    started: Instant,
+    /// Producers and the coordinator stop when this is set.
+    stopping: AtomicBool,
+    /// Readers stop once they have read past this offset (set when the log is final).
+    final_offset: AtomicU64,
+    /// Containers told to stop (by a plan's `Stop` action).
+    stopped_containers: Mutex<BTreeSet<ContainerId>>,
+}
+
+impl Sim {
+    fn new(config: SimConfig) -> Arc<Sim> {
+        let ids = 1..=config.replicas;
+        Arc::new(Sim {
+            net: Net::new(config.seed),
+            disks: ids.clone().map(|id| (id, Storage::new())).collect(),
+            members: ids
+                .map(|id| {
+                    let member = Member {
+                        peer_addr: format!("sim-{id}"),
+                        client_addr: format!("sim-{id}"),
+                    };
+                    (id, member)
+                })
+                .collect(),
+            config,
+            record: Mutex::default(),
+            started: Instant::now(),
+            stopping: AtomicBool::new(false),
+            final_offset: AtomicU64::new(u64::MAX),
+            stopped_containers: Mutex::default(),
+        })
+    }
+
+    fn record(&self) -> std::sync::MutexGuard<'_, Record> {
+        self.record
+            .lock()
+            .expect("simulation locks are never poisoned")
+    }
+
+    fn now_us(&self) -> u64 {
+        self.started.elapsed().as_micros() as u64
+    }
+
+    fn fault(&self, what: String) {
+        let at = self.started.elapsed().as_millis() as u64;
+        self.record().faults.push((at, what));
+    }
+
+    fn random_replica(&self) -> NodeId {
+        self.net
+            .random(|rng| rng.gen_range(1..=self.config.replicas))
+    }
+
+    async fn pause(&self, ms: std::ops::Range<u64>) {
+        let ms = self.net.random(|rng| rng.gen_range(ms));
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+
+    // ---- replicas ----------------------------------------------------------------------------
+
+    async fn start_replica(self: &Arc<Self>, id: NodeId) {
+        // A per-incarnation election timeout from the seed (openraft draws its own timeout from
+        // a thread-local generator; a one-millisecond range pins it).
+        let timeout = self.net.random(|rng| rng.gen_range(300..600));
+        let config = openraft::Config {
+            cluster_name: "sim".into(),
+            heartbeat_interval: 50,
+            election_timeout_min: timeout,
+            election_timeout_max: timeout + 1,
+            max_payload_entries: 64,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(200),
+            max_in_snapshot_log_to_keep: 50,
+            ..Default::default()
+        }
+        .validate()
+        .expect("a valid openraft config");
+        let storage = self.disks[&id].reopen();
+        let started = Raft::new(
+            id,
+            Arc::new(config),
+            SimNetwork {
+                net: self.net.clone(),
+                from: id,
+            },
+            storage.clone(),
+            storage.clone(),
+        )
+        .await;
+        match started {
+            Ok(raft) => self.net.bring_up(id, raft, storage),
+            // openraft refuses storage that lost what it had acknowledged.
+            Err(error) => self
+                .record()
+                .anomalies
+                .push(format!("replica {id} did not restart: {error}")),
+        }
+    }
+
+    async fn crash(&self, id: NodeId) {
+        if let Some(raft) = self.net.take_down(id) {
+            self.fault(format!("crash {id}"));
+            let _ = raft.shutdown().await;
+            if self.config.store_acknowledges_early {
+                self.disks[&id].lose_tail(3);
+            }
+        }
+    }
+
+    fn leader(&self) -> Option<(NodeId, Raft, Storage)> {
+        self.net
+            .running()
+            .into_iter()
+            .filter(|(id, raft, _)| {
+                let metrics = raft.metrics().borrow().clone();
+                metrics.state == ServerState::Leader && metrics.current_leader == Some(*id)
+            })
+            .max_by_key(|(_, raft, _)| raft.metrics().borrow().current_term)
+    }
+
+    // ---- clients -----------------------------------------------------------------------------
+
+    /// Appends one proposal, following redirects and retrying its unknown fate with the same
+    /// `(producer, seq)` until the log decides it.
+    async fn append(&self, me: Party, proposal: Proposal) -> Outcome {
+        let mut node = self.random_replica();
+        loop {
+            let batch = Batch {
+                appended_at_ms: self.started.elapsed().as_millis() as u64,
+                proposals: vec![proposal.clone()],
+            };
+            let answer = self
+                .net
+                .call(me, node, CLIENT_TIMEOUT, |raft, _| async move {
+                    raft.client_write(batch).await
+                })
+                .await;
+            match answer {
+                Ok(Ok(mut response)) => {
+                    return response.data.pop().expect("one outcome per proposal");
+                }
+                Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward)))) => {
+                    match forward.leader_id {
+                        Some(leader) => node = leader,
+                        None => {
+                            self.pause(20..60).await;
+                            node = self.random_replica();
+                        }
+                    }
+                }
+                Ok(Err(_)) | Err(Failure::Refused | Failure::TimedOut) => {
+                    self.pause(20..60).await;
+                    node = self.random_replica();
+                }
+            }
+        }
+    }
+
+    async fn producer(self: Arc<Self>, producer: u64) {
+        let me = 100 + producer;
+        let mut seq = 0;
+        while !self.stopping.load(Ordering::Acquire) {
+            seq += 1;
+            let pair = ProducerSeq { producer, seq };
+            let frame =
+                Command::custom(1, 1, format!("{producer}/{seq}").into_bytes()).into_frame();
+            self.record().attempted.insert(pair);
+            let proposal = Proposal {
+                producer: Some(pair),
+                target: Target::All,
+                frame: frame.clone(),
+            };
+            match self.append(me, proposal).await {
+                Outcome::Appended { offset } | Outcome::Duplicate { offset } => {
+                    self.record().acked.push(Acked {
+                        pair,
+                        offset,
+                        frame,
+                    })
+                }
+                other => self
+                    .record()
+                    .anomalies
+                    .push(format!("producer {producer} seq {seq}: {other:?}")),
+            }
+            self.pause(0..20).await;
+        }
+    }
+
+    /// A subscription: fetches from one replica at a time, switches replicas when a call fails
+    /// (recording the resume), and hands each matching entry or reset to `on_delivery`. Ends
+    /// once it has read past the final offset, or when `on_delivery` says so.
+    async fn subscribe(
+        &self,
+        me: Party,
+        name: String,
+        filter: Filter,
+        from: Offset,
+        mut on_delivery: impl AsyncFnMut(Delivered) -> bool,
+    ) {
+        let index = {
+            let mut record = self.record();
+            record.subscriptions.push(SubscriptionRecord {
+                name,
+                filter: filter.clone(),
+                from,
+                deliveries: Vec::new(),
+            });
+            record.subscriptions.len() - 1
+        };
+        let deliver =
+            |delivery: Delivery| self.record().subscriptions[index].deliveries.push(delivery);
+        let mut next = from;
+        let mut node = self.random_replica();
+        while next <= self.final_offset.load(Ordering::Acquire) {
+            let answer = self
+                .net
+                .call(me, node, CLIENT_TIMEOUT, |_, storage| async move {
+                    storage.fetch(next, 64)
+                })
+                .await;
+            match answer {
+                Ok(Fetched::Entries(entries)) if entries.is_empty() => {
+                    self.pause(5..30).await;
+                }
+                Ok(Fetched::Entries(entries)) => {
+                    for entry in entries {
+                        next = entry.offset + 1;
+                        if filter.matches(&entry.target) {
+                            deliver(Delivery::Entry(entry.clone()));
+                            if !on_delivery(Delivered::Entry(entry)).await {
+                                return;
+                            }
+                        }
+                    }
+                }
+                Ok(Fetched::Compacted { offset, state }) => {
+                    deliver(Delivery::Reset { offset });
+                    next = offset + 1;
+                    if !on_delivery(Delivered::Reset(state)).await {
+                        return;
+                    }
+                }
+                Err(_) => {
+                    deliver(Delivery::Resumed { from: next });
+                    node = self.random_replica();
+                    self.pause(10..50).await;
+                }
+            }
+        }
+    }
+
+    async fn subscriber(self: Arc<Self>, index: u64) {
+        self.subscribe(
+            200 + index,
+            format!("subscriber-{index}"),
+            Filter::Everything,
+            1,
+            async |_| true,
+        )
+        .await;
+    }
+
+    // ---- the job -----------------------------------------------------------------------------
+
+    /// A container: registers, then obeys its own stream (and resets), recording when it runs
+    /// each task and acknowledging through the log.
+    async fn container(self: Arc<Self>, index: u64) {
+        let me = 300 + index;
+        let id = ContainerId::new(format!("c{index}")).expect("a valid container id");
+        let mut seq = 0;
+        let mut next_pair = || {
+            seq += 1;
+            Some(ProducerSeq { producer: me, seq })
+        };
+        let register = Command::RegisterContainer(RegisterContainer {
+            container: id.clone(),
+            location: "sim".into(),
+        });
+        let (Outcome::Appended { offset: epoch } | Outcome::Duplicate { offset: epoch }) =
+            self.append(me, proposal(next_pair(), register)).await
+        else {
+            self.record()
+                .anomalies
+                .push(format!("{id} could not register"));
+            return;
+        };
+        let container = Container {
+            sim: &self,
+            id: id.clone(),
+            epoch,
+            running: Mutex::default(),
+        };
+        let container = &container;
+        let next_pair = Mutex::new(next_pair);
+        self.subscribe(
+            me,
+            format!("container-{id}"),
+            Filter::Container(id.clone()),
+            epoch + 1,
+            async |delivered| {
+                if self.stopped_containers.lock().unwrap().contains(&id) {
+                    container.stop_all();
+                    return false;
+                }
+                let answers = match delivered {
+                    Delivered::Entry(entry) => container.obey(&entry),
+                    Delivered::Reset(state) => container.reconcile(&state),
+                };
+                let Some(answers) = answers else {
+                    container.stop_all();
+                    return false;
+                };
+                for answer in answers {
+                    let pair = (next_pair.lock().unwrap())();
+                    if let Outcome::Rejected(rejection) =
+                        self.append(me, proposal(pair, answer)).await
+                    {
+                        self.record()
+                            .anomalies
+                            .push(format!("{id}@{epoch}'s answer refused: {rejection:?}"));
+                    }
+                }
+                true
+            },
+        )
+        .await;
+        container.stop_all();
+    }
+
+    /// The coordinator: runs beside whichever replica leads, reads that replica's JobState and
+    /// carries out the product's plan, like `Controller` does.
+    async fn coordinator(self: Arc<Self>) {
+        let me = 400;
+        let inputs: BTreeSet<Input> = (0..PARTITIONS)
+            .map(|p| Input::new("sim", "clicks", p).expect("a valid input"))
+            .collect();
+        let mut seq = 0;
+        while !self.stopping.load(Ordering::Acquire) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let Some((_, raft, storage)) = self.leader() else {
+                continue;
+            };
+            // Scale in for the last third of the run: one container is drained and stopped.
+            let desired = if self.started.elapsed() < self.config.duration * 2 / 3 {
+                CONTAINERS as u32
+            } else {
+                CONTAINERS as u32 - 1
+            };
+            let observed = Observed {
+                inputs: inputs.clone(),
+                overdue: Vec::new(),
+                launching: 0,
+                desired_containers: desired,
+            };
+            for action in plan(&storage.job_state(), &observed, &GroupByPartition) {
+                match action {
+                    Action::Append(command) => {
+                        seq += 1;
+                        let batch = Batch {
+                            appended_at_ms: self.started.elapsed().as_millis() as u64,
+                            proposals: vec![proposal(
+                                Some(ProducerSeq { producer: me, seq }),
+                                command,
+                            )],
+                        };
+                        // In process, beside the leader: no network hop.
+                        let written =
+                            tokio::time::timeout(CLIENT_TIMEOUT, raft.client_write(batch)).await;
+                        let appended = matches!(
+                            written.as_ref().map(|w| w.as_ref().map(|r| &r.data[..])),
+                            Ok(Ok([Outcome::Appended { .. }]))
+                        );
+                        if !appended {
+                            break;
+                        }
+                    }
+                    Action::Stop(container) => {
+                        self.stopped_containers.lock().unwrap().insert(container);
+                    }
+                    Action::Launch(_) => {}
+                }
+            }
+        }
+    }
+
+    // ---- faults ------------------------------------------------------------------------------
+
+    /// Every 10 ms: election safety (at most one leader per term), and no Raft core stopped by
+    /// a fatal error (openraft stops on broken storage or a safety check of its own).
+    async fn monitor(self: Arc<Self>) {
+        while self.final_offset.load(Ordering::Acquire) == u64::MAX {
+            for (id, raft, _) in self.net.running() {
+                let metrics = raft.metrics().borrow().clone();
+                if let Err(fatal) = &metrics.running_state {
+                    let anomaly = format!("replica {id}'s Raft stopped: {fatal}");
+                    let mut record = self.record();
+                    if !record.anomalies.contains(&anomaly) {
+                        record.anomalies.push(anomaly);
+                    }
+                }
+                if metrics.state == ServerState::Leader {
+                    self.record()
+                        .leaders
+                        .entry(metrics.current_term)
+                        .or_default()
+                        .insert(id);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn faults(self: &Arc<Self>, counts: &mut BTreeMap<&'static str, u32>) {
+        let n = self.config.replicas;
+        let tolerated = ((n - 1) / 2) as usize;
+        let mut restarts = tokio::task::JoinSet::new();
+        while self.started.elapsed() < self.config.duration {
+            self.pause(300..1500).await;
+            let kind = self.net.random(|rng| rng.gen_range(0..7));
+            let down = (1..=n).filter(|id| !self.net.is_up(*id)).count();
+            let leader = self.leader().map(|(id, _, _)| id);
+            let hold = Duration::from_millis(self.net.random(|rng| rng.gen_range(300..3000)));
+            match kind {
+                0 | 1 if down < tolerated => {
+                    let victim = match (kind, leader) {
+                        (1, Some(leader)) => leader,
+                        _ => self.random_replica(),
+                    };
+                    *counts
+                        .entry(if Some(victim) == leader {
+                            "leader crashes"
+                        } else {
+                            "crashes"
+                        })
+                        .or_default() += 1;
+                    self.crash(victim).await;
+                    let sim = self.clone();
+                    restarts.spawn_local(async move {
+                        tokio::time::sleep(hold).await;
+                        if !sim.net.is_up(victim) {
+                            sim.fault(format!("restart {victim}"));
+                            sim.start_replica(victim).await;
+                        }
+                    });
+                }
+                2 => {
+                    let Some(leader) = leader else { continue };
+                    *counts.entry("leader isolations").or_default() += 1;
+                    self.fault(format!("isolate leader {leader}"));
+                    let others: Vec<NodeId> = (1..=n).filter(|id| *id != leader).collect();
+                    self.partition(&[leader], &others, hold).await;
+                }
+                3 => {
+                    let (from, to) = self.net.random(|rng| {
+                        let from = rng.gen_range(1..=n);
+                        (from, (from + rng.gen_range(1..n) - 1) % n + 1)
+                    });
+                    *counts.entry("one-way cuts").or_default() += 1;
+                    self.fault(format!("cut {from}->{to}"));
+                    self.net.cut(from, to);
+                    tokio::time::sleep(hold).await;
+                    self.net.restore(from, to);
+                }
+                4 => {
+                    let minority: Vec<NodeId> = (1..=n)
+                        .filter(|_| self.net.random(|rng| rng.gen_bool(0.5)))
+                        .take(tolerated)
+                        .collect();
+                    let majority: Vec<NodeId> =
+                        (1..=n).filter(|id| !minority.contains(id)).collect();
+                    *counts.entry("partitions").or_default() += 1;
+                    self.fault(format!("partition {minority:?} | {majority:?}"));
+                    self.partition(&minority, &majority, hold).await;
+                }
+                5 => {
+                    let loss = self.net.random(|rng| rng.gen_range(10..200));
+                    *counts.entry("lossy periods").or_default() += 1;
+                    self.fault(format!("loss {loss}‰"));
+                    self.net.set_loss(loss);
+                    tokio::time::sleep(hold).await;
+                    self.net.set_loss(0);
+                }
+                6 => {
+                    let delay = self.net.random(|rng| rng.gen_range(5..60));
+                    *counts.entry("slow periods").or_default() += 1;
+                    self.fault(format!("delay ≤{delay} ms"));
+                    self.net.set_delay(delay);
+                    tokio::time::sleep(hold).await;
+                    self.net.set_delay(2);
+                }
+                _ => {}
+            }
+        }
+        restarts.join_all().await;
+    }
+
+    async fn partition(&self, a: &[NodeId], b: &[NodeId], hold: Duration) {
+        for x in a {
+            for y in b {
+                self.net.cut(*x, *y);
+                self.net.cut(*y, *x);
+            }
+        }
+        tokio::time::sleep(hold).await;
+        for x in a {
+            for y in b {
+                self.net.restore(*x, *y);
+                self.net.restore(*y, *x);
+            }
+        }
+    }
+
+    // ---- the run -----------------------------------------------------------------------------
+
+    async fn run(self: Arc<Self>) -> SimReport {
+        let n = self.config.replicas;
+        for id in 1..=n {
+            self.start_replica(id).await;
+        }
+        let (_, first, _) = self.net.running().remove(0);
+        first
+            .initialize(self.members.clone())
+            .await
+            .expect("initialising the simulated cluster");
+
+        let monitor = tokio::task::spawn_local(self.clone().monitor());
+        let mut writers = tokio::task::JoinSet::new();
+        for producer in 1..=self.config.producers as u64 {
+            writers.spawn_local(self.clone().producer(producer));
+        }
+        writers.spawn_local(self.clone().coordinator());
+        let mut readers = tokio::task::JoinSet::new();
+        for index in 1..=self.config.subscribers as u64 {
+            readers.spawn_local(self.clone().subscriber(index));
+        }
+        // Containers join one by one, so that the later ones take tasks over by handshakes.
+        for index in 1..=CONTAINERS as u64 {
+            let sim = self.clone();
+            readers.spawn_local(async move {
+                tokio::time::sleep(Duration::from_secs(2 * (index - 1))).await;
+                sim.container(index).await
+            });
+        }
+
+        let mut report = SimReport::default();
+        self.faults(&mut report.faults).await;
+
+        // Heal, bring every replica back, and let the job settle.
+        self.fault("heal".into());
+        self.net.heal();
+        for id in 1..=n {
+            if !self.net.is_up(id) {
+                self.start_replica(id).await;
+            }
+        }
+        self.stopping.store(true, Ordering::Release);
+        let settle = async {
+            writers.join_all().await;
+            self.wait_for_quiet_log().await
+        };
+        let final_offset = match tokio::time::timeout(SETTLE_TIMEOUT, settle).await {
+            Ok(offset) => offset,
+            Err(_) => {
+                report
+                    .violations
+                    .push("the cluster did not settle after healing".into());
+                self.net
+                    .running()
+                    .iter()
+                    .map(|(_, _, s)| s.last_offset())
+                    .max()
+                    .unwrap_or(0)
+            }
+        };
+        self.final_offset.store(final_offset, Ordering::Release);
+        if tokio::time::timeout(SETTLE_TIMEOUT, readers.join_all())
+            .await
+            .is_err()
+        {
+            report
+                .violations
+                .push(format!("readers did not reach offset {final_offset}"));
+        }
+        monitor.await.expect("the monitor does not panic");
+
+        self.finish(report, final_offset).await
+    }
+
+    /// Waits until every replica has applied the same entries and nothing new arrived for a
+    /// second (containers finish their acknowledgements); returns the last offset.
+    async fn wait_for_quiet_log(&self) -> Offset {
+        let mut last_seen = None;
+        let mut since = Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let positions: BTreeSet<(Option<u64>, Offset)> = self
+                .net
+                .running()
+                .iter()
+                .map(|(_, _, s)| (s.last_applied_index(), s.last_offset()))
+                .collect();
+            let agreed = (positions.len() == 1).then(|| *positions.first().expect("one"));
+            if agreed != last_seen {
+                last_seen = agreed;
+                since = Instant::now();
+            } else if let Some((_, offset)) = agreed {
+                if since.elapsed() >= Duration::from_secs(1) {
+                    return offset;
+                }
+            }
+        }
+    }
+
+    async fn finish(self: Arc<Self>, mut report: SimReport, final_offset: Offset) -> SimReport {
+        let running = self.net.running();
+        let replica_logs: Vec<(String, Vec<LogEntry>)> = running
+            .iter()
+            .map(|(id, _, storage)| (format!("replica-{id}"), storage.retained_log()))
+            .collect();
+        let record = std::mem::take(&mut *self.record());
+        for (_, raft, _) in running {
+            let _ = raft.shutdown().await;
+        }
+
+        for (term, leaders) in &record.leaders {
+            if leaders.len() > 1 {
+                report
+                    .violations
+                    .push(format!("term {term} had leaders {leaders:?}"));
+            }
+        }
+        report.violations.extend(record.anomalies.iter().cloned());
+        report.acked = record.acked.len();
+        report.committed = final_offset;
+        report.terms_with_leader = record.leaders.len();
+        report.resets = record
+            .subscriptions
+            .iter()
+            .flat_map(|s| &s.deliveries)
+            .filter(|d| matches!(d, Delivery::Reset { .. }))
+            .count();
+        report.snapshots = self.disks.values().map(Storage::snapshots_built).sum();
+        report.task_starts = record.task_events.iter().filter(|e| e.running).count();
+        report.task_stops = record.task_events.len() - report.task_starts;
+        report.simulated = self.started.elapsed();
+
+        let mut digest = std::collections::hash_map::DefaultHasher::new();
+        for (_, log) in &replica_logs {
+            for entry in log {
+                (entry.offset, entry.term, entry.producer).hash(&mut digest);
+            }
+        }
+        record.leaders.hash(&mut digest);
+        record.faults.hash(&mut digest);
+        report.digest = digest.finish();
+
+        let history = History {
+            replica_logs,
+            attempted: record.attempted,
+            acked: record.acked,
+            subscriptions: record.subscriptions,
+            task_events: record.task_events,
+        };
+        report.violations.extend(
+            checker::check(&history)
+                .iter()
+                .map(|v: &Violation| v.to_string()),
+        );
+        report
+    }
+}
+
+/// What a subscription hands its consumer.
+enum Delivered {
+    Entry(LogEntry),
+    Reset(Box<JobState>),
+}
+
+fn proposal(pair: Option<ProducerSeq>, command: Command) -> Proposal {
+    Proposal {
+        producer: pair,
+        target: command.target().unwrap_or(Target::All),
+        frame: command.into_frame(),
+    }
+}
+
+/// A container's view of its own work.
+struct Container<'a> {
+    sim: &'a Sim,
+    id: ContainerId,
+    epoch: Epoch,
+    running: Mutex<BTreeSet<TaskId>>,
+}
+
+impl Container<'_> {
+    fn report(&self, task: &TaskId, running: bool) {
+        let event = TaskEvent {
+            container: self.id.to_string(),
+            epoch: self.epoch,
+            task: task.to_string(),
+            running,
+            at_us: self.sim.now_us(),
+        };
+        self.sim.record().task_events.push(event);
+    }
+
+    fn start(&self, task: &TaskId) -> Command {
+        if self.running.lock().unwrap().insert(task.clone()) {
+            self.report(task, true);
+        }
+        Command::TaskStarted(TaskStarted {
+            task: task.clone(),
+            container: self.id.clone(),
+            epoch: self.epoch,
+        })
+    }
+
+    /// Stops the work first; only then is the stop acknowledged.
+    fn stop(&self, task: &TaskId) -> Command {
+        if self.running.lock().unwrap().remove(task) {
+            self.report(task, false);
+        }
+        Command::TaskStopped(TaskStopped {
+            task: task.clone(),
+            container: self.id.clone(),
+            epoch: self.epoch,
+            checkpoint: None,
+        })
+    }
+
+    fn stop_all(&self) {
+        let tasks: Vec<TaskId> = self.running.lock().unwrap().iter().cloned().collect();
+        for task in tasks {
+            self.stop(&task);
+        }
+    }
+
+    fn mine(&self, container: &ContainerId, epoch: Epoch) -> bool {
+        *container == self.id && epoch == self.epoch
+    }
+
+    /// The answers to one command, or `None` when this session is over.
+    fn obey(&self, entry: &LogEntry) -> Option<Vec<Command>> {
+        Some(match entry.command() {
+            Command::AssignTask(assign) if self.mine(&assign.container, assign.epoch) => {
+                vec![self.start(&assign.task)]
+            }
+            Command::StopTask(stop) if self.mine(&stop.container, stop.epoch) => {
+                vec![self.stop(&stop.task)]
+            }
+            Command::DeregisterContainer(c) if self.mine(&c.container, c.epoch) => return None,
+            Command::ExpireContainer(c) if self.mine(&c.container, c.epoch) => return None,
+            _ => Vec::new(),
+        })
+    }
+
+    /// After a reset: do what the state says this session owns, and answer what it owes.
+    fn reconcile(&self, state: &JobState) -> Option<Vec<Command>> {
+        let me = |owner: &ctrlog::jobs::Session| self.mine(&owner.container, owner.epoch);
+        if !state.live_sessions().any(|s| me(&s)) {
+            return None;
+        }
+        let mut answers = Vec::new();
+        let mut owned = BTreeSet::new();
+        for (task, record) in state.tasks() {
+            match &record.phase {
+                TaskPhase::Starting { owner, .. } if me(owner) => {
+                    owned.insert(task.clone());
+                    answers.push(self.start(task));
+                }
+                TaskPhase::Running { owner, .. } if me(owner) => {
+                    owned.insert(task.clone());
+                    self.start(task);
+                }
+                TaskPhase::Stopping { owner, .. } if me(owner) => answers.push(self.stop(task)),
+                _ => {}
+            }
+        }
+        let strays: Vec<TaskId> = self
+            .running
+            .lock()
+            .unwrap()
+            .difference(&owned)
+            .cloned()
+            .collect();
+        for task in strays {
+            self.stop(&task);
+        }
+        Some(answers)
+    }
+}

@@ -1,0 +1,290 @@
+//! The simulated network: every message between two parties (replicas, producers, subscribers,
+//! containers) crosses one hop per direction, which can be cut (one-way or both ways), lose the
+//! message, or delay it. Lost messages cost the caller its whole timeout, as on a real network.
+//!
+//! All randomness comes from one seeded generator, and time is tokio's paused clock, so a run
+//! is a function of its seed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use ctrlog::client::Member;
+use ctrlog::raft::types::*;
+use ctrlog::raft::TypeConfig;
+use ctrlog::NodeId;
+use openraft::error::{NetworkError, RPCError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+
+use super::store::Storage;
+
+/// A party on the network: replicas are 1..=N, clients get their own ids.
+pub type Party = u64;
+
+/// Why a call produced no answer.
+#[derive(Debug)]
+pub enum Failure {
+    /// Nobody listens there (the replica is down): refused at once.
+    Refused,
+    /// The request or its answer was lost, or the callee did not answer in time.
+    TimedOut,
+}
+
+/// A running replica.
+#[derive(Clone)]
+struct Incarnation {
+    raft: Raft,
+    storage: Storage,
+    generation: u64,
+}
+
+struct NetState {
+    up: BTreeMap<NodeId, Incarnation>,
+    /// Messages from `.0` to `.1` are lost.
+    cut: BTreeSet<(Party, Party)>,
+    loss_per_mille: u32,
+    delay_ms_max: u64,
+    rng: StdRng,
+    generations: u64,
+}
+
+pub struct Net {
+    state: Mutex<NetState>,
+}
+
+/// What one hop does to a message.
+enum Hop {
+    Lost,
+    Delayed(Duration),
+}
+
+impl Net {
+    pub fn new(seed: u64) -> Arc<Net> {
+        Arc::new(Net {
+            state: Mutex::new(NetState {
+                up: BTreeMap::new(),
+                cut: BTreeSet::new(),
+                loss_per_mille: 0,
+                delay_ms_max: 2,
+                rng: StdRng::seed_from_u64(seed),
+                generations: 0,
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, NetState> {
+        self.state
+            .lock()
+            .expect("simulation locks are never poisoned")
+    }
+
+    /// Draws from the simulation's one generator.
+    pub fn random<T>(&self, draw: impl FnOnce(&mut StdRng) -> T) -> T {
+        draw(&mut self.lock().rng)
+    }
+
+    pub fn bring_up(&self, id: NodeId, raft: Raft, storage: Storage) {
+        let mut state = self.lock();
+        state.generations += 1;
+        let generation = state.generations;
+        state.up.insert(
+            id,
+            Incarnation {
+                raft,
+                storage,
+                generation,
+            },
+        );
+    }
+
+    /// Takes a replica off the network; the caller shuts its Raft down.
+    pub fn take_down(&self, id: NodeId) -> Option<Raft> {
+        self.lock().up.remove(&id).map(|i| i.raft)
+    }
+
+    pub fn is_up(&self, id: NodeId) -> bool {
+        self.lock().up.contains_key(&id)
+    }
+
+    pub fn running(&self) -> Vec<(NodeId, Raft, Storage)> {
+        self.lock()
+            .up
+            .iter()
+            .map(|(id, i)| (*id, i.raft.clone(), i.storage.clone()))
+            .collect()
+    }
+
+    pub fn cut(&self, from: Party, to: Party) {
+        self.lock().cut.insert((from, to));
+    }
+
+    pub fn restore(&self, from: Party, to: Party) {
+        self.lock().cut.remove(&(from, to));
+    }
+
+    pub fn heal(&self) {
+        let mut state = self.lock();
+        state.cut.clear();
+        state.loss_per_mille = 0;
+        state.delay_ms_max = 2;
+    }
+
+    pub fn set_loss(&self, per_mille: u32) {
+        self.lock().loss_per_mille = per_mille;
+    }
+
+    pub fn set_delay(&self, ms_max: u64) {
+        self.lock().delay_ms_max = ms_max;
+    }
+
+    fn hop(&self, from: Party, to: Party) -> Hop {
+        let mut state = self.lock();
+        if state.cut.contains(&(from, to)) {
+            return Hop::Lost;
+        }
+        let loss = state.loss_per_mille;
+        if loss > 0 && state.rng.gen_range(0..1000) < loss {
+            return Hop::Lost;
+        }
+        let max = state.delay_ms_max;
+        Hop::Delayed(Duration::from_micros(state.rng.gen_range(0..=max * 1000)))
+    }
+
+    /// Sends a request from `from` to replica `to`, runs `call` there, and carries the answer
+    /// back, within `timeout`.
+    pub async fn call<T, F, Fut>(
+        &self,
+        from: Party,
+        to: NodeId,
+        timeout: Duration,
+        call: F,
+    ) -> Result<T, Failure>
+    where
+        F: FnOnce(Raft, Storage) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let deadline = Instant::now() + timeout;
+        match self.hop(from, to) {
+            Hop::Lost => {
+                tokio::time::sleep_until(deadline).await;
+                return Err(Failure::TimedOut);
+            }
+            Hop::Delayed(delay) => tokio::time::sleep(delay).await,
+        }
+        let Some(callee) = self.lock().up.get(&to).cloned() else {
+            return Err(Failure::Refused);
+        };
+        let answer = tokio::time::timeout_at(deadline, call(callee.raft, callee.storage))
+            .await
+            .map_err(|_| Failure::TimedOut)?;
+        let same_incarnation = self
+            .lock()
+            .up
+            .get(&to)
+            .is_some_and(|i| i.generation == callee.generation);
+        if !same_incarnation {
+            // The process died while handling the call: the connection broke.
+            return Err(Failure::Refused);
+        }
+        match self.hop(to, from) {
+            Hop::Lost => {
+                tokio::time::sleep_until(deadline).await;
+                Err(Failure::TimedOut)
+            }
+            Hop::Delayed(delay) => {
+                tokio::time::sleep(delay).await;
+                Ok(answer)
+            }
+        }
+    }
+}
+
+/// openraft's network factory for replica `from`.
+pub struct SimNetwork {
+    pub net: Arc<Net>,
+    pub from: NodeId,
+}
+
+pub struct SimPeer {
+    net: Arc<Net>,
+    from: NodeId,
+    to: NodeId,
+}
+
+impl RaftNetworkFactory<TypeConfig> for SimNetwork {
+    type Network = SimPeer;
+
+    async fn new_client(&mut self, target: NodeId, _: &Member) -> SimPeer {
+        SimPeer {
+            net: self.net.clone(),
+            from: self.from,
+            to: target,
+        }
+    }
+}
+
+impl SimPeer {
+    async fn rpc<T, E, F, Fut>(
+        &self,
+        option: &RPCOption,
+        call: F,
+    ) -> Result<T, RPCError<NodeId, Member, openraft::error::RaftError<NodeId, E>>>
+    where
+        E: std::error::Error,
+        F: FnOnce(Raft) -> Fut,
+        Fut: Future<Output = Result<T, openraft::error::RaftError<NodeId, E>>>,
+    {
+        let answer = self
+            .net
+            .call(self.from, self.to, option.hard_ttl(), |raft, _| call(raft))
+            .await;
+        match answer {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(remote)) => Err(RPCError::RemoteError(RemoteError::new(self.to, remote))),
+            Err(Failure::Refused) => Err(RPCError::Unreachable(Unreachable::new(
+                &std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+            ))),
+            Err(Failure::TimedOut) => Err(RPCError::Network(NetworkError::new(
+                &std::io::Error::from(std::io::ErrorKind::TimedOut),
+            ))),
+        }
+    }
+}
+
+impl RaftNetwork<TypeConfig> for SimPeer {
+    async fn append_entries(
+        &mut self,
+        request: AppendEntriesRequest,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse, RpcError> {
+        self.rpc(
+            &option,
+            |raft| async move { raft.append_entries(request).await },
+        )
+        .await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        request: InstallSnapshotRequest,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse, RpcError<InstallSnapshotError>> {
+        self.rpc(&option, |raft| async move {
+            raft.install_snapshot(request).await
+        })
+        .await
+    }
+
+    async fn vote(
+        &mut self,
+        request: VoteRequest,
+        option: RPCOption,
+    ) -> Result<VoteResponse, RpcError> {
+        self.rpc(&option, |raft| async move { raft.vote(request).await })
+            .await
+    }
+}
