@@ -505,3 +505,80 @@ async fn typed_errors_and_garbage_on_the_client_port() {
     );
     cluster.shutdown().await;
 }
+
+/// A well-framed request whose deadline, relative to now, overflows the clock: tarpc's decoder
+/// panics on it (`Instant + Duration` overflow). Found by the `client_rpc` fuzz target.
+fn request_with_overflowing_deadline<T: serde::Serialize + Unpin>(message: T) -> Vec<u8> {
+    use std::pin::Pin;
+    use tarpc::tokio_serde::Serializer;
+    // `ClientMessage::Request(Request { context: { deadline, trace_context }, id, message })`,
+    // field by field, with the deadline (sent as time remaining) at its largest.
+    let fields = (
+        0u32,
+        Duration::MAX,
+        tarpc::trace::Context::default(),
+        7u64,
+        message,
+    );
+    let mut codec = Bincode::<(), _>::default();
+    let body = Pin::new(&mut codec).serialize(&fields).unwrap();
+    let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// Sends `frame` on a new connection to `addr` and waits for the replica to close it.
+async fn send_and_expect_close(addr: SocketAddr, frame: &[u8]) {
+    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let _ = socket.write_all(frame).await;
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(WAIT, socket.read_to_end(&mut rest)).await;
+    assert!(closed.is_ok(), "the replica closed the connection");
+}
+
+/// Goal: a request whose deadline overflows the clock costs its sender the connection and
+/// nothing else, on the client port and on the peer port.
+/// Steps: open a client connection to the leader; send the poisoned request to the leader's
+/// client port and to every peer port; the earlier connection and a new one are still served,
+/// and the cluster still commits on every replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_deadline_overflows_the_clock_closes_only_its_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let leader_addr = cluster.replica(leader).client_addr();
+    let earlier = raw_client(leader_addr).await;
+    let ctx = || deadline_context(Duration::from_secs(10));
+
+    send_and_expect_close(
+        leader_addr,
+        &request_with_overflowing_deadline(ctrlog::client::ControlLogRequest::Status {}),
+    )
+    .await;
+    for id in cluster.running_ids() {
+        let vote = ctrlog::raft::network::RaftRpcRequest::Vote {
+            request: ctrlog::raft::types::VoteRequest::new(openraft::Vote::new(1, 9), None),
+        };
+        let addr = cluster.replica(id).peer_addr();
+        send_and_expect_close(addr, &request_with_overflowing_deadline(vote)).await;
+    }
+
+    let status = earlier.status(ctx()).await.unwrap().unwrap();
+    assert_eq!(
+        status.leader_id,
+        Some(leader),
+        "the earlier connection is served"
+    );
+    let client = ControlClient::connect(&cluster.client_addrs())
+        .await
+        .unwrap();
+    let ack = client
+        .append_to(Target::All, Command::custom(1, 1, b"after".to_vec()))
+        .await
+        .expect("a new connection is served");
+    cluster
+        .wait_for_applied(ack.offset, WAIT)
+        .await
+        .expect("every replica still applies");
+    cluster.shutdown().await;
+}

@@ -26,6 +26,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod config;
+mod connections;
 pub mod local_cluster;
 pub mod log_store;
 pub mod meta_store;

@@ -15,6 +15,7 @@ use tarpc::server::{BaseChannel, Channel};
 use tarpc::tokio_serde::formats::Bincode;
 use tarpc::{client, context};
 
+use super::connections::serve_each_connection;
 use super::types::*;
 use crate::client::Member;
 use crate::NodeId;
@@ -93,28 +94,18 @@ pub async fn bind_peers(addr: SocketAddr) -> std::io::Result<PeerListener> {
 /// Serves Raft RPCs on every accepted connection until aborted. A connection that sends a
 /// malformed frame is closed; the others keep going.
 pub async fn serve_peers(listener: PeerListener, raft: Raft) {
-    listener
-        .filter_map(|conn| async move {
-            match conn {
-                Ok(conn) => Some(conn),
-                Err(error) => {
-                    tracing::warn!(%error, "accepting a peer connection failed");
-                    None
-                }
-            }
-        })
-        .for_each_concurrent(None, |transport| {
-            let server = RaftRpcServer { raft: raft.clone() };
-            async move {
-                BaseChannel::with_defaults(transport)
-                    .execute(server.serve())
-                    .for_each(|response| async move {
-                        tokio::spawn(response);
-                    })
-                    .await;
-            }
-        })
-        .await;
+    serve_each_connection("peer", listener, |transport| {
+        let server = RaftRpcServer { raft: raft.clone() };
+        async move {
+            BaseChannel::with_defaults(transport)
+                .execute(server.serve())
+                .for_each(|response| async move {
+                    tokio::spawn(response);
+                })
+                .await;
+        }
+    })
+    .await;
 }
 
 /// Creates one [`PeerClient`] per target; openraft asks for a new one when it needs to.

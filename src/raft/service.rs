@@ -16,6 +16,7 @@ use tarpc::tokio_serde::formats::Bincode;
 use tarpc::{context, ClientMessage, Response};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::connections::serve_each_connection;
 use super::node::ReplicaHandle;
 use crate::client::{
     ApiError, AppendAck, ControlLog, ControlLogRequest, ControlLogResponse, FetchRequest,
@@ -62,40 +63,29 @@ pub async fn serve_clients(
     replica: ReplicaHandle,
     requests_in_flight_max: usize,
 ) {
-    listener
-        .filter_map(|conn| async move {
-            match conn {
-                Ok(conn) => Some(conn),
-                Err(error) => {
-                    tracing::warn!(%error, "accepting a client connection failed");
-                    None
-                }
-            }
-        })
-        .for_each_concurrent(None, |transport| {
-            let peer = transport.peer_addr().ok();
-            let server = ControlLogServer {
-                replica: replica.clone(),
-                in_flight: Arc::new(Semaphore::new(requests_in_flight_max)),
-                in_flight_max: requests_in_flight_max as u32,
-            };
-            async move {
-                // Our own bound answers excess requests with a typed `Overloaded`; tarpc's, at
-                // twice the size, only bounds what a client that ignores those answers can
-                // queue.
-                BaseChannel::with_defaults(transport)
-                    .max_concurrent_requests(requests_in_flight_max.saturating_mul(2))
-                    .execute(server.serve())
-                    .for_each(|response| async move {
-                        tokio::spawn(response);
-                    })
-                    .await;
-                // The channel ends when the peer hangs up or sends a frame that does not
-                // decode (or exceeds the limit); only this connection is affected.
-                tracing::debug!(?peer, "client connection closed");
-            }
-        })
-        .await;
+    serve_each_connection("client", listener, |transport| {
+        let peer = transport.peer_addr().ok();
+        let server = ControlLogServer {
+            replica: replica.clone(),
+            in_flight: Arc::new(Semaphore::new(requests_in_flight_max)),
+            in_flight_max: requests_in_flight_max as u32,
+        };
+        async move {
+            // Our own bound answers excess requests with a typed `Overloaded`; tarpc's, at
+            // twice the size, only bounds what a client that ignores those answers can queue.
+            BaseChannel::with_defaults(transport)
+                .max_concurrent_requests(requests_in_flight_max.saturating_mul(2))
+                .execute(server.serve())
+                .for_each(|response| async move {
+                    tokio::spawn(response);
+                })
+                .await;
+            // The channel ends when the peer hangs up or sends a frame that does not decode
+            // (or exceeds the limit); only this connection is affected.
+            tracing::debug!(?peer, "client connection closed");
+        }
+    })
+    .await;
 }
 
 #[derive(Clone)]
