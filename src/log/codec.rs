@@ -126,7 +126,42 @@ mod tests {
         );
     }
 
+    fn any_proposal() -> impl Strategy<Value = Proposal> {
+        let producer = proptest::option::of((any::<u64>(), any::<u64>()))
+            .prop_map(|p| p.map(|(producer, seq)| ProducerSeq { producer, seq }));
+        let target = prop_oneof![
+            Just(Target::All),
+            Just(Target::Coordinator),
+            "[A-Za-z0-9._:-]{1,24}".prop_map(|id| Target::Container(ContainerId::new(id).unwrap())),
+        ];
+        let frame = (
+            any::<u32>(),
+            any::<u16>(),
+            proptest::collection::vec(any::<u8>(), 0..300),
+        )
+            .prop_map(|(kind, version, body)| Frame {
+                kind,
+                version,
+                body,
+            });
+        (producer, target, frame).prop_map(|(producer, target, frame)| Proposal {
+            producer,
+            target,
+            frame,
+        })
+    }
+
     proptest! {
+        #[test]
+        fn every_batch_round_trips(
+            appended_at_ms in any::<u64>(),
+            proposals in proptest::collection::vec(any_proposal(), 0..20),
+        ) {
+            let batch = Batch { appended_at_ms, proposals };
+            let bytes = encode(&batch);
+            prop_assert_eq!(decode::<Batch>(&bytes, bytes.len() as u64), Ok(batch));
+        }
+
         #[test]
         fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
             let _ = decode::<Batch>(&bytes, 1 << 16);

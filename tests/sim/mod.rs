@@ -257,6 +257,9 @@ impl Sim {
     /// Appends one proposal, following redirects and retrying its unknown fate with the same
     /// `(producer, seq)` until the log decides it.
     async fn append(&self, me: Party, proposal: Proposal) -> Outcome {
+        if let Some(pair) = proposal.producer {
+            self.record().attempted.insert(pair);
+        }
         let mut node = self.random_replica();
         loop {
             let batch = Batch {
@@ -298,7 +301,6 @@ impl Sim {
             let pair = ProducerSeq { producer, seq };
             let frame =
                 Command::custom(1, 1, format!("{producer}/{seq}").into_bytes()).into_frame();
-            self.record().attempted.insert(pair);
             let proposal = Proposal {
                 producer: Some(pair),
                 target: Target::All,
@@ -491,12 +493,11 @@ impl Sim {
                 match action {
                     Action::Append(command) => {
                         seq += 1;
+                        let pair = ProducerSeq { producer: me, seq };
+                        self.record().attempted.insert(pair);
                         let batch = Batch {
                             appended_at_ms: self.started.elapsed().as_millis() as u64,
-                            proposals: vec![proposal(
-                                Some(ProducerSeq { producer: me, seq }),
-                                command,
-                            )],
+                            proposals: vec![proposal(Some(pair), command)],
                         };
                         // In process, beside the leader: no network hop.
                         let written =
