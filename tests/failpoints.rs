@@ -1,5 +1,6 @@
 //! Faults injected inside a replica at its storage boundaries (the `fail` crate): a failed
-//! WAL flush, a failed apply, a failed snapshot build and a failed snapshot install each stop
+//! WAL flush, a crash between the flush and its acknowledgement, a failed apply, a crash between
+//! an apply and its answer, a failed snapshot build and a failed snapshot install each stop
 //! the replica they hit, as a crash would; restarted on its directory, it recovers with no
 //! committed entry lost and no divergence.
 //!
@@ -117,10 +118,24 @@ async fn a_failed_wal_flush_stops_one_replica_and_a_restart_recovers_it() {
     one_fault_then_restart("wal-sync").await;
 }
 
+/// Goal: a crash after the WAL flush but before openraft hears of it: the entries are durable
+/// yet unacknowledged by that replica; the restart keeps them and nothing diverges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_the_wal_flush_and_its_acknowledgement_recovers() {
+    one_fault_then_restart("wal-synced").await;
+}
+
 /// Goal: the same for a failed apply.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_apply_stops_one_replica_and_a_restart_recovers_it() {
     one_fault_then_restart("apply").await;
+}
+
+/// Goal: a crash after the state machine changed but before its answer: the restart rebuilds
+/// the state from the snapshot and the log, with no command applied twice or lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_apply_and_its_answer_recovers() {
+    one_fault_then_restart("applied").await;
 }
 
 /// Goal: a failed snapshot build stops the leader; its successor and its restart lose nothing.

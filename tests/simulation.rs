@@ -102,3 +102,14 @@ fn a_store_that_acknowledges_before_it_is_durable_is_caught() {
         "no seed caught an early-acknowledging store"
     );
 }
+
+/// Regression, found by seed 1192: a container's subscription was reset from a lagging replica
+/// whose state predated the container's own `TaskStarted`, so the container answered again and
+/// was refused (the product's simulated container then quit). Resets now read at least as far
+/// as the subscribing client's own acknowledged appends (read your writes).
+#[test]
+fn a_reset_from_a_lagging_replica_does_not_make_a_container_answer_twice() {
+    let report = run(&SimConfig::new(1192, 3));
+    assert!(report.resets > 0, "the seed still exercises resets");
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+}

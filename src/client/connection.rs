@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -262,6 +263,9 @@ pub struct ControlClient {
     connector: Connector,
     producer: ProducerId,
     sequences: Sequences,
+    /// The highest offset this client's appends were acknowledged at; its subscriptions'
+    /// resets read at least this far (read your writes).
+    own_writes: Arc<AtomicU64>,
 }
 
 impl ControlClient {
@@ -289,6 +293,7 @@ impl ControlClient {
             }),
             producer: random_u64(),
             sequences: Sequences::new(),
+            own_writes: Arc::default(),
         };
         client.status().await?;
         Ok(client)
@@ -333,12 +338,15 @@ impl ControlClient {
     /// Appends a proposal exactly as given, with the caller's own `(producer, seq)` if any.
     /// Retries are idempotent only if the proposal carries a producer pair.
     pub async fn append_proposal(&self, proposal: Proposal) -> Result<AppendAck, ClientError> {
-        self.connector
+        let ack = self
+            .connector
             .call(true, |rpc, ctx, _| {
                 let proposal = proposal.clone();
                 async move { rpc.append(ctx, proposal).await }
             })
-            .await
+            .await?;
+        self.own_writes.fetch_max(ack.offset, Ordering::AcqRel);
+        Ok(ack)
     }
 
     /// One fetch from any replica (without waiting unless `request.max_wait_ms` says so).
@@ -358,6 +366,7 @@ impl ControlClient {
     pub fn subscribe(&self, from: Offset, filter: Filter) -> Subscription {
         Subscription::new(
             Connector::new(self.connector.settings().clone()),
+            self.own_writes.clone(),
             from,
             filter,
         )

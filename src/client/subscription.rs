@@ -2,6 +2,8 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -25,8 +27,10 @@ pub enum SubscriptionItem {
     /// The next committed command that matches the filter.
     Entry(LogEntry),
     /// The subscription's position was compacted away. `state` is the JobState as of
-    /// `offset`, which is at or after the last delivered entry: replace whatever was built from
-    /// earlier entries with it. Entries continue from `offset + 1`.
+    /// `offset`, which is at or after the last delivered entry and after every append of the
+    /// client that made the subscription acknowledged by then (read your writes: a container
+    /// never sees a state that lacks its own answers). Replace whatever was built from earlier
+    /// entries with it. Entries continue from `offset + 1`.
     Reset { state: JobState, offset: Offset },
 }
 
@@ -51,16 +55,24 @@ struct Cursor {
     filter: Filter,
     /// The offset to fetch from next; everything below it was delivered or filtered out.
     next: Offset,
+    /// The highest offset the subscribing client's own appends were acknowledged at.
+    own_writes: Arc<AtomicU64>,
     buffered: VecDeque<LogEntry>,
 }
 
 impl Subscription {
-    pub(crate) fn new(connector: Connector, from: Offset, filter: Filter) -> Subscription {
+    pub(crate) fn new(
+        connector: Connector,
+        own_writes: Arc<AtomicU64>,
+        from: Offset,
+        filter: Filter,
+    ) -> Subscription {
         let cursor = Cursor {
             linger: connector.settings().options.subscription_linger,
             connector,
             filter,
             next: from.max(1),
+            own_writes,
             buffered: VecDeque::new(),
         };
         let inner = futures::stream::unfold(cursor, |mut cursor| async move {
@@ -115,8 +127,12 @@ impl Cursor {
                 }
                 Err(ClientError::Api(ApiError::Compacted { .. })) => {
                     // The state must cover at least what was delivered, so that the reset
-                    // never moves the reader backwards.
-                    let at = state_at(&self.connector, self.next - 1).await?;
+                    // never moves the reader backwards, and this client's own acknowledged
+                    // appends, which its filter may not show it (a container's answers go to
+                    // the coordinator): a lagging replica's older state would still show them
+                    // owed, and the container would answer twice.
+                    let own = self.own_writes.load(Ordering::Acquire);
+                    let at = state_at(&self.connector, (self.next - 1).max(own)).await?;
                     self.next = at.offset + 1;
                     return Ok(SubscriptionItem::Reset {
                         state: at.state,

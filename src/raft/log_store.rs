@@ -351,10 +351,13 @@ struct SyncRequest {
 }
 
 /// `fdatasync`s one segment. The `wal-sync` fail point makes it fail, as a crash before the
-/// flush would leave the entries unacknowledged.
+/// flush would leave the entries unacknowledged; `wal-synced` fails it after the flush, as a
+/// crash between the flush and the acknowledgement would.
 fn sync_file(file: &File) -> Result<(), io::ErrorKind> {
     fail::fail_point!("wal-sync", |_| Err(io::ErrorKind::Other));
-    file.sync_data().map_err(|e| e.kind())
+    file.sync_data().map_err(|e| e.kind())?;
+    fail::fail_point!("wal-synced", |_| Err(io::ErrorKind::Other));
+    Ok(())
 }
 
 impl Syncer {

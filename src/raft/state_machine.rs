@@ -404,6 +404,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             })
             .collect();
         Self::prune_offset_index(&mut state, first_log_index);
+        // After the state changed, before anyone hears of it: a crash between the two.
+        fail::fail_point!("applied", |_| Err(StorageIOError::write_state_machine(
+            &io::Error::other("injected: applied")
+        )
+        .into()));
         let applied = Applied {
             log_index: state.last_applied.map(|l| l.index),
             last_offset: state.job.last_offset(),

@@ -326,12 +326,16 @@ impl Sim {
     /// A subscription: fetches from one replica at a time, switches replicas when a call fails
     /// (recording the resume), and hands each matching entry or reset to `on_delivery`. Ends
     /// once it has read past the final offset, or when `on_delivery` says so.
+    ///
+    /// A reset's state must cover `own_writes` (the subscriber's own acknowledged appends), as
+    /// the real client's does; a replica further behind is passed over.
     async fn subscribe(
         &self,
         me: Party,
         name: String,
         filter: Filter,
         from: Offset,
+        own_writes: &AtomicU64,
         mut on_delivery: impl AsyncFnMut(Delivered) -> bool,
     ) {
         let index = {
@@ -370,6 +374,12 @@ impl Sim {
                         }
                     }
                 }
+                Ok(Fetched::Compacted { offset, .. })
+                    if offset < own_writes.load(Ordering::Acquire) =>
+                {
+                    node = self.random_replica();
+                    self.pause(10..50).await;
+                }
                 Ok(Fetched::Compacted { offset, state }) => {
                     deliver(Delivery::Reset { offset });
                     next = offset + 1;
@@ -392,6 +402,7 @@ impl Sim {
             format!("subscriber-{index}"),
             Filter::Everything,
             1,
+            &AtomicU64::new(0),
             async |_| true,
         )
         .await;
@@ -429,11 +440,13 @@ impl Sim {
         };
         let container = &container;
         let next_pair = Mutex::new(next_pair);
+        let own_writes = AtomicU64::new(epoch);
         self.subscribe(
             me,
             format!("container-{id}"),
             Filter::Container(id.clone()),
             epoch + 1,
+            &own_writes,
             async |delivered| {
                 if self.stopped_containers.lock().unwrap().contains(&id) {
                     container.stop_all();
@@ -449,12 +462,14 @@ impl Sim {
                 };
                 for answer in answers {
                     let pair = (next_pair.lock().unwrap())();
-                    if let Outcome::Rejected(rejection) =
-                        self.append(me, proposal(pair, answer)).await
-                    {
-                        self.record()
+                    match self.append(me, proposal(pair, answer)).await {
+                        Outcome::Appended { offset } | Outcome::Duplicate { offset } => {
+                            own_writes.fetch_max(offset, Ordering::AcqRel);
+                        }
+                        refused => self
+                            .record()
                             .anomalies
-                            .push(format!("{id}@{epoch}'s answer refused: {rejection:?}"));
+                            .push(format!("{id}@{epoch}'s answer refused: {refused:?}")),
                     }
                 }
                 true
