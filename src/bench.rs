@@ -16,7 +16,7 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
-use crate::client::{ControlClient, SubscriptionItem};
+use crate::client::{ClientOptions, ControlClient, SubscriptionItem};
 use crate::log::{Command, Filter, Target};
 
 /// Three `ctrlog serve` processes on loopback with their data in a temporary folder; killed
@@ -282,6 +282,74 @@ pub async fn append(
     }))
 }
 
+/// One `ctrlog bench append` result, as plotted.
+struct PlotRow {
+    clients: f64,
+    ops_per_s: f64,
+    p99_ms: f64,
+}
+
+/// Draws `ctrlog bench append` results into an SVG at `path`: durable commits per second above,
+/// p99 latency below, both against the client count (log scale).
+pub fn plot_append(results: &[serde_json::Value], path: &Path) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+
+    let field = |r: &serde_json::Value, name: &str| r[name].as_f64().unwrap_or(0.0);
+    let rows: Vec<PlotRow> = results
+        .iter()
+        .map(|r| PlotRow {
+            clients: field(r, "clients"),
+            ops_per_s: field(r, "ops_per_s"),
+            p99_ms: field(r, "p99_us") / 1000.0,
+        })
+        .collect();
+    anyhow::ensure!(!rows.is_empty(), "nothing to plot");
+    let root = SVGBackend::new(path, (720, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (upper, lower) = root.split_vertically(280);
+    plot_panel(&upper, &rows, "durable commits/s", |r| r.ops_per_s, BLUE)?;
+    plot_panel(&lower, &rows, "p99 latency (ms)", |r| r.p99_ms, RED)?;
+    root.present()?;
+    Ok(())
+}
+
+/// One panel of [`plot_append`]: `pick` of every row against its client count.
+fn plot_panel<DB: plotters::prelude::DrawingBackend>(
+    area: &plotters::prelude::DrawingArea<DB, plotters::coord::Shift>,
+    rows: &[PlotRow],
+    label: &str,
+    pick: fn(&PlotRow) -> f64,
+    color: plotters::style::RGBColor,
+) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    use plotters::prelude::*;
+
+    let most_clients = rows.iter().map(|r| r.clients).fold(1.0, f64::max);
+    let top = rows.iter().map(pick).fold(1.0, f64::max);
+    let mut chart = ChartBuilder::on(area)
+        .caption(label, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(32)
+        .y_label_area_size(64)
+        .build_cartesian_2d((0.8..most_clients * 1.25).log_scale(), 0.0..top * 1.15)?;
+    chart
+        .configure_mesh()
+        .x_desc("clients, each waiting for its previous append")
+        .y_desc(label)
+        .draw()?;
+    chart.draw_series(LineSeries::new(
+        rows.iter().map(|r| (r.clients, pick(r))),
+        color,
+    ))?;
+    chart.draw_series(
+        rows.iter()
+            .map(|r| Circle::new((r.clients, pick(r)), 4, color.filled())),
+    )?;
+    Ok(())
+}
+
 /// `ctrlog bench fanout`: `subscribers` subscriptions reading everything while appends arrive
 /// at `rate` per second; lag runs from the moment each append was sent to its delivery.
 pub async fn fanout(
@@ -290,6 +358,7 @@ pub async fn fanout(
     rate: u64,
     duration: Duration,
     payload_bytes: usize,
+    linger: Duration,
 ) -> anyhow::Result<serde_json::Value> {
     let total = rate * duration.as_secs();
     let base = Instant::now();
@@ -298,8 +367,12 @@ pub async fn fanout(
     let probe = ControlClient::connect(seeds).await?;
     let from = probe.leader_status().await?.applied_offset + 1;
     let mut readers = Vec::new();
+    let reader_options = ClientOptions {
+        subscription_linger: linger,
+        ..ClientOptions::default()
+    };
     for _ in 0..subscribers {
-        let client = ControlClient::connect(seeds).await?;
+        let client = ControlClient::connect_with(seeds, reader_options.clone()).await?;
         let sent = sent.clone();
         readers.push(tokio::spawn(async move {
             let mut lag = histogram();
@@ -370,6 +443,7 @@ pub async fn fanout(
         "workload": "fanout",
         "subscribers": subscribers,
         "rate": rate,
+        "linger_ms": linger.as_millis() as u64,
         "payload_bytes": payload_bytes,
         "delivered": delivered,
         "expected": total * subscribers as u64,

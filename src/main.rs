@@ -186,6 +186,9 @@ enum BenchCmd {
         warmup_s: u64,
         #[arg(long, default_value_t = 256)]
         payload_bytes: usize,
+        /// Also draw commits/s and p99 latency against the client count into this SVG file.
+        #[arg(long)]
+        plot: Option<std::path::PathBuf>,
     },
     /// Subscribers each receiving every command while appends arrive at a fixed rate.
     Fanout {
@@ -197,6 +200,10 @@ enum BenchCmd {
         duration_s: u64,
         #[arg(long, default_value_t = 256)]
         payload_bytes: usize,
+        /// How long a subscriber's fetch lingers after its first entry to collect more
+        /// (the client's `subscription_linger`).
+        #[arg(long, default_value_t = 5)]
+        linger_ms: u64,
     },
     /// Restart a follower behind N commands, with and without snapshots (always its own
     /// cluster).
@@ -425,7 +432,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     duration_s,
                     warmup_s,
                     payload_bytes,
+                    plot,
                 } => {
+                    let mut results = Vec::new();
                     for n in clients {
                         let result = ctrlog::bench::append(
                             &seeds,
@@ -435,7 +444,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                             payload_bytes,
                         )
                         .await?;
-                        print(&mut out, result)?;
+                        print(&mut out, result.clone())?;
+                        results.push(result);
+                    }
+                    if let Some(path) = plot {
+                        ctrlog::bench::plot_append(&results, &path)?;
                     }
                 }
                 BenchCmd::Fanout {
@@ -443,6 +456,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     rate,
                     duration_s,
                     payload_bytes,
+                    linger_ms,
                 } => {
                     let result = ctrlog::bench::fanout(
                         &seeds,
@@ -450,6 +464,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         rate,
                         std::time::Duration::from_secs(duration_s),
                         payload_bytes,
+                        std::time::Duration::from_millis(linger_ms),
                     )
                     .await?;
                     print(&mut out, result)?;

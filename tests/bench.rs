@@ -31,9 +31,12 @@ async fn bench(args: &[&str]) -> Vec<Value> {
 }
 
 /// Goal: the append and fan-out workloads run against real replica processes and report the
-/// documented fields: every append acknowledged, every command delivered to every subscriber.
+/// documented fields: every append acknowledged, every command delivered to every subscriber;
+/// `--plot` draws the append results.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn append_and_fanout_report_the_documented_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("append.svg");
     let appends = bench(&[
         "append",
         "--clients",
@@ -42,8 +45,19 @@ async fn append_and_fanout_report_the_documented_json() {
         "1",
         "--warmup-s",
         "0",
+        "--plot",
+        plot.to_str().unwrap(),
     ])
     .await;
+    let svg = std::fs::read_to_string(&plot).expect("the plot was written");
+    assert!(svg.starts_with("<svg"), "an SVG document");
+    for label in ["durable commits/s", "p99 latency (ms)"] {
+        assert!(svg.contains(label), "the plot has its {label} panel");
+    }
+    assert!(
+        svg.matches("<circle").count() >= 4,
+        "a point per client count and panel"
+    );
     assert_eq!(appends.len(), 2);
     for (result, clients) in appends.iter().zip([1, 4]) {
         assert_eq!(result["workload"], "append");
