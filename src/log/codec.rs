@@ -35,14 +35,21 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 }
 
 /// Decodes exactly one value from `bytes`, allocating at most `limit` bytes for it.
+///
+/// The limit bincode enforces is also capped at the input's length: a value never needs more
+/// bytes than it was encoded in, and bincode allocates a byte buffer for its claimed length
+/// before reading it, so a length prefix beyond the input is refused (as `Truncated`) before
+/// it can allocate more than the input's size, however large `limit` is.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8], limit: u64) -> Result<T, DecodeError> {
+    let input = bytes.len() as u64;
     let mut reader = bytes;
-    let value = options(limit)
+    let value = options(limit.min(input))
         .deserialize_from(&mut reader)
         .map_err(|e| match *e {
             bincode::ErrorKind::Io(ref io) if io.kind() == std::io::ErrorKind::UnexpectedEof => {
                 DecodeError::Truncated
             }
+            bincode::ErrorKind::SizeLimit if input < limit => DecodeError::Truncated,
             bincode::ErrorKind::SizeLimit => DecodeError::TooLarge { limit },
             other => DecodeError::Malformed(other.to_string()),
         })?;
@@ -102,6 +109,19 @@ mod tests {
         bytes.extend_from_slice(&u64::MAX.to_le_bytes());
         assert_eq!(
             decode::<Batch>(&bytes, 1 << 20),
+            Err(DecodeError::Truncated)
+        );
+    }
+
+    /// Found by fuzzing the snapshot decoder: under a large limit (snapshots may be 1 GiB) a
+    /// claimed length was allocated before the input ran out. Now the claim is checked against
+    /// the input first.
+    #[test]
+    fn a_claimed_length_beyond_the_input_is_truncated_under_any_limit() {
+        let mut bytes = (512u64 << 20).to_le_bytes().to_vec();
+        bytes.extend_from_slice(&[7; 16]);
+        assert_eq!(
+            decode::<serde_bytes::ByteBuf>(&bytes, 1 << 30),
             Err(DecodeError::Truncated)
         );
     }
