@@ -336,6 +336,9 @@ where
         .build_cartesian_2d((0.8..most_clients * 1.25).log_scale(), 0.0..top * 1.15)?;
     chart
         .configure_mesh()
+        .light_line_style(WHITE)
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| format!("{v:.0}"))
         .x_desc("clients, each waiting for its previous append")
         .y_desc(label)
         .draw()?;

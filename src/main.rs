@@ -205,6 +205,16 @@ enum BenchCmd {
         #[arg(long, default_value_t = 5)]
         linger_ms: u64,
     },
+    /// Draw `bench append --json` results saved earlier (one JSON object per line, e.g. the
+    /// medians of several runs) into an SVG, as `append --plot` does.
+    Plot {
+        /// The JSON lines to read.
+        #[arg(long)]
+        input: std::path::PathBuf,
+        /// The SVG file to write.
+        #[arg(long)]
+        output: std::path::PathBuf,
+    },
     /// Restart a follower behind N commands, with and without snapshots (always its own
     /// cluster).
     Recovery {
@@ -420,7 +430,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 };
             // Keep our own cluster alive for the whole run; it is removed when dropped.
             let own = match (&workload, cli.cluster.is_empty()) {
-                (BenchCmd::Recovery { .. }, _) | (_, false) => None,
+                (BenchCmd::Recovery { .. } | BenchCmd::Plot { .. }, _) | (_, false) => None,
                 (_, true) => Some(ctrlog::bench::ProcessCluster::start(3, &[]).await?),
             };
             let seeds = own
@@ -468,6 +478,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     )
                     .await?;
                     print(&mut out, result)?;
+                }
+                BenchCmd::Plot { input, output } => {
+                    let results = std::fs::read_to_string(&input)?
+                        .lines()
+                        .filter(|line| !line.trim().is_empty())
+                        .map(serde_json::from_str)
+                        .collect::<Result<Vec<serde_json::Value>, _>>()?;
+                    ctrlog::bench::plot_append(&results, &output)?;
                 }
                 BenchCmd::Recovery {
                     commands,
@@ -553,7 +571,9 @@ async fn main() -> ExitCode {
         Cmd::Demo { .. } => "error,openraft=off,tarpc=off",
         // Faults are the point: show them, not every replica's complaint about them.
         Cmd::Chaos { .. } => "error,ctrlog::chaos=info,openraft=off,tarpc=off",
-        _ => "info,openraft=warn",
+        // tarpc opens an info-level span per request; formatting its fields cost the bench
+        // client about a tenth of its CPU (perf), so tarpc speaks only of problems.
+        _ => "info,openraft=warn,tarpc=warn",
     };
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -138,6 +138,9 @@ impl Connector {
             .await
             .map_err(|_| format!("connecting to {addr} timed out"))?
             .map_err(|e| format!("connecting to {addr}: {e}"))?;
+        // Requests and answers are small frames: without this, Nagle's algorithm can hold one
+        // back until the peer's delayed ACK, tens of milliseconds later.
+        let _ = transport.get_ref().set_nodelay(true);
         Ok(ControlLogClient::new(client::Config::default(), transport).spawn())
     }
 

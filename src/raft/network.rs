@@ -95,13 +95,14 @@ pub async fn bind_peers(addr: SocketAddr) -> std::io::Result<PeerListener> {
 /// malformed frame is closed; the others keep going.
 pub async fn serve_peers(listener: PeerListener, raft: Raft) {
     serve_each_connection("peer", listener, |transport| {
+        let _ = transport.get_ref().set_nodelay(true);
         let server = RaftRpcServer { raft: raft.clone() };
         async move {
             BaseChannel::with_defaults(transport)
                 .execute(server.serve())
-                .for_each(|response| async move {
-                    tokio::spawn(response);
-                })
+                // In-flight requests run concurrently inside this connection's task rather
+                // than as a task each: no spawn and no cross-thread wake-up per request.
+                .for_each_concurrent(None, |response| response)
                 .await;
         }
     })
@@ -167,6 +168,8 @@ impl PeerClient {
             .await
             .map_err(|_| CallError::Unreachable(format!("connecting to {} timed out", self.addr)))?
             .map_err(|e| CallError::Unreachable(format!("connecting to {}: {e}", self.addr)))?;
+        // Small frames must not wait for the peer's delayed ACK (Nagle's algorithm).
+        let _ = transport.get_ref().set_nodelay(true);
         let client = RaftRpcClient::new(client::Config::default(), transport).spawn();
         self.client = Some(client.clone());
         Ok(client)

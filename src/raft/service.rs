@@ -65,6 +65,8 @@ pub async fn serve_clients(
 ) {
     serve_each_connection("client", listener, |transport| {
         let peer = transport.peer_addr().ok();
+        // Answers are small frames: never hold one back for the client's delayed ACK.
+        let _ = transport.get_ref().set_nodelay(true);
         let server = ControlLogServer {
             replica: replica.clone(),
             in_flight: Arc::new(Semaphore::new(requests_in_flight_max)),
@@ -76,9 +78,9 @@ pub async fn serve_clients(
             BaseChannel::with_defaults(transport)
                 .max_concurrent_requests(requests_in_flight_max.saturating_mul(2))
                 .execute(server.serve())
-                .for_each(|response| async move {
-                    tokio::spawn(response);
-                })
+                // In-flight requests run concurrently inside this connection's task rather
+                // than as a task each: no spawn and no cross-thread wake-up per request.
+                .for_each_concurrent(None, |response| response)
                 .await;
             // The channel ends when the peer hangs up or sends a frame that does not decode
             // (or exceeds the limit); only this connection is affected.
