@@ -582,3 +582,98 @@ async fn a_request_whose_deadline_overflows_the_clock_closes_only_its_connection
         .expect("every replica still applies");
     cluster.shutdown().await;
 }
+
+/// The resident memory of this test process, in bytes.
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
+/// Goal: a client that sends fetches but never reads the answers slows nobody else and pins
+/// a bounded amount of the replica's memory.
+/// Steps: commit 300 commands of 32 KiB; on a raw connection to the leader, pipeline 200
+/// fetches of everything and never read; meanwhile a subscriber on the same replica reads all
+/// 300 and 100 more appended after the stall began. The process grows by far less than the
+/// 200 answers of up to 2 MiB each would take (only 4 fetches per connection are served).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_stops_reading_slows_no_one_and_pins_bounded_memory() {
+    use std::pin::Pin;
+    use tarpc::tokio_serde::Serializer;
+
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let leader_addr = cluster.replica(leader).client_addr();
+    let writer = ControlClient::connect(&[leader_addr.to_string()])
+        .await
+        .unwrap();
+    let body = vec![b'x'; 32 << 10];
+    for _ in 0..300 {
+        writer
+            .append_to(Target::All, Command::custom(1, 1, body.clone()))
+            .await
+            .unwrap();
+    }
+
+    let before = rss_bytes();
+    let mut stalled = tokio::net::TcpStream::connect(leader_addr).await.unwrap();
+    let mut codec =
+        Bincode::<(), tarpc::ClientMessage<ctrlog::client::ControlLogRequest>>::default();
+    for id in 0..200 {
+        let message = tarpc::ClientMessage::Request(tarpc::Request {
+            context: tarpc::context::current(),
+            id,
+            message: ctrlog::client::ControlLogRequest::Fetch {
+                request: FetchRequest {
+                    from: 1,
+                    entries_max: 100_000,
+                    bytes_max: 64 << 20,
+                    max_wait_ms: 0,
+                    linger_ms: 0,
+                    filter: Filter::Everything,
+                },
+            },
+        });
+        let body = Pin::new(&mut codec).serialize(&message).unwrap();
+        stalled
+            .write_all(&(body.len() as u32).to_be_bytes())
+            .await
+            .unwrap();
+        stalled.write_all(&body).await.unwrap();
+    }
+
+    let reader = ControlClient::connect(&[leader_addr.to_string()])
+        .await
+        .unwrap();
+    let mut stream = reader.subscribe(1, Filter::Everything);
+    for _ in 0..100 {
+        writer
+            .append_to(Target::All, Command::custom(1, 1, b"later".to_vec()))
+            .await
+            .expect("appends go on beside the stalled reader");
+    }
+    for expected in 1..=400u64 {
+        let item = tokio::time::timeout(WAIT, stream.next())
+            .await
+            .expect("the subscriber is not held up by the stalled one")
+            .unwrap()
+            .unwrap();
+        let SubscriptionItem::Entry(entry) = item else {
+            panic!("unexpected {item:?}")
+        };
+        assert_eq!(entry.offset, expected);
+    }
+    let grown = rss_bytes().saturating_sub(before);
+    assert!(
+        grown < 100 << 20,
+        "the stalled reader pinned {} MiB",
+        grown >> 20
+    );
+    drop(stalled);
+    cluster.shutdown().await;
+}

@@ -198,6 +198,7 @@ mod tests {
             entries,
             next_offset,
             applied_offset: 100,
+            slot: Default::default(),
         }
     }
 

@@ -18,8 +18,8 @@ use super::service::{bind_clients, serve_clients};
 use super::state_machine::{entry_commands, log_entry, StateMachineStore};
 use super::types::{Raft, RaftMetrics};
 use crate::client::{
-    ApiError, AppendAck, FetchRequest, FetchResponse, HeartbeatAck, Member, MemberStatus, StateAt,
-    Status,
+    AnswerSlot, ApiError, AppendAck, FetchRequest, FetchResponse, HeartbeatAck, Member,
+    MemberStatus, StateAt, Status,
 };
 use crate::jobs::{Liveness, Outcome, Rejection, Session};
 use crate::log::vocabulary::{kinds, LEVEL_MAX};
@@ -33,6 +33,11 @@ pub const RAFT_PAYLOAD_ENTRIES_MAX: u64 = 64;
 /// Raft entries one fetch reads at most, whatever its filter skips: bounds the work of one
 /// request (a container filtering for itself may skip thousands of commands per entry read).
 pub const FETCH_ENTRIES_SCANNED_MAX: usize = 64;
+
+/// The most command bytes one fetch answer carries, whatever the request asks (beyond one
+/// command, which is always returned whole): bounds the memory an answer pins while its
+/// reader is slow.
+pub const FETCH_ANSWER_BYTES_MAX: usize = 4 << 20;
 
 /// How long `snapshot` waits for the snapshot it triggered.
 const SNAPSHOT_WAIT_MAX: Duration = Duration::from_secs(30);
@@ -392,6 +397,7 @@ impl ReplicaHandle {
             entries: Vec::new(),
             next_offset: from,
             applied_offset,
+            slot: AnswerSlot::default(),
         };
         if from > applied_offset {
             return Ok(response);
@@ -426,9 +432,9 @@ impl ReplicaHandle {
                 }
                 if request.filter.matches(&proposal.target) {
                     let size = proposal.frame.body.len();
+                    let bytes_max = (request.bytes_max as usize).min(FETCH_ANSWER_BYTES_MAX);
                     let full = response.entries.len() >= request.entries_max as usize
-                        || (!response.entries.is_empty()
-                            && bytes + size > request.bytes_max as usize);
+                        || (!response.entries.is_empty() && bytes + size > bytes_max);
                     if full {
                         return Ok(response);
                     }

@@ -19,8 +19,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::connections::serve_each_connection;
 use super::node::ReplicaHandle;
 use crate::client::{
-    ApiError, AppendAck, ControlLog, ControlLogRequest, ControlLogResponse, FetchRequest,
-    FetchResponse, HeartbeatAck, Member, StateAt, Status,
+    AnswerSlot, ApiError, AppendAck, ControlLog, ControlLogRequest, ControlLogResponse,
+    FetchRequest, FetchResponse, HeartbeatAck, Member, StateAt, Status,
 };
 use crate::log::{ContainerId, Epoch, Offset, Proposal, TaskId};
 use crate::NodeId;
@@ -53,6 +53,11 @@ pub async fn bind_clients(
 /// The longest a long poll waits, whatever the request asks.
 pub const FETCH_WAIT_MAX: Duration = Duration::from_secs(60);
 
+/// Fetches in flight on one connection. A subscription keeps one; a few let a client share a
+/// connection between subscriptions. The bound is what keeps a client that sends fetches but
+/// never reads the answers from pinning more than this many answers in the replica's memory.
+pub const FETCHES_IN_FLIGHT_MAX: usize = 4;
+
 /// A long poll answers this long before the request's deadline, so that the answer (possibly
 /// empty) reaches the caller before it gives up on the request.
 const DEADLINE_HEADROOM: Duration = Duration::from_millis(250);
@@ -71,6 +76,7 @@ pub async fn serve_clients(
             replica: replica.clone(),
             in_flight: Arc::new(Semaphore::new(requests_in_flight_max)),
             in_flight_max: requests_in_flight_max as u32,
+            fetches: Arc::new(Semaphore::new(FETCHES_IN_FLIGHT_MAX)),
         };
         async move {
             // Our own bound answers excess requests with a typed `Overloaded`; tarpc's, at
@@ -96,6 +102,8 @@ struct ControlLogServer {
     /// Requests in flight on this connection.
     in_flight: Arc<Semaphore>,
     in_flight_max: u32,
+    /// Fetches in flight on this connection (see [`FETCHES_IN_FLIGHT_MAX`]).
+    fetches: Arc<Semaphore>,
 }
 
 impl ControlLogServer {
@@ -132,8 +140,18 @@ impl ControlLog for ControlLogServer {
         request: FetchRequest,
     ) -> Result<FetchResponse, ApiError> {
         let _permit = self.admit()?;
+        let slot = self
+            .fetches
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| ApiError::Overloaded {
+                in_flight_max: FETCHES_IN_FLIGHT_MAX as u32,
+            })?;
         let max_wait = clamp_wait(&ctx, request.max_wait_ms);
-        self.replica.fetch(&request, max_wait).await
+        let mut response = self.replica.fetch(&request, max_wait).await?;
+        // Held until the answer is encoded onto the connection, not just until it is built.
+        response.slot = AnswerSlot::new(slot);
+        Ok(response)
     }
 
     async fn state(
