@@ -162,6 +162,9 @@ struct ServeArgs {
     peer_addr: Option<std::net::SocketAddr>,
     #[arg(long)]
     client_addr: Option<std::net::SocketAddr>,
+    /// Serve /metrics, /healthz, /readyz and the status page here (HTTP).
+    #[arg(long)]
+    http_addr: Option<std::net::SocketAddr>,
     #[arg(long)]
     data: Option<PathBuf>,
     /// The founding members: 1=PEER/CLIENT,2=PEER/CLIENT,3=PEER/CLIENT.
@@ -271,6 +274,9 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ReplicaConfig> {
     }
     if let Some(addr) = args.client_addr {
         config.client_addr = addr;
+    }
+    if let Some(addr) = args.http_addr {
+        config.http_addr = Some(addr);
     }
     if let Some(dir) = args.data {
         config.data_dir = dir;

@@ -21,6 +21,9 @@ pub struct ReplicaConfig {
     pub peer_addr: SocketAddr,
     /// Where this replica listens for clients and containers. Port 0 picks a free port.
     pub client_addr: SocketAddr,
+    /// Where this replica serves `/metrics`, `/healthz`, `/readyz` and its status page (HTTP).
+    /// Off when unset.
+    pub http_addr: Option<SocketAddr>,
     /// The sled database (vote, snapshots) and the WAL (the Raft log) live here.
     pub data_dir: PathBuf,
     /// The founding members, each with its address pair. The lowest id initialises the cluster
@@ -53,6 +56,7 @@ impl Default for ReplicaConfig {
             id: 0,
             peer_addr: "127.0.0.1:0".parse().expect("literal address"),
             client_addr: "127.0.0.1:0".parse().expect("literal address"),
+            http_addr: None,
             data_dir: PathBuf::new(),
             initial_members: BTreeMap::new(),
             heartbeat_interval_ms: 100,

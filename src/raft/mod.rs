@@ -27,6 +27,7 @@
 
 pub mod config;
 mod connections;
+pub mod http;
 pub mod local_cluster;
 pub mod log_store;
 pub mod meta_store;

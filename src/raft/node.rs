@@ -10,6 +10,7 @@ use openraft::{ServerState, SnapshotPolicy};
 use tokio::task::JoinHandle;
 
 use super::config::{ConfigError, ReplicaConfig};
+use super::http::{bind_http, serve_http, Telemetry};
 use super::log_store::LogStore;
 use super::meta_store::MetaStore;
 use super::network::{bind_peers, serve_peers, PeerNetwork};
@@ -71,6 +72,8 @@ struct Inner {
     command_bytes_max: usize,
     /// Heartbeats heard while this replica leads (reset when a new term begins).
     liveness: std::sync::Mutex<Liveness>,
+    telemetry: Telemetry,
+    http_addr: Option<SocketAddr>,
 }
 
 /// A cheap, cloneable handle to a running replica: the library API.
@@ -153,6 +156,11 @@ impl Replica {
         let client_listener =
             bind_clients(config.client_addr, config.client_frame_bytes_max).await?;
         let (peer_addr, client_addr) = (peer_listener.local_addr(), client_listener.local_addr());
+        let http_listener = match config.http_addr {
+            Some(addr) => Some(bind_http(addr).await?),
+            None => None,
+        };
+        let http_addr = http_listener.as_ref().map(|l| l.local_addr()).transpose()?;
         let handle = ReplicaHandle {
             inner: Arc::new(Inner {
                 id: config.id,
@@ -164,21 +172,27 @@ impl Replica {
                 client_addr,
                 command_bytes_max: config.command_bytes_max,
                 liveness: std::sync::Mutex::new(Liveness::new(0, std::time::Instant::now())),
+                telemetry: Telemetry::default(),
+                http_addr,
             }),
         };
+        let mut tasks = vec![
+            tokio::spawn(serve_peers(peer_listener, raft.clone())),
+            tokio::spawn(serve_clients(
+                client_listener,
+                handle.clone(),
+                config.client_requests_in_flight_max,
+            )),
+        ];
+        if let Some(listener) = http_listener {
+            tasks.push(tokio::spawn(serve_http(listener, handle.clone())));
+        }
         let replica = Replica {
             stopped: false,
-            tasks: vec![
-                tokio::spawn(serve_peers(peer_listener, raft.clone())),
-                tokio::spawn(serve_clients(
-                    client_listener,
-                    handle.clone(),
-                    config.client_requests_in_flight_max,
-                )),
-            ],
+            tasks,
             handle,
         };
-        tracing::info!(id = config.id, %peer_addr, %client_addr, "replica started");
+        tracing::info!(id = config.id, %peer_addr, %client_addr, ?http_addr, "replica started");
 
         let lowest = config.initial_members.keys().next().copied();
         let initialized = raft
@@ -251,6 +265,31 @@ impl ReplicaHandle {
         &self.inner.raft
     }
 
+    /// Where the observability port (metrics, probes, status page) listens, if it is enabled.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.inner.http_addr
+    }
+
+    pub(crate) fn telemetry(&self) -> &Telemetry {
+        &self.inner.telemetry
+    }
+
+    /// Bytes of WAL segments on disk.
+    pub fn wal_bytes(&self) -> u64 {
+        self.inner.log.disk_bytes()
+    }
+
+    /// Commands the job model has refused since the log began.
+    pub fn rejected_total(&self) -> u64 {
+        self.inner
+            .state_machine
+            .read(|state| state.rejections.total)
+    }
+
+    pub fn snapshot_stats(&self) -> super::state_machine::SnapshotStats {
+        self.inner.state_machine.snapshot_stats()
+    }
+
     pub fn metrics(&self) -> RaftMetrics {
         self.inner.raft.metrics().borrow().clone()
     }
@@ -266,6 +305,13 @@ impl ReplicaHandle {
 
     /// Appends one command through the proposer; answered once committed and applied.
     pub async fn append(&self, proposal: Proposal) -> Result<AppendAck, ApiError> {
+        let started = std::time::Instant::now();
+        let result = self.append_unmeasured(proposal).await;
+        self.inner.telemetry.append_done(&result, started.elapsed());
+        result
+    }
+
+    async fn append_unmeasured(&self, proposal: Proposal) -> Result<AppendAck, ApiError> {
         let size = proposal.frame.body.len();
         if size > self.inner.command_bytes_max {
             return Err(ApiError::TooLarge {
@@ -325,6 +371,7 @@ impl ReplicaHandle {
         request: &FetchRequest,
         max_wait: Duration,
     ) -> Result<FetchResponse, ApiError> {
+        let _counted = self.inner.telemetry.fetch_started();
         if request.entries_max == 0 || request.bytes_max == 0 {
             return Err(ApiError::Invalid(
                 "entries_max and bytes_max must be positive".into(),

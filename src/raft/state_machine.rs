@@ -185,6 +185,18 @@ struct Shared {
     recent: RecentEntries,
     /// Serialises snapshot writes (a build and an install must not interleave).
     snapshot_lock: tokio::sync::Mutex<()>,
+    /// Snapshots built since start, and the size and build time of the last one.
+    snapshots_built: AtomicU64,
+    last_snapshot_bytes: AtomicU64,
+    last_snapshot_millis: AtomicU64,
+}
+
+/// What a replica's snapshot builds looked like, for its metrics.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SnapshotStats {
+    pub built: u64,
+    pub last_bytes: u64,
+    pub last_millis: u64,
 }
 
 /// The state machine store. Clones share one state machine.
@@ -236,6 +248,9 @@ impl StateMachineStore {
                 snapshot_offset: AtomicU64::new(snapshot_offset),
                 recent: RecentEntries::default(),
                 snapshot_lock: tokio::sync::Mutex::new(()),
+                snapshots_built: AtomicU64::new(0),
+                last_snapshot_bytes: AtomicU64::new(0),
+                last_snapshot_millis: AtomicU64::new(0),
             }),
         })
     }
@@ -259,6 +274,14 @@ impl StateMachineStore {
     pub fn stored_snapshot_last(&self) -> io::Result<Option<LogId>> {
         let tree = self.shared.meta.tree(SNAPSHOT_TREE)?;
         Ok(read_header(&tree)?.and_then(|h| h.meta.last_log_id))
+    }
+
+    pub fn snapshot_stats(&self) -> SnapshotStats {
+        SnapshotStats {
+            built: self.shared.snapshots_built.load(Ordering::Relaxed),
+            last_bytes: self.shared.last_snapshot_bytes.load(Ordering::Relaxed),
+            last_millis: self.shared.last_snapshot_millis.load(Ordering::Relaxed),
+        }
     }
 
     pub fn snapshot_offset(&self) -> Offset {
@@ -363,6 +386,14 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
             .await
             .map_err(snapshot_write_err)?;
         self.shared.snapshot_offset.store(offset, Ordering::Release);
+        let shared = &self.shared;
+        shared.snapshots_built.fetch_add(1, Ordering::Relaxed);
+        shared
+            .last_snapshot_bytes
+            .store(bytes.len() as u64, Ordering::Relaxed);
+        shared
+            .last_snapshot_millis
+            .store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
         tracing::info!(
             snapshot = %meta.snapshot_id,
             bytes = bytes.len(),

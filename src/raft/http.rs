@@ -1,0 +1,361 @@
+//! A replica's observability port (HTTP): Prometheus metrics, liveness and readiness probes,
+//! and a status page.
+//!
+//! * `GET /metrics`: Prometheus text format (prometheus-client). Counters and histograms that
+//!   need the request path ([`Telemetry`]) are kept as the requests happen; everything that is
+//!   a reading of state (term, offsets, storage, the job) is read at scrape time, so a scrape
+//!   always agrees with `ctrlog status` and `ctrlog state`.
+//! * `GET /healthz`: 200 while the Raft core runs (503 once it stopped on a fatal error).
+//! * `GET /readyz`: 200 when this replica knows a leader and has applied what it knows to be
+//!   committed, so it answers reads with current data; 503 otherwise, with the reason.
+//! * `GET /`: the status page, one self-contained HTML document (no external assets) that
+//!   polls `GET /status.json`: this replica's status, the job, and the recent log tail.
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicI64;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use openraft::ServerState;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use serde_json::json;
+
+use super::node::ReplicaHandle;
+use crate::client::{ApiError, FetchRequest};
+use crate::jobs::{ContainerStatus, TaskPhase};
+use crate::log::Filter;
+
+/// Entries the status page shows from the end of the log.
+const TAIL_ENTRIES: u32 = 20;
+
+/// How far applied may trail the committed index for `/readyz` to say ready.
+const READY_APPLY_LAG_MAX: u64 = 1_000;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+/// What the request path counts, shared by the replica's handles.
+pub(crate) struct Telemetry {
+    appends: Family<OutcomeLabel, Counter>,
+    append_seconds: Histogram,
+    fetches: Counter,
+    fetches_waiting: Gauge<i64, AtomicI64>,
+}
+
+impl Default for Telemetry {
+    fn default() -> Telemetry {
+        Telemetry {
+            appends: Family::default(),
+            // 100 µs to about 1.6 s.
+            append_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 15)),
+            fetches: Counter::default(),
+            fetches_waiting: Gauge::default(),
+        }
+    }
+}
+
+impl Telemetry {
+    /// Counts one append by how it ended and records how long it took.
+    pub(crate) fn append_done(
+        &self,
+        result: &Result<crate::client::AppendAck, ApiError>,
+        took: Duration,
+    ) {
+        let outcome = match result {
+            Ok(ack) if ack.duplicate => "duplicate",
+            Ok(_) => "appended",
+            Err(ApiError::Fenced { .. }) => "fenced",
+            Err(
+                ApiError::Refused(_)
+                | ApiError::Deprecated { .. }
+                | ApiError::SequenceOutOfWindow { .. }
+                | ApiError::TooLarge { .. }
+                | ApiError::Invalid(_),
+            ) => "refused",
+            Err(ApiError::NotLeader { .. }) => "not_leader",
+            Err(_) => "failed",
+        };
+        self.appends.get_or_create(&OutcomeLabel { outcome }).inc();
+        self.append_seconds.observe(took.as_secs_f64());
+    }
+
+    /// Counts a fetch; the guard counts it as waiting until it is answered.
+    pub(crate) fn fetch_started(&self) -> impl Drop + '_ {
+        self.fetches.inc();
+        self.fetches_waiting.inc();
+        FetchGuard(&self.fetches_waiting)
+    }
+}
+
+struct FetchGuard<'a>(&'a Gauge<i64, AtomicI64>);
+
+impl Drop for FetchGuard<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Binds the observability port.
+pub async fn bind_http(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await
+}
+
+/// Serves the observability port until aborted.
+pub async fn serve_http(listener: tokio::net::TcpListener, replica: ReplicaHandle) {
+    let app = Router::new()
+        .route("/", get(status_page))
+        .route("/status.json", get(status_json))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(replica);
+    if let Err(error) = axum::serve(listener, app).await {
+        tracing::error!(%error, "the observability port stopped");
+    }
+}
+
+fn gauge(registry: &mut Registry, name: &str, help: &str, value: i64) {
+    let gauge: Gauge = Gauge::default();
+    gauge.set(value);
+    registry.register(name, help, gauge);
+}
+
+async fn metrics(State(replica): State<ReplicaHandle>) -> Response {
+    let mut registry = Registry::with_prefix("ctrlog");
+    let raft = replica.metrics();
+    let status = replica.status();
+    let telemetry = replica.telemetry();
+    let leader = raft.state == ServerState::Leader && raft.current_leader == Some(replica.id());
+    gauge(
+        &mut registry,
+        "term",
+        "Current Raft term",
+        raft.current_term as i64,
+    );
+    gauge(
+        &mut registry,
+        "is_leader",
+        "1 while this replica leads",
+        leader as i64,
+    );
+    gauge(
+        &mut registry,
+        "leader_id",
+        "The leader this replica knows of (0: none)",
+        raft.current_leader.unwrap_or(0) as i64,
+    );
+    gauge(
+        &mut registry,
+        "last_log_index",
+        "Last Raft log index on this replica",
+        raft.last_log_index.unwrap_or(0) as i64,
+    );
+    gauge(
+        &mut registry,
+        "applied_index",
+        "Last Raft log index applied",
+        raft.last_applied.map_or(0, |l| l.index) as i64,
+    );
+    gauge(
+        &mut registry,
+        "applied_offset",
+        "Last command offset applied",
+        status.applied_offset as i64,
+    );
+    gauge(
+        &mut registry,
+        "first_retained_offset",
+        "Lowest command offset still in this replica's log",
+        status.first_offset as i64,
+    );
+    gauge(
+        &mut registry,
+        "snapshot_offset",
+        "Last command offset the current snapshot covers",
+        status.snapshot_offset as i64,
+    );
+    gauge(
+        &mut registry,
+        "wal_bytes",
+        "Bytes of WAL segments on disk",
+        replica.wal_bytes() as i64,
+    );
+    gauge(
+        &mut registry,
+        "vocabulary_level",
+        "Recorded vocabulary level",
+        status.vocabulary_level as i64,
+    );
+
+    let job = replica.read_state(|job| {
+        let live = job
+            .containers()
+            .values()
+            .filter(|c| c.status == ContainerStatus::Live)
+            .count();
+        let mut phases = [0i64; 4];
+        for task in job.tasks().values() {
+            let i = match task.phase {
+                TaskPhase::Unassigned => 0,
+                TaskPhase::Starting { .. } => 1,
+                TaskPhase::Running { .. } => 2,
+                TaskPhase::Stopping { .. } => 3,
+            };
+            phases[i] += 1;
+        }
+        (live, phases, job.pending().len())
+    });
+    gauge(
+        &mut registry,
+        "containers_live",
+        "Live container sessions",
+        job.0 as i64,
+    );
+    let tasks = Family::<PhaseLabel, Gauge>::default();
+    for (phase, count) in ["unassigned", "starting", "running", "stopping"]
+        .into_iter()
+        .zip(job.1)
+    {
+        tasks.get_or_create(&PhaseLabel { phase }).set(count);
+    }
+    registry.register("tasks", "Tasks by phase of their handshake", tasks);
+    gauge(
+        &mut registry,
+        "pending_handshakes",
+        "Commands still awaiting acknowledgements (moves, broadcasts)",
+        job.2 as i64,
+    );
+    gauge(
+        &mut registry,
+        "rejected_commands",
+        "Commands the job model refused since the log began (the same on every replica)",
+        replica.rejected_total() as i64,
+    );
+    let snapshots = replica.snapshot_stats();
+    gauge(
+        &mut registry,
+        "snapshots_built",
+        "Snapshots built by this replica since it started",
+        snapshots.built as i64,
+    );
+    gauge(
+        &mut registry,
+        "snapshot_bytes",
+        "Size of the last snapshot this replica built",
+        snapshots.last_bytes as i64,
+    );
+    gauge(
+        &mut registry,
+        "snapshot_build_milliseconds",
+        "How long building and storing the last snapshot took",
+        snapshots.last_millis as i64,
+    );
+    registry.register(
+        "appends",
+        "Appends handled here, by outcome",
+        telemetry.appends.clone(),
+    );
+    registry.register(
+        "append_seconds",
+        "Append latency here, from arrival to answer",
+        telemetry.append_seconds.clone(),
+    );
+    registry.register("fetches", "Fetches handled here", telemetry.fetches.clone());
+    registry.register(
+        "fetches_waiting",
+        "Fetches in progress here (long polls: about one per subscriber)",
+        telemetry.fetches_waiting.clone(),
+    );
+    let mut text = String::new();
+    if let Err(error) = encode(&mut text, &registry) {
+        return (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response();
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabel {
+    phase: &'static str,
+}
+
+async fn healthz(State(replica): State<ReplicaHandle>) -> Response {
+    match &replica.metrics().running_state {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        Err(fatal) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("raft stopped: {fatal}\n"),
+        )
+            .into_response(),
+    }
+}
+
+async fn readyz(State(replica): State<ReplicaHandle>) -> Response {
+    let raft = replica.metrics();
+    let not_ready = |why: String| (StatusCode::SERVICE_UNAVAILABLE, why + "\n").into_response();
+    if let Err(fatal) = &raft.running_state {
+        return not_ready(format!("raft stopped: {fatal}"));
+    }
+    if raft.current_leader.is_none() {
+        return not_ready("no leader known".into());
+    }
+    let applied = raft.last_applied.map_or(0, |l| l.index);
+    let known = raft.last_log_index.unwrap_or(0);
+    if known.saturating_sub(applied) > READY_APPLY_LAG_MAX {
+        return not_ready(format!("applied index {applied} trails the log at {known}"));
+    }
+    (StatusCode::OK, "ready\n").into_response()
+}
+
+async fn status_json(State(replica): State<ReplicaHandle>) -> Response {
+    let status = replica.status();
+    let job = match replica.state(0, Duration::ZERO).await {
+        Ok(at) => crate::cli::state_json(&at),
+        Err(error) => json!({ "error": error.to_string() }),
+    };
+    let from = status
+        .applied_offset
+        .saturating_sub(u64::from(TAIL_ENTRIES) - 1)
+        .max(status.first_offset);
+    let request = FetchRequest {
+        from,
+        entries_max: TAIL_ENTRIES,
+        bytes_max: 1 << 20,
+        max_wait_ms: 0,
+        linger_ms: 0,
+        filter: Filter::Everything,
+    };
+    let tail = match replica.fetch(&request, Duration::ZERO).await {
+        Ok(answer) => answer.entries.iter().map(crate::cli::entry_json).collect(),
+        Err(_) => Vec::new(),
+    };
+    axum::Json(json!({
+        "replica": crate::cli::status_json(&status),
+        "healthy": replica.metrics().running_state.is_ok(),
+        "job": job,
+        "tail": tail,
+    }))
+    .into_response()
+}
+
+async fn status_page() -> Html<&'static str> {
+    Html(include_str!("status_page.html"))
+}

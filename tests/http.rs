@@ -1,0 +1,143 @@
+//! The observability port of real replicas: Prometheus metrics, probes and the status page,
+//! over real HTTP on loopback.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::WAIT;
+use ctrlog::client::ControlClient;
+use ctrlog::log::{Command, ContainerId, RegisterContainer, Target};
+use ctrlog::raft::LocalCluster;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// One `GET`, answered as (status code, body).
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    socket.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(WAIT, socket.read_to_string(&mut answer))
+        .await
+        .expect("the replica answered")
+        .unwrap();
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .expect("an HTTP status line");
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The value of a sample line `name value` (or `name{labels} value`) in Prometheus text.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+}
+
+/// Goal: each replica's HTTP port reports its state truthfully: metrics that follow the log,
+/// probes that follow the cluster's health, and a status page that shows the job.
+/// Steps: start three replicas with the port on; register a container and append 10
+/// commands; read the leader's metrics, status JSON and page; stop two replicas and watch the
+/// last one's readiness turn to 503 while it stays alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_probes_and_the_status_page_follow_the_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 3, |c| {
+        c.http_addr = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await
+    .unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let http = |id| cluster.replica(id).http_addr().expect("the port is on");
+    for id in cluster.running_ids() {
+        assert_eq!(get(http(id), "/healthz").await.0, 200);
+    }
+
+    let client = ControlClient::connect(&cluster.client_addrs())
+        .await
+        .unwrap();
+    let c1 = ContainerId::new("c1").unwrap();
+    client
+        .append(Command::RegisterContainer(RegisterContainer {
+            container: c1,
+            location: "host-a".into(),
+        }))
+        .await
+        .unwrap();
+    let mut last = 0;
+    for i in 0..10u8 {
+        last = client
+            .append_to(Target::All, Command::custom(1, 1, vec![b'a' + i]))
+            .await
+            .unwrap()
+            .offset;
+    }
+    cluster.wait_for_applied(last, WAIT).await.unwrap();
+
+    let (code, metrics) = get(http(leader), "/metrics").await;
+    assert_eq!(code, 200);
+    assert_eq!(sample(&metrics, "ctrlog_is_leader"), Some(1.0));
+    assert_eq!(sample(&metrics, "ctrlog_leader_id"), Some(leader as f64));
+    assert_eq!(sample(&metrics, "ctrlog_applied_offset"), Some(last as f64));
+    assert_eq!(sample(&metrics, "ctrlog_containers_live"), Some(1.0));
+    assert_eq!(
+        sample(&metrics, "ctrlog_appends_total{outcome=\"appended\"}"),
+        Some(11.0),
+        "{metrics}"
+    );
+    assert_eq!(sample(&metrics, "ctrlog_append_seconds_count"), Some(11.0));
+    assert!(sample(&metrics, "ctrlog_wal_bytes").unwrap() > 0.0);
+    assert!(metrics.trim_end().ends_with("# EOF"), "OpenMetrics text");
+    let follower = cluster.follower_of(leader);
+    let (_, follower_metrics) = get(http(follower), "/metrics").await;
+    assert_eq!(sample(&follower_metrics, "ctrlog_is_leader"), Some(0.0));
+
+    let (code, status) = get(http(leader), "/status.json").await;
+    assert_eq!(code, 200);
+    let status: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["replica"]["role"], "Leader");
+    assert_eq!(status["healthy"], true);
+    assert_eq!(status["job"]["containers"][0]["id"], "c1");
+    assert_eq!(status["job"]["containers"][0]["location"], "host-a");
+    let tail = status["tail"].as_array().unwrap();
+    assert_eq!(tail.len(), 11);
+    assert_eq!(tail.last().unwrap()["offset"], last);
+
+    let (code, page) = get(http(leader), "/").await;
+    assert_eq!(code, 200);
+    assert!(page.contains("/status.json"), "the page polls the status");
+    assert!(
+        !page.contains("http://") && !page.contains("https://"),
+        "the page loads nothing from elsewhere"
+    );
+    assert_eq!(get(http(leader), "/readyz").await.0, 200);
+
+    // Alone, the last replica stays alive but is no longer ready: it knows no leader.
+    let last_one = follower;
+    let last_http = http(last_one);
+    for id in cluster.running_ids() {
+        if id != last_one {
+            cluster.stop(id).await;
+        }
+    }
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (code, why) = get(last_http, "/readyz").await;
+        if code == 503 {
+            assert!(why.contains("no leader"), "{why}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "readiness never dropped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(get(last_http, "/healthz").await.0, 200);
+    cluster.shutdown().await;
+}
