@@ -43,32 +43,12 @@ fn write_inputs(path: &Path, partitions: std::ops::Range<u32>) -> anyhow::Result
 
 /// One committed command as a timeline line.
 fn describe(entry: &LogEntry) -> String {
-    let command = entry.command();
-    match command {
-        Command::RegisterContainer(c) => {
-            format!("register {} (epoch {})", c.container, entry.offset)
-        }
-        Command::DeregisterContainer(c) => format!("deregister {}@{}", c.container, c.epoch),
-        Command::ExpireContainer(c) => format!("expire {}@{}", c.container, c.epoch),
-        Command::AddInputs(c) => {
-            let inputs: Vec<String> = c.inputs.iter().map(ToString::to_string).collect();
-            format!("add inputs {}", inputs.join(" "))
-        }
-        Command::RemoveInputs(c) => format!("remove {} inputs", c.inputs.len()),
-        Command::AssignTask(c) => format!("assign {} → {}@{}", c.task, c.container, c.epoch),
-        Command::StopTask(c) => format!("stop {} on {}@{}", c.task, c.container, c.epoch),
-        Command::TaskStarted(c) => format!("   ack: {} started by {}", c.task, c.container),
-        Command::TaskStopped(c) => format!("   ack: {} stopped by {}", c.task, c.container),
-        Command::DesiredContainersV1(c) => format!("desired containers = {}", c.count),
-        Command::DesiredContainers(c) => {
-            format!("desired containers = {} ({})", c.count, c.reason)
-        }
-        Command::SchemaChange(c) => format!("schema change of {:?} (broadcast)", c.subject),
-        Command::ConfigChange(_) => "config change (broadcast)".to_string(),
-        Command::Ack(c) => format!("   ack: #{} by {}", c.offset, c.container),
-        Command::SetVocabularyLevel(c) => format!("vocabulary level {}", c.level),
-        Command::Custom { kind, .. } => format!("custom command kind {kind}"),
-        Command::Unknown(frame) => format!("unknown kind {}", frame.kind),
+    // Acknowledgements are indented under the commands they answer.
+    let summary = entry.summary();
+    if summary.starts_with("ack:") {
+        format!("   {summary}")
+    } else {
+        summary
     }
 }
 

@@ -70,4 +70,35 @@ impl LogEntry {
     pub fn command(&self) -> Command {
         Command::from_frame(self.frame.clone())
     }
+
+    /// One line saying what the command does, for people (the demo's timeline, the status
+    /// page).
+    pub fn summary(&self) -> String {
+        match self.command() {
+            Command::RegisterContainer(c) => {
+                format!("register {} (epoch {})", c.container, self.offset)
+            }
+            Command::DeregisterContainer(c) => format!("deregister {}@{}", c.container, c.epoch),
+            Command::ExpireContainer(c) => format!("expire {}@{}", c.container, c.epoch),
+            Command::AddInputs(c) => {
+                let inputs: Vec<String> = c.inputs.iter().map(ToString::to_string).collect();
+                format!("add inputs {}", inputs.join(" "))
+            }
+            Command::RemoveInputs(c) => format!("remove {} inputs", c.inputs.len()),
+            Command::AssignTask(c) => format!("assign {} → {}@{}", c.task, c.container, c.epoch),
+            Command::StopTask(c) => format!("stop {} on {}@{}", c.task, c.container, c.epoch),
+            Command::TaskStarted(c) => format!("ack: {} started by {}", c.task, c.container),
+            Command::TaskStopped(c) => format!("ack: {} stopped by {}", c.task, c.container),
+            Command::DesiredContainersV1(c) => format!("desired containers = {}", c.count),
+            Command::DesiredContainers(c) => {
+                format!("desired containers = {} ({})", c.count, c.reason)
+            }
+            Command::SchemaChange(c) => format!("schema change of {:?} (broadcast)", c.subject),
+            Command::ConfigChange(_) => "config change (broadcast)".to_string(),
+            Command::Ack(c) => format!("ack: #{} by {}", c.offset, c.container),
+            Command::SetVocabularyLevel(c) => format!("vocabulary level {}", c.level),
+            Command::Custom { kind, .. } => format!("custom command kind {kind}"),
+            Command::Unknown(frame) => format!("unknown kind {}", frame.kind),
+        }
+    }
 }

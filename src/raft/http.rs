@@ -344,11 +344,27 @@ async fn status_json(State(replica): State<ReplicaHandle>) -> Response {
         filter: Filter::Everything,
     };
     let tail = match replica.fetch(&request, Duration::ZERO).await {
-        Ok(answer) => answer.entries.iter().map(crate::cli::entry_json).collect(),
+        Ok(answer) => answer
+            .entries
+            .iter()
+            .map(|entry| {
+                let mut json = crate::cli::entry_json(entry);
+                json["summary"] = entry.summary().into();
+                json
+            })
+            .collect(),
         Err(_) => Vec::new(),
     };
+    // Only the leader hears heartbeats; elsewhere the lag is unknown here.
+    let lag: serde_json::Map<String, serde_json::Value> = replica
+        .reported_lag()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(container, lag)| (container.to_string(), lag.into()))
+        .collect();
     axum::Json(json!({
         "replica": crate::cli::status_json(&status),
+        "lag": lag,
         "healthy": replica.metrics().running_state.is_ok(),
         "job": job,
         "tail": tail,
