@@ -7,6 +7,8 @@
 #[cfg(feature = "server")]
 pub mod bench;
 #[cfg(feature = "server")]
+pub mod certs;
+#[cfg(feature = "server")]
 pub mod chaos;
 #[cfg(feature = "server")]
 pub mod checker;

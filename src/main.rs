@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use ctrlog::cli;
-use ctrlog::client::{ControlClient, Member};
+use ctrlog::client::{ClientOptions, ControlClient, Member};
 use ctrlog::log::{Filter, Frame, ProducerSeq, Target};
 use ctrlog::raft::{parse_members, ReplicaConfig};
 
@@ -21,6 +21,15 @@ struct Cli {
     /// Client addresses of any replicas of the cluster (for the client subcommands).
     #[arg(long, global = true, env = "CTRLOG_CLUSTER", value_delimiter = ',')]
     cluster: Vec<String>,
+    /// Speak TLS to the cluster, trusting this CA (PEM), for the client subcommands.
+    #[arg(long, global = true, env = "CTRLOG_CA")]
+    ca: Option<PathBuf>,
+    /// This client's certificate (PEM), where the cluster asks for one; with --key.
+    #[arg(long, global = true, env = "CTRLOG_CERT", requires = "key")]
+    cert: Option<PathBuf>,
+    /// This client's private key (PEM); with --cert.
+    #[arg(long, global = true, env = "CTRLOG_KEY", requires = "cert")]
+    key: Option<PathBuf>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -122,6 +131,33 @@ enum Cmd {
         #[arg(long)]
         data: Option<PathBuf>,
     },
+    /// Certificates for TLS.
+    Certs {
+        #[command(subcommand)]
+        action: CertsCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum CertsCmd {
+    /// A CA plus a certificate per replica (`node-<id>`) and per client, for a test or a small
+    /// deployment.
+    Generate {
+        #[arg(long)]
+        out: PathBuf,
+        /// Replica ids, e.g. 1,2,3.
+        #[arg(long, value_delimiter = ',', required = true)]
+        nodes: Vec<u64>,
+        /// Host names and IP addresses the replicas are dialled at (every replica's
+        /// certificate carries them all).
+        #[arg(long, value_delimiter = ',', default_value = "127.0.0.1,localhost")]
+        hosts: Vec<String>,
+        /// Client certificates to issue, by name.
+        #[arg(long, value_delimiter = ',')]
+        clients: Vec<String>,
+        #[arg(long, default_value_t = 365)]
+        days: i64,
+    },
 }
 
 #[derive(clap::Args)]
@@ -165,6 +201,15 @@ struct ServeArgs {
     /// Serve /metrics, /healthz, /readyz and the status page here (HTTP).
     #[arg(long)]
     http_addr: Option<std::net::SocketAddr>,
+    /// TLS on both ports: the CA (PEM); with --tls-cert and --tls-key.
+    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+    tls_ca: Option<PathBuf>,
+    /// This replica's certificate (PEM), naming it `node-<id>`.
+    #[arg(long, requires = "tls_ca")]
+    tls_cert: Option<PathBuf>,
+    /// This replica's private key (PEM).
+    #[arg(long, requires = "tls_ca")]
+    tls_key: Option<PathBuf>,
     #[arg(long)]
     data: Option<PathBuf>,
     /// The founding members: 1=PEER/CLIENT,2=PEER/CLIENT,3=PEER/CLIENT.
@@ -278,6 +323,15 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ReplicaConfig> {
     if let Some(addr) = args.http_addr {
         config.http_addr = Some(addr);
     }
+    if let (Some(ca_file), Some(cert_file), Some(key_file)) =
+        (args.tls_ca, args.tls_cert, args.tls_key)
+    {
+        config.tls = Some(ctrlog::raft::TlsFiles {
+            ca_file,
+            cert_file,
+            key_file,
+        });
+    }
     if let Some(dir) = args.data {
         config.data_dir = dir;
     }
@@ -306,11 +360,37 @@ async fn shutdown_signal() {
     }
 }
 
-async fn connect(cluster: &[String]) -> anyhow::Result<ControlClient> {
-    if cluster.is_empty() {
+/// The global flags the client subcommands connect with.
+#[derive(Clone)]
+struct ClientFlags {
+    cluster: Vec<String>,
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+}
+
+impl ClientFlags {
+    /// The client options the flags ask for (TLS, when `--ca` is given).
+    fn options(&self) -> anyhow::Result<ClientOptions> {
+        let tls = match &self.ca {
+            Some(ca) => {
+                let identity = self.cert.as_deref().zip(self.key.as_deref());
+                Some(ctrlog::client::tls::client_config(ca, identity)?)
+            }
+            None => None,
+        };
+        Ok(ClientOptions {
+            tls,
+            ..ClientOptions::default()
+        })
+    }
+}
+
+async fn connect(flags: &ClientFlags) -> anyhow::Result<ControlClient> {
+    if flags.cluster.is_empty() {
         bail!("no cluster given: use --cluster ADDR,ADDR,... or set CTRLOG_CLUSTER");
     }
-    ControlClient::connect(cluster)
+    ControlClient::connect_with(&flags.cluster, flags.options()?)
         .await
         .context("connecting to the cluster")
 }
@@ -318,7 +398,27 @@ async fn connect(cluster: &[String]) -> anyhow::Result<ControlClient> {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     // Not locked for the whole command: the demo prints from several tasks.
     let mut out = std::io::stdout();
+    let flags = ClientFlags {
+        cluster: cli.cluster.clone(),
+        ca: cli.ca.clone(),
+        cert: cli.cert.clone(),
+        key: cli.key.clone(),
+    };
     match cli.command {
+        Cmd::Certs {
+            action:
+                CertsCmd::Generate {
+                    out: dir,
+                    nodes,
+                    hosts,
+                    clients,
+                    days,
+                },
+        } => {
+            for path in ctrlog::certs::generate(&dir, &nodes, &hosts, &clients, days)? {
+                writeln!(out, "{}", path.display())?;
+            }
+        }
         Cmd::Serve(args) => ctrlog::raft::serve(serve_config(args)?, shutdown_signal()).await?,
         Cmd::Append(args) => {
             let body = match (args.payload, args.payload_file) {
@@ -337,7 +437,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .producer
                 .zip(args.seq)
                 .map(|(producer, seq)| ProducerSeq { producer, seq });
-            let client = connect(&cli.cluster).await?;
+            let client = connect(&flags).await?;
             let ack = cli::append(&client, args.target, frame, producer).await?;
             if args.json {
                 writeln!(out, "{}", serde_json::to_string(&ack)?)?;
@@ -354,7 +454,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             filter,
             json,
         } => {
-            let client = connect(&cli.cluster).await?;
+            let client = connect(&flags).await?;
             let options = cli::TailOptions {
                 from,
                 follow,
@@ -365,7 +465,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             cli::tail(&client, &options, &mut out).await?;
         }
         Cmd::Status { json } => {
-            let status = connect(&cli.cluster).await?.status().await?;
+            let status = connect(&flags).await?.status().await?;
             if json {
                 writeln!(out, "{}", cli::status_json(&status))?;
             } else {
@@ -373,7 +473,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Cmd::State { json } => {
-            let at = connect(&cli.cluster).await?.state(0).await?;
+            let at = connect(&flags).await?.state(0).await?;
             if json {
                 writeln!(out, "{}", cli::state_json(&at))?;
             } else {
@@ -381,11 +481,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Cmd::Snapshot => {
-            let offset = connect(&cli.cluster).await?.snapshot().await?;
+            let offset = connect(&flags).await?.snapshot().await?;
             writeln!(out, "snapshot taken; it covers offsets up to {offset}")?;
         }
         Cmd::Vocabulary { command } => {
-            let client = connect(&cli.cluster).await?;
+            let client = connect(&flags).await?;
             match command {
                 VocabularyCmd::Show => {
                     let level = client.leader_status().await?.vocabulary_level;
@@ -402,7 +502,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Cmd::Members { command } => {
-            let client = connect(&cli.cluster).await?;
+            let client = connect(&flags).await?;
             match command {
                 MembersCmd::List => {
                     write!(out, "{}", cli::status_text(&client.leader_status().await?))?

@@ -6,13 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tarpc::tokio_serde::formats::Bincode;
 use tarpc::{client, context};
 use tokio::sync::Mutex;
 
 use super::protocol::*;
 use super::sequences::Sequences;
 use super::subscription::Subscription;
+use super::tls::{framed, server_name};
 use crate::log::{
     Command, ContainerId, Epoch, Filter, Offset, ProducerId, ProducerSeq, Proposal, Target, TaskId,
 };
@@ -63,6 +63,10 @@ pub struct ClientOptions {
     /// How long a subscription's long poll, once woken by a new command, waits for the
     /// commands that follow it before answering (`FetchRequest::linger_ms`).
     pub subscription_linger: Duration,
+    /// Speak TLS to the replicas with this configuration ([`tls::client_config`]): the CA
+    /// that signed their certificates and, where the cluster asks for it, this client's own.
+    /// Plain TCP when `None`.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Default for ClientOptions {
@@ -71,6 +75,7 @@ impl Default for ClientOptions {
             retry_deadline: RETRY_DEADLINE,
             request_timeout: REQUEST_TIMEOUT,
             subscription_linger: SUBSCRIPTION_LINGER,
+            tls: None,
         }
     }
 }
@@ -129,19 +134,33 @@ impl Connector {
         &self.settings
     }
 
-    async fn dial(addr: &str) -> Result<ControlLogClient, String> {
-        let mut connect = tarpc::serde_transport::tcp::connect(addr, Bincode::default);
-        connect
-            .config_mut()
-            .max_frame_length(CLIENT_FRAME_BYTES_MAX);
-        let transport = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+    async fn dial(
+        addr: &str,
+        tls: Option<&Arc<rustls::ClientConfig>>,
+    ) -> Result<ControlLogClient, String> {
+        let connect = async {
+            let tcp = tokio::net::TcpStream::connect(addr)
+                .await
+                .map_err(|e| format!("connecting to {addr}: {e}"))?;
+            // Requests and answers are small frames: without this, Nagle's algorithm can hold
+            // one back until the peer's delayed ACK, tens of milliseconds later.
+            let _ = tcp.set_nodelay(true);
+            let config = client::Config::default();
+            Ok(match tls {
+                None => ControlLogClient::new(config, framed(tcp, CLIENT_FRAME_BYTES_MAX)).spawn(),
+                Some(tls) => {
+                    let name = server_name(addr).map_err(|e| e.to_string())?;
+                    let stream = tokio_rustls::TlsConnector::from(tls.clone())
+                        .connect(name, tcp)
+                        .await
+                        .map_err(|e| format!("TLS with {addr}: {e}"))?;
+                    ControlLogClient::new(config, framed(stream, CLIENT_FRAME_BYTES_MAX)).spawn()
+                }
+            })
+        };
+        tokio::time::timeout(CONNECT_TIMEOUT, connect)
             .await
             .map_err(|_| format!("connecting to {addr} timed out"))?
-            .map_err(|e| format!("connecting to {addr}: {e}"))?;
-        // Requests and answers are small frames: without this, Nagle's algorithm can hold one
-        // back until the peer's delayed ACK, tens of milliseconds later.
-        let _ = transport.get_ref().set_nodelay(true);
-        Ok(ControlLogClient::new(client::Config::default(), transport).spawn())
     }
 
     fn next_seed(&self) -> String {
@@ -172,7 +191,7 @@ impl Connector {
                     (Some((addr, rpc)), Some(w)) if *addr == w => (addr.clone(), rpc.clone()),
                     (_, wanted) => {
                         let addr = wanted.unwrap_or_else(|| self.next_seed());
-                        match Self::dial(&addr).await {
+                        match Self::dial(&addr, self.settings.options.tls.as_ref()).await {
                             Ok(rpc) => {
                                 *current = Some((addr.clone(), rpc.clone()));
                                 (addr, rpc)

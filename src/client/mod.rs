@@ -9,6 +9,7 @@ mod protocol;
 mod sequences;
 mod session;
 mod subscription;
+pub mod tls;
 
 pub use connection::{
     ClientError, ClientOptions, ControlClient, CLIENT_FRAME_BYTES_MAX, REQUEST_TIMEOUT,

@@ -24,6 +24,8 @@ pub struct ReplicaConfig {
     /// Where this replica serves `/metrics`, `/healthz`, `/readyz` and its status page (HTTP).
     /// Off when unset.
     pub http_addr: Option<SocketAddr>,
+    /// TLS on the client and peer ports (PEM files). Plain TCP when unset.
+    pub tls: Option<TlsFiles>,
     /// The sled database (vote, snapshots) and the WAL (the Raft log) live here.
     pub data_dir: PathBuf,
     /// The founding members, each with its address pair. The lowest id initialises the cluster
@@ -57,6 +59,7 @@ impl Default for ReplicaConfig {
             peer_addr: "127.0.0.1:0".parse().expect("literal address"),
             client_addr: "127.0.0.1:0".parse().expect("literal address"),
             http_addr: None,
+            tls: None,
             data_dir: PathBuf::new(),
             initial_members: BTreeMap::new(),
             heartbeat_interval_ms: 100,
@@ -116,6 +119,17 @@ impl ReplicaConfig {
                 "must exceed command_bytes_max, or a command of the full size cannot be sent",
             )?;
         }
+        if let Some(tls) = &self.tls {
+            for (field, path) in [
+                ("tls.ca_file", &tls.ca_file),
+                ("tls.cert_file", &tls.cert_file),
+                ("tls.key_file", &tls.key_file),
+            ] {
+                if !path.is_file() {
+                    refuse(field, format!("{} is not a readable file", path.display()))?;
+                }
+            }
+        }
         if !self.initial_members.is_empty() && !self.initial_members.contains_key(&self.id) {
             refuse(
                 "initial_members",
@@ -124,6 +138,16 @@ impl ReplicaConfig {
         }
         Ok(())
     }
+}
+
+/// The PEM files of a replica's TLS: the CA that signs every replica and client certificate,
+/// and this replica's own certificate (naming it `node-<id>`) and key.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
+    pub ca_file: PathBuf,
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
 }
 
 /// Parses `1=PEER/CLIENT,2=PEER/CLIENT,...`.

@@ -1,37 +1,93 @@
-//! The accept loop both ports share: every connection is served on its own task.
+//! The accept loop both ports share: every connection is served on its own task, after its
+//! TLS handshake when the port speaks TLS.
 //!
 //! Why a task each: a connection's bytes are decoded inside its task, and a decoder can panic on
 //! input it should have refused (tarpc's request decoder panics on a deadline that overflows the
 //! clock). A panic then ends that task, which closes that one connection, while the listener and
 //! every other connection carry on. Served inside one shared future, the same panic would stop
-//! the port for everyone.
+//! the port for everyone. The TLS handshake runs in that task too, under a timeout, so a client
+//! that stalls or fails it never holds up the accept loop.
 
 use std::future::Future;
-use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use rustls::pki_types::CertificateDer;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
 use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
 
-/// Accepts from `incoming` and runs `serve` for each connection on its own task, until the
-/// listener ends or this future is dropped (which aborts every connection's task).
-pub async fn serve_each_connection<T, S, F, Fut>(port: &'static str, incoming: S, mut serve: F)
-where
-    S: Stream<Item = io::Result<T>>,
-    F: FnMut(T) -> Fut,
+/// How long a TLS handshake may take before the connection is dropped.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A byte stream a connection is served over: plain TCP or TLS.
+pub trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+
+/// An accepted connection, ready to serve.
+pub struct Accepted {
+    pub stream: Box<dyn Io>,
+    pub peer: SocketAddr,
+    /// The certificate the other side presented, when the port speaks TLS and it gave one.
+    pub peer_certificate: Option<CertificateDer<'static>>,
+}
+
+/// Accepts on `listener` and runs `serve` for each connection on its own task, until this
+/// future is dropped (which aborts every connection's task).
+pub async fn serve_each_connection<F, Fut>(
+    port: &'static str,
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    serve: F,
+) where
+    F: Fn(Accepted) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    let serve = Arc::new(serve);
     let mut connections = JoinSet::new();
-    let mut incoming = std::pin::pin!(incoming);
     loop {
         tokio::select! {
-            accepted = incoming.next() => match accepted {
-                Some(Ok(connection)) => {
-                    connections.spawn(serve(connection));
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, peer)) => {
+                    let (serve, tls) = (serve.clone(), tls.clone());
+                    connections.spawn(async move {
+                        // Requests and answers are small frames: never hold one back for the
+                        // other side's delayed ACK.
+                        let _ = tcp.set_nodelay(true);
+                        let accepted = match tls {
+                            None => Accepted { stream: Box::new(tcp), peer, peer_certificate: None },
+                            Some(tls) => {
+                                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.accept(tcp)).await {
+                                    Ok(Ok(stream)) => {
+                                        let peer_certificate = stream
+                                            .get_ref()
+                                            .1
+                                            .peer_certificates()
+                                            .and_then(|chain| chain.first())
+                                            .map(|c| c.clone().into_owned());
+                                        Accepted { stream: Box::new(stream), peer, peer_certificate }
+                                    }
+                                    Ok(Err(error)) => {
+                                        tracing::warn!(%peer, port, %error, "TLS handshake failed");
+                                        return;
+                                    }
+                                    Err(_) => {
+                                        tracing::warn!(%peer, port, "TLS handshake timed out");
+                                        return;
+                                    }
+                                }
+                            }
+                        };
+                        serve(accepted).await;
+                    });
                 }
-                Some(Err(error)) => {
+                Err(error) => {
+                    // Out of descriptors, say: try again shortly rather than spin.
                     tracing::warn!(%error, port, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                None => break,
             },
             Some(finished) = connections.join_next() => {
                 if finished.is_err_and(|e| e.is_panic()) {

@@ -37,10 +37,11 @@ pub mod proposer;
 mod recent;
 pub mod service;
 pub mod state_machine;
+pub mod tls;
 pub mod types;
 pub mod wal;
 
-pub use config::{parse_members, ConfigError, ReplicaConfig};
+pub use config::{parse_members, ConfigError, ReplicaConfig, TlsFiles};
 pub use local_cluster::LocalCluster;
 pub use node::{serve, Replica, ReplicaHandle, StartError};
 pub use types::TypeConfig;

@@ -6,17 +6,20 @@
 //! on the next call; openraft's backoff paces the retries.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use openraft::error::{NetworkError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use rustls::pki_types::{CertificateDer, ServerName};
 use tarpc::server::{BaseChannel, Channel};
-use tarpc::tokio_serde::formats::Bincode;
 use tarpc::{client, context};
+use tokio_rustls::TlsAcceptor;
 
 use super::connections::serve_each_connection;
 use super::types::*;
+use crate::client::tls::{framed, server_name};
 use crate::client::Member;
 use crate::NodeId;
 
@@ -42,6 +45,25 @@ pub trait RaftRpc {
 #[derive(Clone)]
 struct RaftRpcServer {
     raft: Raft,
+    /// The certificate the calling peer presented (TLS only): it must name the node that
+    /// each request claims to come from.
+    peer_certificate: Option<Arc<CertificateDer<'static>>>,
+}
+
+impl RaftRpcServer {
+    /// Refuses a request whose claimed sender is not the node the peer's certificate names.
+    fn check_sender<E: std::error::Error>(&self, claimed: NodeId) -> Result<(), RaftError<E>> {
+        match &self.peer_certificate {
+            Some(cert) if !certificate_names_node(cert, claimed) => {
+                tracing::warn!(
+                    claimed,
+                    "a peer's certificate does not name the node it claims to be"
+                );
+                Err(RaftError::Fatal(openraft::error::Fatal::Stopped))
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 impl RaftRpc for RaftRpcServer {
@@ -50,6 +72,7 @@ impl RaftRpc for RaftRpcServer {
         _: context::Context,
         request: AppendEntriesRequest,
     ) -> Result<AppendEntriesResponse, RaftError> {
+        self.check_sender(request.vote.leader_id().voted_for().unwrap_or_default())?;
         self.raft.append_entries(request).await
     }
 
@@ -58,6 +81,7 @@ impl RaftRpc for RaftRpcServer {
         _: context::Context,
         request: VoteRequest,
     ) -> Result<VoteResponse, RaftError> {
+        self.check_sender(request.vote.leader_id().voted_for().unwrap_or_default())?;
         self.raft.vote(request).await
     }
 
@@ -66,38 +90,47 @@ impl RaftRpc for RaftRpcServer {
         _: context::Context,
         request: InstallSnapshotRequest,
     ) -> Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>> {
+        self.check_sender(request.vote.leader_id().voted_for().unwrap_or_default())?;
         self.raft.install_snapshot(request).await
     }
 }
 
+/// The name a replica's certificate carries: `node-<id>`.
+pub fn node_name(id: NodeId) -> String {
+    format!("node-{id}")
+}
+
+/// Whether `cert` names node `id` (a DNS name `node-<id>` among its subject alternative names).
+/// Its chain was verified against the CA during the handshake.
+fn certificate_names_node(cert: &CertificateDer<'_>, id: NodeId) -> bool {
+    let Ok(name) = ServerName::try_from(node_name(id)) else {
+        return false;
+    };
+    webpki::EndEntityCert::try_from(cert)
+        .is_ok_and(|end| end.verify_is_valid_for_subject_name(&name).is_ok())
+}
+
 /// A bound, not yet serving, peer listener.
-pub type PeerListener = tarpc::serde_transport::tcp::Incoming<
-    ServingRequest,
-    ServingResponse,
-    Bincode<ServingRequest, ServingResponse>,
-    fn() -> Bincode<ServingRequest, ServingResponse>,
->;
+pub type PeerListener = tokio::net::TcpListener;
 type ServingRequest = tarpc::ClientMessage<RaftRpcRequest>;
 type ServingResponse = tarpc::Response<RaftRpcResponse>;
 
-/// Binds the peer port with the peer frame limit.
+/// Binds the peer port.
 pub async fn bind_peers(addr: SocketAddr) -> std::io::Result<PeerListener> {
-    let mut listener = tarpc::serde_transport::tcp::listen(
-        addr,
-        Bincode::default as fn() -> Bincode<ServingRequest, ServingResponse>,
-    )
-    .await?;
-    listener.config_mut().max_frame_length(PEER_FRAME_BYTES_MAX);
-    Ok(listener)
+    tokio::net::TcpListener::bind(addr).await
 }
 
-/// Serves Raft RPCs on every accepted connection until aborted. A connection that sends a
-/// malformed frame is closed; the others keep going.
-pub async fn serve_peers(listener: PeerListener, raft: Raft) {
-    serve_each_connection("peer", listener, |transport| {
-        let _ = transport.get_ref().set_nodelay(true);
-        let server = RaftRpcServer { raft: raft.clone() };
+/// Serves Raft RPCs on every accepted connection until aborted, over mutual TLS when `tls` is
+/// given. A connection that sends a malformed frame is closed; the others keep going.
+pub async fn serve_peers(listener: PeerListener, raft: Raft, tls: Option<TlsAcceptor>) {
+    serve_each_connection("peer", listener, tls, move |accepted| {
+        let server = RaftRpcServer {
+            raft: raft.clone(),
+            peer_certificate: accepted.peer_certificate.map(Arc::new),
+        };
         async move {
+            let transport =
+                framed::<_, ServingRequest, ServingResponse>(accepted.stream, PEER_FRAME_BYTES_MAX);
             BaseChannel::with_defaults(transport)
                 .execute(server.serve())
                 // In-flight requests run concurrently inside this connection's task rather
@@ -111,7 +144,10 @@ pub async fn serve_peers(listener: PeerListener, raft: Raft) {
 
 /// Creates one [`PeerClient`] per target; openraft asks for a new one when it needs to.
 #[derive(Clone, Default)]
-pub struct PeerNetwork;
+pub struct PeerNetwork {
+    /// Mutual TLS to the peers: the CA and this replica's own certificate.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+}
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
     type Network = PeerClient;
@@ -120,6 +156,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
         PeerClient {
             target,
             addr: node.peer_addr.clone(),
+            tls: self.tls.clone(),
             client: None,
         }
     }
@@ -129,6 +166,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 pub struct PeerClient {
     target: NodeId,
     addr: String,
+    tls: Option<Arc<rustls::ClientConfig>>,
     client: Option<RaftRpcClient>,
 }
 
@@ -162,15 +200,30 @@ impl PeerClient {
         if let Some(client) = &self.client {
             return Ok(client.clone());
         }
-        let mut connect = tarpc::serde_transport::tcp::connect(&self.addr, Bincode::default);
-        connect.config_mut().max_frame_length(PEER_FRAME_BYTES_MAX);
-        let transport = tokio::time::timeout(ttl.min(CONNECT_TIMEOUT), connect)
+        let (addr, tls) = (self.addr.clone(), self.tls.clone());
+        let connect = async move {
+            let tcp = tokio::net::TcpStream::connect(&addr)
+                .await
+                .map_err(|e| format!("connecting to {addr}: {e}"))?;
+            // Small frames must not wait for the peer's delayed ACK (Nagle's algorithm).
+            let _ = tcp.set_nodelay(true);
+            let config = client::Config::default();
+            Ok::<_, String>(match tls {
+                None => RaftRpcClient::new(config, framed(tcp, PEER_FRAME_BYTES_MAX)).spawn(),
+                Some(tls) => {
+                    let name = server_name(&addr).map_err(|e| e.to_string())?;
+                    let stream = tokio_rustls::TlsConnector::from(tls)
+                        .connect(name, tcp)
+                        .await
+                        .map_err(|e| format!("TLS with {addr}: {e}"))?;
+                    RaftRpcClient::new(config, framed(stream, PEER_FRAME_BYTES_MAX)).spawn()
+                }
+            })
+        };
+        let client = tokio::time::timeout(ttl.min(CONNECT_TIMEOUT), connect)
             .await
             .map_err(|_| CallError::Unreachable(format!("connecting to {} timed out", self.addr)))?
-            .map_err(|e| CallError::Unreachable(format!("connecting to {}: {e}", self.addr)))?;
-        // Small frames must not wait for the peer's delayed ACK (Nagle's algorithm).
-        let _ = transport.get_ref().set_nodelay(true);
-        let client = RaftRpcClient::new(client::Config::default(), transport).spawn();
+            .map_err(CallError::Unreachable)?;
         self.client = Some(client.clone());
         Ok(client)
     }

@@ -17,6 +17,7 @@ use super::network::{bind_peers, serve_peers, PeerNetwork};
 use super::proposer::{Proposer, BATCH_BYTES_MAX};
 use super::service::{bind_clients, serve_clients};
 use super::state_machine::{entry_commands, log_entry, StateMachineStore};
+use super::tls::ReplicaTls;
 use super::types::{Raft, RaftMetrics};
 use crate::client::{
     AnswerSlot, ApiError, AppendAck, FetchRequest, FetchResponse, HeartbeatAck, Member,
@@ -59,6 +60,8 @@ pub enum StartError {
     Storage(#[from] std::io::Error),
     #[error("raft: {0}")]
     Raft(String),
+    #[error("tls: {0}")]
+    Tls(String),
 }
 
 struct Inner {
@@ -142,10 +145,18 @@ impl Replica {
         let log = LogStore::open(&config.data_dir.join("log"), meta.clone())?;
         let state_machine = StateMachineStore::open(meta, log.clone())?;
         log.guard_with_snapshots(state_machine.stored_snapshot_last()?);
+        let tls = config
+            .tls
+            .as_ref()
+            .map(ReplicaTls::load)
+            .transpose()
+            .map_err(|e| StartError::Tls(e.to_string()))?;
         let raft = Raft::new(
             config.id,
             Arc::new(raft_config(&config)?),
-            PeerNetwork,
+            PeerNetwork {
+                tls: tls.as_ref().map(|t| t.to_peers.clone()),
+            },
             log.clone(),
             state_machine.clone(),
         )
@@ -155,7 +166,7 @@ impl Replica {
         let peer_listener = bind_peers(config.peer_addr).await?;
         let client_listener =
             bind_clients(config.client_addr, config.client_frame_bytes_max).await?;
-        let (peer_addr, client_addr) = (peer_listener.local_addr(), client_listener.local_addr());
+        let (peer_addr, client_addr) = (peer_listener.local_addr()?, client_listener.local_addr()?);
         let http_listener = match config.http_addr {
             Some(addr) => Some(bind_http(addr).await?),
             None => None,
@@ -177,11 +188,16 @@ impl Replica {
             }),
         };
         let mut tasks = vec![
-            tokio::spawn(serve_peers(peer_listener, raft.clone())),
+            tokio::spawn(serve_peers(
+                peer_listener,
+                raft.clone(),
+                tls.as_ref().map(|t| t.peers.clone()),
+            )),
             tokio::spawn(serve_clients(
                 client_listener,
                 handle.clone(),
                 config.client_requests_in_flight_max,
+                tls.as_ref().map(|t| t.clients.clone()),
             )),
         ];
         if let Some(listener) = http_listener {

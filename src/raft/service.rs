@@ -12,12 +12,13 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tarpc::server::{BaseChannel, Channel};
-use tarpc::tokio_serde::formats::Bincode;
 use tarpc::{context, ClientMessage, Response};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_rustls::TlsAcceptor;
 
 use super::connections::serve_each_connection;
 use super::node::ReplicaHandle;
+use crate::client::tls::framed;
 use crate::client::{
     AnswerSlot, ApiError, AppendAck, ControlLog, ControlLogRequest, ControlLogResponse,
     FetchRequest, FetchResponse, HeartbeatAck, Member, StateAt, Status,
@@ -29,25 +30,26 @@ type Request = ClientMessage<ControlLogRequest>;
 type Reply = Response<ControlLogResponse>;
 
 /// A bound, not yet serving, client listener.
-pub type ClientListener = tarpc::serde_transport::tcp::Incoming<
-    Request,
-    Reply,
-    Bincode<Request, Reply>,
-    fn() -> Bincode<Request, Reply>,
->;
+pub struct ClientListener {
+    listener: tokio::net::TcpListener,
+    frame_bytes_max: usize,
+}
+
+impl ClientListener {
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+}
 
 /// Binds the client port with the given frame limit.
 pub async fn bind_clients(
     addr: SocketAddr,
     frame_bytes_max: usize,
 ) -> std::io::Result<ClientListener> {
-    let mut listener = tarpc::serde_transport::tcp::listen(
-        addr,
-        Bincode::default as fn() -> Bincode<Request, Reply>,
-    )
-    .await?;
-    listener.config_mut().max_frame_length(frame_bytes_max);
-    Ok(listener)
+    Ok(ClientListener {
+        listener: tokio::net::TcpListener::bind(addr).await?,
+        frame_bytes_max,
+    })
 }
 
 /// The longest a long poll waits, whatever the request asks.
@@ -62,16 +64,15 @@ pub const FETCHES_IN_FLIGHT_MAX: usize = 4;
 /// empty) reaches the caller before it gives up on the request.
 const DEADLINE_HEADROOM: Duration = Duration::from_millis(250);
 
-/// Serves clients until aborted.
+/// Serves clients until aborted, over TLS when `tls` is given.
 pub async fn serve_clients(
     listener: ClientListener,
     replica: ReplicaHandle,
     requests_in_flight_max: usize,
+    tls: Option<TlsAcceptor>,
 ) {
-    serve_each_connection("client", listener, |transport| {
-        let peer = transport.peer_addr().ok();
-        // Answers are small frames: never hold one back for the client's delayed ACK.
-        let _ = transport.get_ref().set_nodelay(true);
+    let frame_bytes_max = listener.frame_bytes_max;
+    serve_each_connection("client", listener.listener, tls, move |accepted| {
         let server = ControlLogServer {
             replica: replica.clone(),
             in_flight: Arc::new(Semaphore::new(requests_in_flight_max)),
@@ -79,6 +80,7 @@ pub async fn serve_clients(
             fetches: Arc::new(Semaphore::new(FETCHES_IN_FLIGHT_MAX)),
         };
         async move {
+            let transport = framed::<_, Request, Reply>(accepted.stream, frame_bytes_max);
             // Our own bound answers excess requests with a typed `Overloaded`; tarpc's, at
             // twice the size, only bounds what a client that ignores those answers can queue.
             BaseChannel::with_defaults(transport)
@@ -90,7 +92,7 @@ pub async fn serve_clients(
                 .await;
             // The channel ends when the peer hangs up or sends a frame that does not decode
             // (or exceeds the limit); only this connection is affected.
-            tracing::debug!(?peer, "client connection closed");
+            tracing::debug!(peer = %accepted.peer, "client connection closed");
         }
     })
     .await;

@@ -1,0 +1,113 @@
+//! TLS for ctrlog's connections (rustls with the `ring` provider): loading PEM files, the
+//! client's configuration, and a framed tarpc transport over any byte stream.
+//!
+//! Identities: a replica's certificate names it `node-<id>` (a DNS name in its subject
+//! alternative names) next to the addresses it serves on; clients verify a replica by the
+//! address they dialled. Peers verify each other's `node-<id>`.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_util::codec::LengthDelimitedCodec;
+
+/// Why TLS material could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{path}: {reason}")]
+    File { path: String, reason: String },
+    #[error("TLS configuration: {0}")]
+    Config(String),
+}
+
+fn file_error(path: &Path, reason: impl ToString) -> TlsError {
+    TlsError::File {
+        path: path.display().to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Every certificate in a PEM file (a chain, or a CA bundle).
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| file_error(path, e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| file_error(path, e))?;
+    if certs.is_empty() {
+        return Err(file_error(path, "holds no certificate"));
+    }
+    Ok(certs)
+}
+
+/// The private key in a PEM file.
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_file(path).map_err(|e| file_error(path, e))
+}
+
+/// The trust anchors of a CA file.
+pub fn load_roots(ca: &Path) -> Result<Arc<rustls::RootCertStore>, TlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in load_certs(ca)? {
+        roots.add(cert).map_err(|e| file_error(ca, e))?;
+    }
+    Ok(Arc::new(roots))
+}
+
+pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A client configuration trusting `ca`, presenting `identity` (certificate chain and key
+/// files) if given.
+pub fn client_config(
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_root_certificates(load_roots(ca)?);
+    let config = match identity {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(load_certs(cert)?, load_key(key)?)
+            .map_err(|e| TlsError::Config(e.to_string()))?,
+        None => builder.with_no_client_auth(),
+    };
+    Ok(Arc::new(config))
+}
+
+/// The name a client checks a replica's certificate against: the host part of the address
+/// it dialled (an IP address or a DNS name).
+pub fn server_name(addr: &str) -> Result<ServerName<'static>, TlsError> {
+    let host = addr
+        .rsplit_once(':')
+        .map_or(addr, |(host, _)| host)
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    ServerName::try_from(host.to_string())
+        .map_err(|e| TlsError::Config(format!("`{host}` is not a host name: {e}")))
+}
+
+/// A length-delimited bincode tarpc transport over `stream`, with a frame limit: what
+/// `tarpc::serde_transport::tcp` builds, for any stream (plain TCP or TLS).
+pub fn framed<S, Item, SinkItem>(
+    stream: S,
+    frame_bytes_max: usize,
+) -> tarpc::serde_transport::Transport<
+    S,
+    Item,
+    SinkItem,
+    tarpc::tokio_serde::formats::Bincode<Item, SinkItem>,
+>
+where
+    S: AsyncRead + AsyncWrite,
+    Item: for<'de> serde::Deserialize<'de>,
+    SinkItem: serde::Serialize,
+{
+    let framed = LengthDelimitedCodec::builder()
+        .max_frame_length(frame_bytes_max)
+        .new_framed(stream);
+    tarpc::serde_transport::new(framed, tarpc::tokio_serde::formats::Bincode::default())
+}

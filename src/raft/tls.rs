@@ -1,0 +1,45 @@
+//! A replica's TLS, from the files its configuration names: the client port serves TLS (client
+//! certificates optional, verified against the CA when given); the peer port requires mutual
+//! TLS, and each Raft request must come from the node its certificate names (`node-<id>`,
+//! checked in `network.rs`); the replica dials its peers with its own certificate.
+
+use std::sync::Arc;
+
+use rustls::server::WebPkiClientVerifier;
+use tokio_rustls::TlsAcceptor;
+
+use super::config::TlsFiles;
+use crate::client::tls::{client_config, load_certs, load_key, load_roots, provider, TlsError};
+
+pub struct ReplicaTls {
+    pub clients: TlsAcceptor,
+    pub peers: TlsAcceptor,
+    pub to_peers: Arc<rustls::ClientConfig>,
+}
+
+impl ReplicaTls {
+    pub fn load(files: &TlsFiles) -> Result<ReplicaTls, TlsError> {
+        let roots = load_roots(&files.ca_file)?;
+        let acceptor = |client_certificate_required: bool| -> Result<TlsAcceptor, TlsError> {
+            let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider());
+            let verifier = if client_certificate_required {
+                verifier.build()
+            } else {
+                verifier.allow_unauthenticated().build()
+            }
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+            let config = rustls::ServerConfig::builder_with_provider(provider())
+                .with_safe_default_protocol_versions()
+                .map_err(|e| TlsError::Config(e.to_string()))?
+                .with_client_cert_verifier(verifier)
+                .with_single_cert(load_certs(&files.cert_file)?, load_key(&files.key_file)?)
+                .map_err(|e| TlsError::Config(e.to_string()))?;
+            Ok(TlsAcceptor::from(Arc::new(config)))
+        };
+        Ok(ReplicaTls {
+            clients: acceptor(false)?,
+            peers: acceptor(true)?,
+            to_peers: client_config(&files.ca_file, Some((&files.cert_file, &files.key_file)))?,
+        })
+    }
+}
