@@ -30,6 +30,9 @@ struct Cli {
     /// This client's private key (PEM); with --cert.
     #[arg(long, global = true, env = "CTRLOG_KEY", requires = "cert")]
     key: Option<PathBuf>,
+    /// A bearer token, where the cluster requires credentials.
+    #[arg(long, global = true, env = "CTRLOG_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -367,6 +370,7 @@ struct ClientFlags {
     ca: Option<PathBuf>,
     cert: Option<PathBuf>,
     key: Option<PathBuf>,
+    token: Option<String>,
 }
 
 impl ClientFlags {
@@ -381,6 +385,7 @@ impl ClientFlags {
         };
         Ok(ClientOptions {
             tls,
+            token: self.token.clone(),
             ..ClientOptions::default()
         })
     }
@@ -403,6 +408,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         ca: cli.ca.clone(),
         cert: cli.cert.clone(),
         key: cli.key.clone(),
+        token: cli.token.clone(),
     };
     match cli.command {
         Cmd::Certs {

@@ -3,44 +3,13 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::WAIT;
+use common::{http_get as get, metric_sample as sample, WAIT};
 use ctrlog::client::ControlClient;
 use ctrlog::log::{Command, ContainerId, RegisterContainer, Target};
 use ctrlog::raft::LocalCluster;
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// One `GET`, answered as (status code, body).
-async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    socket.write_all(request.as_bytes()).await.unwrap();
-    let mut answer = String::new();
-    tokio::time::timeout(WAIT, socket.read_to_string(&mut answer))
-        .await
-        .expect("the replica answered")
-        .unwrap();
-    let status = answer
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .expect("an HTTP status line");
-    let body = answer
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
-
-/// The value of a sample line `name value` (or `name{labels} value`) in Prometheus text.
-fn sample(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .filter(|line| !line.starts_with('#'))
-        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
-}
 
 /// Goal: each replica's HTTP port reports its state truthfully: metrics that follow the log,
 /// probes that follow the cluster's health, and a status page that shows the job.

@@ -67,6 +67,9 @@ pub struct ClientOptions {
     /// that signed their certificates and, where the cluster asks for it, this client's own.
     /// Plain TCP when `None`.
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// A bearer token presented on every connection (`authenticate`), where the cluster
+    /// requires credentials and this client has no certificate it knows.
+    pub token: Option<String>,
 }
 
 impl Default for ClientOptions {
@@ -76,6 +79,7 @@ impl Default for ClientOptions {
             request_timeout: REQUEST_TIMEOUT,
             subscription_linger: SUBSCRIPTION_LINGER,
             tls: None,
+            token: None,
         }
     }
 }
@@ -134,7 +138,21 @@ impl Connector {
         &self.settings
     }
 
-    async fn dial(
+    async fn dial(addr: &str, options: &ClientOptions) -> Result<ControlLogClient, String> {
+        let client = Self::dial_transport(addr, options.tls.as_ref()).await?;
+        if let Some(token) = &options.token {
+            let mut ctx = context::current();
+            ctx.deadline = std::time::Instant::now() + CONNECT_TIMEOUT;
+            client
+                .authenticate(ctx, token.clone())
+                .await
+                .map_err(|e| format!("authenticating to {addr}: {e}"))?
+                .map_err(|e| format!("authenticating to {addr}: {e}"))?;
+        }
+        Ok(client)
+    }
+
+    async fn dial_transport(
         addr: &str,
         tls: Option<&Arc<rustls::ClientConfig>>,
     ) -> Result<ControlLogClient, String> {
@@ -191,7 +209,7 @@ impl Connector {
                     (Some((addr, rpc)), Some(w)) if *addr == w => (addr.clone(), rpc.clone()),
                     (_, wanted) => {
                         let addr = wanted.unwrap_or_else(|| self.next_seed());
-                        match Self::dial(&addr, self.settings.options.tls.as_ref()).await {
+                        match Self::dial(&addr, &self.settings.options).await {
                             Ok(rpc) => {
                                 *current = Some((addr.clone(), rpc.clone()));
                                 (addr, rpc)

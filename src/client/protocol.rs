@@ -97,6 +97,13 @@ pub enum ApiError {
     /// The replica is shutting down.
     #[error("the replica is shutting down")]
     ShuttingDown,
+    /// The cluster requires credentials and this connection has none that it accepts (no
+    /// client certificate it knows, no token, or a wrong one).
+    #[error("unauthorized: {0}")]
+    Unauthorized(String),
+    /// The credentials are known, but their role may not do this.
+    #[error("forbidden: {principal} may not {action}")]
+    Forbidden { principal: String, action: String },
 }
 
 impl ApiError {
@@ -315,4 +322,7 @@ pub trait ControlLog {
     /// Takes a snapshot now (followed by the purge the retention allows); answers with the
     /// last offset it covers.
     async fn snapshot() -> Result<Offset, ApiError>;
+    /// Presents a bearer token for the rest of this connection; answers with the principal
+    /// it names. (A client certificate the cluster knows needs no token.)
+    async fn authenticate(token: String) -> Result<String, ApiError>;
 }

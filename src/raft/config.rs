@@ -26,6 +26,8 @@ pub struct ReplicaConfig {
     pub http_addr: Option<SocketAddr>,
     /// TLS on the client and peer ports (PEM files). Plain TCP when unset.
     pub tls: Option<TlsFiles>,
+    /// Who may do what on the client port. Anyone may do anything when unset.
+    pub auth: Option<AuthConfig>,
     /// The sled database (vote, snapshots) and the WAL (the Raft log) live here.
     pub data_dir: PathBuf,
     /// The founding members, each with its address pair. The lowest id initialises the cluster
@@ -60,6 +62,7 @@ impl Default for ReplicaConfig {
             client_addr: "127.0.0.1:0".parse().expect("literal address"),
             http_addr: None,
             tls: None,
+            auth: None,
             data_dir: PathBuf::new(),
             initial_members: BTreeMap::new(),
             heartbeat_interval_ms: 100,
@@ -130,6 +133,23 @@ impl ReplicaConfig {
                 }
             }
         }
+        if let Some(auth) = &self.auth {
+            if !auth.certificates.is_empty() && self.tls.is_none() {
+                refuse("auth.certificates", "client certificates need tls")?;
+            }
+            if let Some(path) = auth.tokens_file.as_ref().filter(|p| !p.is_file()) {
+                refuse(
+                    "auth.tokens_file",
+                    format!("{} is not a readable file", path.display()),
+                )?;
+            }
+            if auth.tokens_file.is_none() && auth.certificates.is_empty() {
+                refuse(
+                    "auth",
+                    "names no tokens file and no certificates: nobody could connect",
+                )?;
+            }
+        }
         if !self.initial_members.is_empty() && !self.initial_members.contains_key(&self.id) {
             refuse(
                 "initial_members",
@@ -148,6 +168,17 @@ pub struct TlsFiles {
     pub ca_file: PathBuf,
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
+}
+
+/// Client authentication (see `raft::auth`): bearer tokens from a file and client
+/// certificates by name, each mapped to a role (`admin`, `operator` or `container:ID`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Lines of `TOKEN ROLE`.
+    pub tokens_file: Option<PathBuf>,
+    /// Certificate name (a DNS name in the client certificate) → role.
+    pub certificates: BTreeMap<String, String>,
 }
 
 /// Parses `1=PEER/CLIENT,2=PEER/CLIENT,...`.

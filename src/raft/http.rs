@@ -52,6 +52,7 @@ pub(crate) struct Telemetry {
     append_seconds: Histogram,
     fetches: Counter,
     fetches_waiting: Gauge<i64, AtomicI64>,
+    auth_refusals: Family<OutcomeLabel, Counter>,
 }
 
 impl Default for Telemetry {
@@ -62,6 +63,7 @@ impl Default for Telemetry {
             append_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 15)),
             fetches: Counter::default(),
             fetches_waiting: Gauge::default(),
+            auth_refusals: Family::default(),
         }
     }
 }
@@ -89,6 +91,17 @@ impl Telemetry {
         };
         self.appends.get_or_create(&OutcomeLabel { outcome }).inc();
         self.append_seconds.observe(took.as_secs_f64());
+    }
+
+    /// Counts a request refused for its credentials (`unauthorized`) or its role (`forbidden`).
+    pub(crate) fn auth_refused(&self, refusal: &ApiError) {
+        let outcome = match refusal {
+            ApiError::Forbidden { .. } => "forbidden",
+            _ => "unauthorized",
+        };
+        self.auth_refusals
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
     }
 
     /// Counts a fetch; the guard counts it as waiting until it is answered.
@@ -273,6 +286,11 @@ async fn metrics(State(replica): State<ReplicaHandle>) -> Response {
         telemetry.append_seconds.clone(),
     );
     registry.register("fetches", "Fetches handled here", telemetry.fetches.clone());
+    registry.register(
+        "auth_refusals",
+        "Requests refused here for their credentials or their role",
+        telemetry.auth_refusals.clone(),
+    );
     registry.register(
         "fetches_waiting",
         "Fetches in progress here (long polls: about one per subscriber)",

@@ -25,6 +25,7 @@
 // in our helpers would only add a conversion at every call.
 #![allow(clippy::result_large_err)]
 
+pub mod auth;
 pub mod config;
 mod connections;
 pub mod http;
@@ -41,7 +42,7 @@ pub mod tls;
 pub mod types;
 pub mod wal;
 
-pub use config::{parse_members, ConfigError, ReplicaConfig, TlsFiles};
+pub use config::{parse_members, AuthConfig, ConfigError, ReplicaConfig, TlsFiles};
 pub use local_cluster::LocalCluster;
 pub use node::{serve, Replica, ReplicaHandle, StartError};
 pub use types::TypeConfig;

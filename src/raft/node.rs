@@ -9,6 +9,7 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::{ServerState, SnapshotPolicy};
 use tokio::task::JoinHandle;
 
+use super::auth::Authenticator;
 use super::config::{ConfigError, ReplicaConfig};
 use super::http::{bind_http, serve_http, Telemetry};
 use super::log_store::LogStore;
@@ -62,6 +63,8 @@ pub enum StartError {
     Raft(String),
     #[error("tls: {0}")]
     Tls(String),
+    #[error("auth: {0}")]
+    Auth(String),
 }
 
 struct Inner {
@@ -151,6 +154,13 @@ impl Replica {
             .map(ReplicaTls::load)
             .transpose()
             .map_err(|e| StartError::Tls(e.to_string()))?;
+        let authenticator = config
+            .auth
+            .as_ref()
+            .map(Authenticator::load)
+            .transpose()
+            .map_err(StartError::Auth)?
+            .map(Arc::new);
         let raft = Raft::new(
             config.id,
             Arc::new(raft_config(&config)?),
@@ -198,6 +208,7 @@ impl Replica {
                 handle.clone(),
                 config.client_requests_in_flight_max,
                 tls.as_ref().map(|t| t.clients.clone()),
+                authenticator,
             )),
         ];
         if let Some(listener) = http_listener {

@@ -16,6 +16,7 @@ use tarpc::{context, ClientMessage, Response};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
+use super::auth::{authorize, Action, Authenticator, Principal};
 use super::connections::serve_each_connection;
 use super::node::ReplicaHandle;
 use crate::client::tls::framed;
@@ -70,14 +71,21 @@ pub async fn serve_clients(
     replica: ReplicaHandle,
     requests_in_flight_max: usize,
     tls: Option<TlsAcceptor>,
+    auth: Option<Arc<Authenticator>>,
 ) {
     let frame_bytes_max = listener.frame_bytes_max;
     serve_each_connection("client", listener.listener, tls, move |accepted| {
+        let principal = match (&auth, &accepted.peer_certificate) {
+            (Some(auth), Some(cert)) => auth.by_certificate(cert),
+            _ => None,
+        };
         let server = ControlLogServer {
             replica: replica.clone(),
             in_flight: Arc::new(Semaphore::new(requests_in_flight_max)),
             in_flight_max: requests_in_flight_max as u32,
             fetches: Arc::new(Semaphore::new(FETCHES_IN_FLIGHT_MAX)),
+            auth: auth.clone(),
+            principal: Arc::new(std::sync::Mutex::new(principal)),
         };
         async move {
             let transport = framed::<_, Request, Reply>(accepted.stream, frame_bytes_max);
@@ -106,6 +114,10 @@ struct ControlLogServer {
     in_flight_max: u32,
     /// Fetches in flight on this connection (see [`FETCHES_IN_FLIGHT_MAX`]).
     fetches: Arc<Semaphore>,
+    /// The credentials this replica accepts; `None` when authentication is off.
+    auth: Option<Arc<Authenticator>>,
+    /// Who this connection is: from its client certificate, or from `authenticate`.
+    principal: Arc<std::sync::Mutex<Option<Principal>>>,
 }
 
 impl ControlLogServer {
@@ -116,6 +128,25 @@ impl ControlLogServer {
             .map_err(|_| ApiError::Overloaded {
                 in_flight_max: self.in_flight_max,
             })
+    }
+
+    /// Whether this connection may do `action` (always, when authentication is off). Refusals
+    /// are counted in the metrics.
+    fn check(&self, action: Action<'_>) -> Result<(), ApiError> {
+        if self.auth.is_none() {
+            return Ok(());
+        }
+        let principal = self.principal.lock().expect("never poisoned").clone();
+        let result = match principal {
+            None => Err(ApiError::Unauthorized(
+                "present a client certificate the cluster knows, or a token".into(),
+            )),
+            Some(principal) => authorize(&principal, &action),
+        };
+        if let Err(refusal) = &result {
+            self.replica.telemetry().auth_refused(refusal);
+        }
+        result
     }
 }
 
@@ -133,6 +164,7 @@ fn clamp_wait(ctx: &context::Context, requested_ms: u32) -> Duration {
 impl ControlLog for ControlLogServer {
     async fn append(self, _: context::Context, proposal: Proposal) -> Result<AppendAck, ApiError> {
         let _permit = self.admit()?;
+        self.check(Action::Append(&proposal))?;
         self.replica.append(proposal).await
     }
 
@@ -142,6 +174,7 @@ impl ControlLog for ControlLogServer {
         request: FetchRequest,
     ) -> Result<FetchResponse, ApiError> {
         let _permit = self.admit()?;
+        self.check(Action::Fetch(&request))?;
         let slot = self
             .fetches
             .clone()
@@ -163,6 +196,7 @@ impl ControlLog for ControlLogServer {
         max_wait_ms: u32,
     ) -> Result<StateAt, ApiError> {
         let _permit = self.admit()?;
+        self.check(Action::Read)?;
         self.replica
             .state(min_offset, clamp_wait(&ctx, max_wait_ms))
             .await
@@ -170,6 +204,7 @@ impl ControlLog for ControlLogServer {
 
     async fn status(self, _: context::Context) -> Result<Status, ApiError> {
         let _permit = self.admit()?;
+        self.check(Action::Read)?;
         Ok(self.replica.status())
     }
 
@@ -181,6 +216,7 @@ impl ControlLog for ControlLogServer {
         lag: BTreeMap<TaskId, u64>,
     ) -> Result<HeartbeatAck, ApiError> {
         let _permit = self.admit()?;
+        self.check(Action::Heartbeat(&container))?;
         self.replica.heartbeat(container, epoch, lag)
     }
 
@@ -191,16 +227,38 @@ impl ControlLog for ControlLogServer {
         member: Member,
     ) -> Result<(), ApiError> {
         let _permit = self.admit()?;
+        self.check(Action::Membership)?;
         self.replica.add_member(id, member).await
     }
 
     async fn remove_member(self, _: context::Context, id: NodeId) -> Result<(), ApiError> {
         let _permit = self.admit()?;
+        self.check(Action::Membership)?;
         self.replica.remove_member(id).await
     }
 
     async fn snapshot(self, _: context::Context) -> Result<Offset, ApiError> {
         let _permit = self.admit()?;
+        self.check(Action::Snapshot)?;
         self.replica.snapshot().await
+    }
+
+    async fn authenticate(self, _: context::Context, token: String) -> Result<String, ApiError> {
+        let _permit = self.admit()?;
+        let Some(auth) = &self.auth else {
+            return Ok("anyone (authentication is off)".into());
+        };
+        match auth.by_token(&token) {
+            Some(principal) => {
+                let name = principal.name.clone();
+                *self.principal.lock().expect("never poisoned") = Some(principal);
+                Ok(name)
+            }
+            None => {
+                let refusal = ApiError::Unauthorized("unknown token".into());
+                self.replica.telemetry().auth_refused(&refusal);
+                Err(refusal)
+            }
+        }
     }
 }

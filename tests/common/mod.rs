@@ -3,6 +3,7 @@
 
 pub mod proxy;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use ctrlog::client::{AppendAck, FetchRequest};
@@ -93,4 +94,38 @@ pub fn assert_contiguous(entries: &[LogEntry]) {
             "offsets must be contiguous from 1"
         );
     }
+}
+
+/// One `GET`, answered as (status code, body).
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    tokio::io::AsyncWriteExt::write_all(&mut socket, request.as_bytes())
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(
+        WAIT,
+        tokio::io::AsyncReadExt::read_to_string(&mut socket, &mut answer),
+    )
+    .await
+    .expect("the replica answered")
+    .unwrap();
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .expect("an HTTP status line");
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The value of a sample line `name value` (or `name{labels} value`) in Prometheus text.
+pub fn metric_sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
 }

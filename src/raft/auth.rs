@@ -1,0 +1,199 @@
+//! Who may do what on the client port, when the configuration turns authentication on.
+//!
+//! A connection's principal comes from its client certificate (a certificate naming one of
+//! `auth.certificates`, checked against its subject alternative names) or from a bearer token
+//! it presents with `authenticate` (one of the lines of `auth.tokens_file`: `TOKEN ROLE`). Roles:
+//!
+//! * `container:<id>`: register, deregister, heartbeat, fetch its own commands and acknowledge,
+//!   each only as container `<id>`; read the job state (a reset needs it) and the status;
+//! * `operator`: append any command, read everything;
+//! * `admin`: everything, including membership changes and snapshots.
+//!
+//! Anything else is `Unauthorized` (no accepted credential) or `Forbidden` (the role may not),
+//! counted in the metrics, and nothing is applied.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::str::FromStr;
+
+use rustls::pki_types::{CertificateDer, ServerName};
+
+use super::config::AuthConfig;
+use crate::client::{ApiError, FetchRequest};
+use crate::log::{Command, ContainerId, Filter, Proposal};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    Admin,
+    Operator,
+    Container(ContainerId),
+}
+
+impl FromStr for Role {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Role, String> {
+        match text {
+            "admin" => Ok(Role::Admin),
+            "operator" => Ok(Role::Operator),
+            other => match other.strip_prefix("container:") {
+                Some(id) => ContainerId::new(id)
+                    .map(Role::Container)
+                    .map_err(|e| e.to_string()),
+                None => Err(format!(
+                    "`{other}` is not a role (admin, operator or container:ID)"
+                )),
+            },
+        }
+    }
+}
+
+/// An authenticated identity.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Principal {
+    pub name: String,
+    pub role: Role,
+}
+
+/// The credentials a replica accepts.
+pub struct Authenticator {
+    tokens: BTreeMap<String, Principal>,
+    /// Certificate name (a DNS name among its subject alternative names) → role.
+    certificates: BTreeMap<String, Role>,
+}
+
+impl Authenticator {
+    /// Loads the configured credentials; the error names what is wrong.
+    pub fn load(config: &AuthConfig) -> Result<Authenticator, String> {
+        let mut tokens = BTreeMap::new();
+        if let Some(path) = &config.tokens_file {
+            tokens = read_tokens(path)?;
+        }
+        let certificates = config
+            .certificates
+            .iter()
+            .map(|(name, role)| {
+                role.parse()
+                    .map(|role| (name.clone(), role))
+                    .map_err(|e| format!("auth.certificates.{name}: {e}"))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Authenticator {
+            tokens,
+            certificates,
+        })
+    }
+
+    pub fn by_token(&self, token: &str) -> Option<Principal> {
+        self.tokens.get(token).cloned()
+    }
+
+    /// The principal a verified client certificate names, if any.
+    pub fn by_certificate(&self, cert: &CertificateDer<'_>) -> Option<Principal> {
+        let end = webpki::EndEntityCert::try_from(cert).ok()?;
+        self.certificates.iter().find_map(|(name, role)| {
+            let server_name = ServerName::try_from(name.as_str()).ok()?;
+            end.verify_is_valid_for_subject_name(&server_name)
+                .is_ok()
+                .then(|| Principal {
+                    name: name.clone(),
+                    role: role.clone(),
+                })
+        })
+    }
+}
+
+/// `TOKEN ROLE` per line; blank lines and `#` comments are skipped. The token names its
+/// principal in messages by its line number, never by itself.
+fn read_tokens(path: &Path) -> Result<BTreeMap<String, Principal>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("auth.tokens_file {}: {e}", path.display()))?;
+    let mut tokens = BTreeMap::new();
+    for (number, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let bad = |why: String| {
+            format!(
+                "auth.tokens_file {} line {}: {why}",
+                path.display(),
+                number + 1
+            )
+        };
+        let mut parts = line.split_whitespace();
+        let (Some(token), Some(role), None) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(bad("expected `TOKEN ROLE`".into()));
+        };
+        if token.len() < 16 {
+            return Err(bad("tokens must be at least 16 characters".into()));
+        }
+        let role: Role = role.parse().map_err(bad)?;
+        let principal = Principal {
+            name: format!("token on line {} ({role:?})", number + 1),
+            role,
+        };
+        if tokens.insert(token.to_string(), principal).is_some() {
+            return Err(bad("the same token appears twice".into()));
+        }
+    }
+    Ok(tokens)
+}
+
+/// What a request asks to do, for the role check.
+pub enum Action<'a> {
+    Append(&'a Proposal),
+    Fetch(&'a FetchRequest),
+    Heartbeat(&'a ContainerId),
+    Read,
+    Membership,
+    Snapshot,
+}
+
+/// Whether `principal` may do `action`.
+pub fn authorize(principal: &Principal, action: &Action<'_>) -> Result<(), ApiError> {
+    let forbidden = |what: String| {
+        Err(ApiError::Forbidden {
+            principal: principal.name.clone(),
+            action: what,
+        })
+    };
+    match (&principal.role, action) {
+        (Role::Admin, _) => Ok(()),
+        (Role::Operator, Action::Membership) => forbidden("change the membership".into()),
+        (Role::Operator, Action::Snapshot) => forbidden("take snapshots".into()),
+        (Role::Operator, Action::Heartbeat(id)) => forbidden(format!("heartbeat as {id}")),
+        (Role::Operator, _) => Ok(()),
+        (Role::Container(_), Action::Read) => Ok(()),
+        (Role::Container(me), Action::Heartbeat(id)) if me == *id => Ok(()),
+        (Role::Container(me), Action::Fetch(request))
+            if request.filter == Filter::Container(me.clone()) =>
+        {
+            Ok(())
+        }
+        (Role::Container(me), Action::Append(proposal)) => {
+            let command = Command::from_frame(proposal.frame.clone());
+            let as_container = match &command {
+                Command::RegisterContainer(c) => Some(&c.container),
+                Command::DeregisterContainer(c) => Some(&c.container),
+                Command::TaskStarted(c) => Some(&c.container),
+                Command::TaskStopped(c) => Some(&c.container),
+                Command::Ack(c) => Some(&c.container),
+                _ => None,
+            };
+            match as_container {
+                Some(id) if id == me => Ok(()),
+                Some(id) => forbidden(format!("act as container {id}")),
+                None => forbidden(format!("append {:?} commands", command.kind_version())),
+            }
+        }
+        (Role::Container(me), Action::Fetch(_)) => {
+            forbidden(format!("fetch anything but container {me}'s own commands"))
+        }
+        (Role::Container(me), Action::Heartbeat(id)) => {
+            forbidden(format!("heartbeat as {id} (it is {me})"))
+        }
+        (Role::Container(_), Action::Membership) => forbidden("change the membership".into()),
+        (Role::Container(_), Action::Snapshot) => forbidden("take snapshots".into()),
+    }
+}
