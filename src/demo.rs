@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{ensure, Context};
 use futures::StreamExt;
 
-use crate::client::{ControlClient, SubscriptionItem};
+use crate::client::{ClientOptions, ControlClient, SubscriptionItem};
 use crate::controller::{
     double_runs, longest_unowned, read_reports, Controller, ControllerConfig, ControllerFactory,
     ControllerReport, JobDriver, LocalJob, ProcessLauncher, WatchedFile,
@@ -25,6 +25,8 @@ use crate::jobs::plan::{settled, GroupByPartition, LagPolicy};
 use crate::jobs::{ContainerStatus, JobState, TaskPhase};
 use crate::log::{Command, LogEntry, Offset, SchemaChange};
 use crate::raft::LocalCluster;
+use crate::raft::{AuthConfig, TlsFiles};
+use crate::NodeId;
 
 /// Each step of the scenario must finish within this.
 const STEP: Duration = Duration::from_secs(30);
@@ -49,6 +51,68 @@ fn describe(entry: &LogEntry) -> String {
         format!("   {summary}")
     } else {
         summary
+    }
+}
+
+/// The demo runs the secure path: a CA and certificates for the replicas and for the demo's
+/// own reader (an operator), and a token per container the controllers may launch.
+struct Security {
+    dir: PathBuf,
+    ca: PathBuf,
+    auth: AuthConfig,
+    /// Container tokens are this secret followed by the container's id.
+    secret: String,
+}
+
+/// Containers the controllers may launch in the demo (`container-1` ...).
+const DEMO_CONTAINERS_MAX: u32 = 32;
+
+impl Security {
+    fn create(dir: &Path) -> anyhow::Result<Security> {
+        crate::certs::generate(dir, &[1, 2, 3], &["127.0.0.1".into()], &["demo".into()], 1)?;
+        let secret = format!("{:032x}", rand::random::<u128>());
+        let tokens: String = (1..=DEMO_CONTAINERS_MAX)
+            .map(|n| format!("{secret}-container-{n} container:container-{n}\n"))
+            .collect();
+        let tokens_file = dir.join("tokens");
+        std::fs::write(&tokens_file, tokens)?;
+        Ok(Security {
+            dir: dir.to_path_buf(),
+            ca: dir.join("ca.pem"),
+            auth: AuthConfig {
+                tokens_file: Some(tokens_file),
+                certificates: [("client-demo".to_string(), "operator".to_string())].into(),
+            },
+            secret,
+        })
+    }
+
+    fn replica_tls(&self, id: NodeId) -> TlsFiles {
+        TlsFiles {
+            ca_file: self.ca.clone(),
+            cert_file: self.dir.join(format!("node-{id}.pem")),
+            key_file: self.dir.join(format!("node-{id}-key.pem")),
+        }
+    }
+
+    /// The token of container `id` (`{id}` is left for the launcher to fill in).
+    fn container_token(&self, id: &str) -> String {
+        format!("{}-{id}", self.secret)
+    }
+
+    /// The demo's own client: an operator by certificate.
+    fn operator(&self) -> anyhow::Result<ClientOptions> {
+        let (cert, key) = (
+            self.dir.join("client-demo.pem"),
+            self.dir.join("client-demo-key.pem"),
+        );
+        Ok(ClientOptions {
+            tls: Some(crate::client::tls::client_config(
+                &self.ca,
+                Some((&cert, &key)),
+            )?),
+            ..ClientOptions::default()
+        })
     }
 }
 
@@ -137,10 +201,18 @@ async fn scenario(dir: &Path) -> anyhow::Result<()> {
         "3 replicas on loopback, data under {}",
         dir.display()
     ));
-    let cluster = LocalCluster::start(&dir.join("replicas"), 3, |_| {}).await?;
+    let security = Security::create(&dir.join("pki"))?;
+    let cluster = LocalCluster::start(&dir.join("replicas"), 3, |c| {
+        c.tls = Some(security.replica_tls(c.id));
+        c.auth = Some(security.auth.clone());
+    })
+    .await?;
     let leader = cluster.wait_for_leader(STEP).await?;
     let seeds = cluster.client_addrs();
     println!("   replica {leader} leads; containers run as `ctrlog container` processes");
+    println!(
+        "   TLS on both ports; the demo reads as an operator (certificate), containers with tokens"
+    );
 
     let launcher = Arc::new(ProcessLauncher::new(
         std::env::current_exe().context("finding this executable")?,
@@ -160,6 +232,10 @@ async fn scenario(dir: &Path) -> anyhow::Result<()> {
             &files.lag.display().to_string(),
             "--report-file",
             &files.reports.display().to_string(),
+            "--ca",
+            &security.ca.display().to_string(),
+            "--token",
+            &security.container_token("{id}"),
         ]
         .map(String::from)
         .to_vec(),
@@ -185,7 +261,7 @@ async fn scenario(dir: &Path) -> anyhow::Result<()> {
         })
     };
     let mut job = LocalJob::start(cluster, factory);
-    let client = Arc::new(ControlClient::connect(&seeds).await?);
+    let client = Arc::new(ControlClient::connect_with(&seeds, security.operator()?).await?);
     let mut timeline = follow_timeline(client.clone(), started_ms);
 
     step("start: 4 input partitions, 2 containers");

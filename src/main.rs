@@ -654,6 +654,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 lag_file,
                 report_file,
                 stop_delay: std::time::Duration::from_millis(stop_delay_ms),
+                client: flags.options()?,
             };
             let id = ctrlog::log::ContainerId::new(id)?;
             ctrlog::controller::run_simulated_container(

@@ -56,6 +56,7 @@ async fn harness(
         lag_file: Some(lag.clone()),
         report_file: Some(reports.clone()),
         stop_delay: Duration::ZERO,
+        ..SimOptions::default()
     };
     let launcher = launcher_of(cluster.client_addrs(), options);
     let inputs_path = inputs.clone();

@@ -24,6 +24,8 @@ async fn the_demo_runs_its_scenario_and_its_invariants_hold() {
         String::from_utf8_lossy(&output.stderr)
     );
     for expected in [
+        // The secure path is the demo's path: TLS everywhere, containers with tokens.
+        "TLS on both ports",
         "killing the leader",
         "ack: partition-",
         "schema change",

@@ -13,7 +13,7 @@ use futures::StreamExt;
 
 use crate::checker::TaskEvent;
 use crate::client::{
-    ClientError, ContainerSession, ControlClient, SessionOptions, SubscriptionItem,
+    ClientError, ClientOptions, ContainerSession, ControlClient, SessionOptions, SubscriptionItem,
 };
 use crate::jobs::TaskPhase;
 use crate::log::{Command, ContainerId, Epoch, TaskId};
@@ -32,6 +32,8 @@ pub struct SimOptions {
     /// How long a stopping task takes to flush its state before the container says it
     /// stopped (it stops processing at once).
     pub stop_delay: Duration,
+    /// How it connects: TLS and credentials.
+    pub client: ClientOptions,
 }
 
 impl Default for SimOptions {
@@ -42,6 +44,7 @@ impl Default for SimOptions {
             lag_file: None,
             report_file: None,
             stop_delay: Duration::ZERO,
+            client: ClientOptions::default(),
         }
     }
 }
@@ -125,7 +128,7 @@ pub async fn run_simulated_container(
     options: SimOptions,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ClientError> {
-    let client = Arc::new(ControlClient::connect(&seeds).await?);
+    let client = Arc::new(ControlClient::connect_with(&seeds, options.client.clone()).await?);
     let owned_now: Arc<Mutex<BTreeSet<TaskId>>> = Arc::default();
     let lag = {
         let (owned_now, lag_file) = (owned_now.clone(), options.lag_file.clone());
