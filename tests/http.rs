@@ -64,6 +64,10 @@ async fn metrics_probes_and_the_status_page_follow_the_cluster() {
     );
     assert_eq!(sample(&metrics, "ctrlog_append_seconds_count"), Some(11.0));
     assert!(sample(&metrics, "ctrlog_wal_bytes").unwrap() > 0.0);
+    assert!(
+        metrics.contains("ctrlog_fetch_lag_offsets_bucket"),
+        "subscriber lag is reported"
+    );
     assert!(metrics.trim_end().ends_with("# EOF"), "OpenMetrics text");
     let follower = cluster.follower_of(leader);
     let (_, follower_metrics) = get(http(follower), "/metrics").await;

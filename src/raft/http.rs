@@ -53,6 +53,7 @@ pub(crate) struct Telemetry {
     fetches: Counter,
     fetches_waiting: Gauge<i64, AtomicI64>,
     auth_refusals: Family<OutcomeLabel, Counter>,
+    fetch_lag: Histogram,
 }
 
 impl Default for Telemetry {
@@ -64,6 +65,10 @@ impl Default for Telemetry {
             fetches: Counter::default(),
             fetches_waiting: Gauge::default(),
             auth_refusals: Family::default(),
+            // 0 to about 1 M offsets behind.
+            fetch_lag: Histogram::new(
+                std::iter::once(0.0).chain(exponential_buckets(1.0, 4.0, 11)),
+            ),
         }
     }
 }
@@ -102,6 +107,13 @@ impl Telemetry {
         self.auth_refusals
             .get_or_create(&OutcomeLabel { outcome })
             .inc();
+    }
+
+    /// How far behind the head an answer leaves its reader: a subscriber's lag, in offsets.
+    pub(crate) fn fetch_answered(&self, response: &crate::client::FetchResponse) {
+        let delivered_up_to = response.next_offset.saturating_sub(1);
+        let lag = response.applied_offset.saturating_sub(delivered_up_to);
+        self.fetch_lag.observe(lag as f64);
     }
 
     /// Counts a fetch; the guard counts it as waiting until it is answered.
@@ -286,6 +298,11 @@ async fn metrics(State(replica): State<ReplicaHandle>) -> Response {
         telemetry.append_seconds.clone(),
     );
     registry.register("fetches", "Fetches handled here", telemetry.fetches.clone());
+    registry.register(
+        "fetch_lag_offsets",
+        "Offsets between the head of the log and the end of each fetch answer (subscriber lag)",
+        telemetry.fetch_lag.clone(),
+    );
     registry.register(
         "auth_refusals",
         "Requests refused here for their credentials or their role",

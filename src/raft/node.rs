@@ -399,6 +399,18 @@ impl ReplicaHandle {
         max_wait: Duration,
     ) -> Result<FetchResponse, ApiError> {
         let _counted = self.inner.telemetry.fetch_started();
+        let answer = self.fetch_unmeasured(request, max_wait).await;
+        if let Ok(response) = &answer {
+            self.inner.telemetry.fetch_answered(response);
+        }
+        answer
+    }
+
+    async fn fetch_unmeasured(
+        &self,
+        request: &FetchRequest,
+        max_wait: Duration,
+    ) -> Result<FetchResponse, ApiError> {
         if request.entries_max == 0 || request.bytes_max == 0 {
             return Err(ApiError::Invalid(
                 "entries_max and bytes_max must be positive".into(),
