@@ -921,7 +921,8 @@ impl Container<'_> {
                 }
                 TaskPhase::Running { owner, .. } if me(owner) => {
                     owned.insert(task.clone());
-                    self.start(task);
+                    // Already acknowledged: only make sure it runs.
+                    let _ = self.start(task);
                 }
                 TaskPhase::Stopping { owner, .. } if me(owner) => answers.push(self.stop(task)),
                 _ => {}
