@@ -16,6 +16,7 @@ use std::time::Duration;
 use rustls::pki_types::CertificateDer;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
@@ -34,12 +35,15 @@ pub struct Accepted {
     pub peer_certificate: Option<CertificateDer<'static>>,
 }
 
-/// Accepts on `listener` and runs `serve` for each connection on its own task, until this
-/// future is dropped (which aborts every connection's task).
+/// Accepts on `listener` and runs `serve` for each connection on its own task, until `stop`
+/// fires; then it ends every connection's task and returns once they are gone, so that nothing
+/// of the replica they hold outlives its shutdown (a restart can reopen its storage at once).
+/// Dropping this future instead also aborts the tasks, but without waiting for them.
 pub async fn serve_each_connection<F, Fut>(
     port: &'static str,
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
+    mut stop: watch::Receiver<bool>,
     serve: F,
 ) where
     F: Fn(Accepted) -> Fut + Send + Sync + 'static,
@@ -49,6 +53,8 @@ pub async fn serve_each_connection<F, Fut>(
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
+            // Stopping is the only change ever sent (or the sender is gone).
+            _ = stop.changed() => break,
             accepted = listener.accept() => match accepted {
                 Ok((tcp, peer)) => {
                     let (serve, tls) = (serve.clone(), tls.clone());
@@ -96,4 +102,6 @@ pub async fn serve_each_connection<F, Fut>(
             }
         }
     }
+    drop(listener);
+    connections.shutdown().await;
 }

@@ -137,8 +137,12 @@ pub async fn bind_http(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListe
     tokio::net::TcpListener::bind(addr).await
 }
 
-/// Serves the observability port until aborted.
-pub async fn serve_http(listener: tokio::net::TcpListener, replica: ReplicaHandle) {
+/// Serves the observability port until `stop` fires (then finishes the requests in progress).
+pub async fn serve_http(
+    listener: tokio::net::TcpListener,
+    replica: ReplicaHandle,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     let app = Router::new()
         .route("/", get(status_page))
         .route("/status.json", get(status_json))
@@ -146,7 +150,13 @@ pub async fn serve_http(listener: tokio::net::TcpListener, replica: ReplicaHandl
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(replica);
-    if let Err(error) = axum::serve(listener, app).await {
+    let stopped = async move {
+        let _ = stop.changed().await;
+    };
+    if let Err(error) = axum::serve(listener, app)
+        .with_graceful_shutdown(stopped)
+        .await
+    {
         tracing::error!(%error, "the observability port stopped");
     }
 }

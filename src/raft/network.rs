@@ -120,10 +120,15 @@ pub async fn bind_peers(addr: SocketAddr) -> std::io::Result<PeerListener> {
     tokio::net::TcpListener::bind(addr).await
 }
 
-/// Serves Raft RPCs on every accepted connection until aborted, over mutual TLS when `tls` is
+/// Serves Raft RPCs on every accepted connection until `stop` fires, over mutual TLS when `tls` is
 /// given. A connection that sends a malformed frame is closed; the others keep going.
-pub async fn serve_peers(listener: PeerListener, raft: Raft, tls: Option<TlsAcceptor>) {
-    serve_each_connection("peer", listener, tls, move |accepted| {
+pub async fn serve_peers(
+    listener: PeerListener,
+    raft: Raft,
+    tls: Option<TlsAcceptor>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    serve_each_connection("peer", listener, tls, stop, move |accepted| {
         let server = RaftRpcServer {
             raft: raft.clone(),
             peer_certificate: accepted.peer_certificate.map(Arc::new),

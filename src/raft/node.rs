@@ -42,6 +42,9 @@ pub const FETCH_ENTRIES_SCANNED_MAX: usize = 64;
 /// reader is slow.
 pub const FETCH_ANSWER_BYTES_MAX: usize = 4 << 20;
 
+/// How long `Replica::shutdown` lets its listeners end their connections before aborting them.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
 /// How long `snapshot` waits for the snapshot it triggered.
 const SNAPSHOT_WAIT_MAX: Duration = Duration::from_secs(30);
 
@@ -92,6 +95,8 @@ pub struct ReplicaHandle {
 pub struct Replica {
     handle: ReplicaHandle,
     tasks: Vec<JoinHandle<()>>,
+    /// Tells the listeners to stop (they then end their connections and return).
+    stop: tokio::sync::watch::Sender<bool>,
     /// Set by [`Replica::shutdown`], so that dropping afterwards does not stop Raft twice.
     stopped: bool,
 }
@@ -107,6 +112,7 @@ impl std::ops::Deref for Replica {
 /// Raft's core on the runtime, if one is running, rather than leaving it to run unreachable.
 impl Drop for Replica {
     fn drop(&mut self) {
+        self.stop.send_replace(true);
         for task in &self.tasks {
             task.abort();
         }
@@ -197,11 +203,13 @@ impl Replica {
                 http_addr,
             }),
         };
+        let (stop, stopping) = tokio::sync::watch::channel(false);
         let mut tasks = vec![
             tokio::spawn(serve_peers(
                 peer_listener,
                 raft.clone(),
                 tls.as_ref().map(|t| t.peers.clone()),
+                stopping.clone(),
             )),
             tokio::spawn(serve_clients(
                 client_listener,
@@ -209,14 +217,16 @@ impl Replica {
                 config.client_requests_in_flight_max,
                 tls.as_ref().map(|t| t.clients.clone()),
                 authenticator,
+                stopping.clone(),
             )),
         ];
         if let Some(listener) = http_listener {
-            tasks.push(tokio::spawn(serve_http(listener, handle.clone())));
+            tasks.push(tokio::spawn(serve_http(listener, handle.clone(), stopping)));
         }
         let replica = Replica {
             stopped: false,
             tasks,
+            stop,
             handle,
         };
         tracing::info!(id = config.id, %peer_addr, %client_addr, ?http_addr, "replica started");
@@ -234,9 +244,17 @@ impl Replica {
 
     /// Stops Raft and the listeners. Storage is closed once the last handle is gone.
     pub async fn shutdown(mut self) {
-        for task in self.tasks.drain(..) {
-            task.abort();
-            let _ = task.await;
+        self.stop.send_replace(true);
+        for mut task in self.tasks.drain(..) {
+            // The listeners end their connections and return; one that does not within the
+            // grace period is aborted.
+            if tokio::time::timeout(SHUTDOWN_GRACE, &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+                let _ = task.await;
+            }
         }
         self.stopped = true;
         if let Err(error) = self.handle.inner.raft.shutdown().await {

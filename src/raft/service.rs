@@ -65,16 +65,17 @@ pub const FETCHES_IN_FLIGHT_MAX: usize = 4;
 /// empty) reaches the caller before it gives up on the request.
 const DEADLINE_HEADROOM: Duration = Duration::from_millis(250);
 
-/// Serves clients until aborted, over TLS when `tls` is given.
+/// Serves clients until `stop` fires, over TLS when `tls` is given.
 pub async fn serve_clients(
     listener: ClientListener,
     replica: ReplicaHandle,
     requests_in_flight_max: usize,
     tls: Option<TlsAcceptor>,
     auth: Option<Arc<Authenticator>>,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let frame_bytes_max = listener.frame_bytes_max;
-    serve_each_connection("client", listener.listener, tls, move |accepted| {
+    serve_each_connection("client", listener.listener, tls, stop, move |accepted| {
         let principal = match (&auth, &accepted.peer_certificate) {
             (Some(auth), Some(cert)) => auth.by_certificate(cert),
             _ => None,
