@@ -18,7 +18,9 @@ use ctrlog::raft::LocalCluster;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_elect_one_leader_and_hold_identical_logs() {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let cluster = LocalCluster::start_secure(dir.path(), 3, |_| {})
+        .await
+        .unwrap();
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
     let leaders: BTreeSet<_> = cluster
         .running()
@@ -52,7 +54,9 @@ async fn three_replicas_elect_one_leader_and_hold_identical_logs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_killed_new_leader_commits_without_losing_entries() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let mut cluster = LocalCluster::start_secure(dir.path(), 3, |_| {})
+        .await
+        .unwrap();
     let before = append_many(&cluster, 1, 50).await;
     let old_leader = cluster.wait_for_leader(WAIT).await.unwrap();
     let expected_before = read_all(cluster.replica(old_leader)).await;
@@ -60,9 +64,12 @@ async fn leader_killed_new_leader_commits_without_losing_entries() {
     cluster.stop(old_leader).await;
 
     let survivor = cluster.running_ids()[0];
-    let client = ControlClient::connect(&[cluster.replica(survivor).client_addr().to_string()])
-        .await
-        .unwrap();
+    let client = ControlClient::connect_with(
+        &[cluster.replica(survivor).client_addr().to_string()],
+        cluster.client_options(),
+    )
+    .await
+    .unwrap();
     let mut after = Vec::new();
     for i in 51..=100 {
         match client
@@ -104,7 +111,9 @@ async fn leader_killed_new_leader_commits_without_losing_entries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follower_restarted_on_same_directory_catches_up() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let mut cluster = LocalCluster::start_secure(dir.path(), 3, |_| {})
+        .await
+        .unwrap();
     append_many(&cluster, 1, 30).await;
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
     let follower = cluster.follower_of(leader);
@@ -129,7 +138,7 @@ async fn follower_restarted_on_same_directory_catches_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lagging_replica_catches_up_by_snapshot_install_after_purge() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = LocalCluster::start(dir.path(), 3, |c| {
+    let mut cluster = LocalCluster::start_secure(dir.path(), 3, |c| {
         c.snapshot_logs_since_last = 20;
         c.snapshot_logs_to_keep = 5;
     })
@@ -181,9 +190,10 @@ async fn lagging_replica_catches_up_by_snapshot_install_after_purge() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_replicas_restarted_keep_every_committed_entry() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = LocalCluster::start(dir.path(), 3, |c| c.snapshot_logs_since_last = 40)
-        .await
-        .unwrap();
+    let mut cluster =
+        LocalCluster::start_secure(dir.path(), 3, |c| c.snapshot_logs_since_last = 40)
+            .await
+            .unwrap();
     append_many(&cluster, 1, 100).await;
     cluster.wait_for_applied(100, WAIT).await.unwrap();
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
@@ -210,10 +220,12 @@ async fn all_replicas_restarted_keep_every_committed_entry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn membership_grows_to_four_and_shrinks_to_three_under_traffic() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let mut cluster = LocalCluster::start_secure(dir.path(), 3, |_| {})
+        .await
+        .unwrap();
     cluster.wait_for_leader(WAIT).await.unwrap();
     let client = Arc::new(
-        ControlClient::connect(&cluster.client_addrs())
+        ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
             .await
             .unwrap(),
     );
@@ -279,11 +291,11 @@ async fn membership_grows_to_four_and_shrinks_to_three_under_traffic() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_commands_are_refused_and_retries_are_idempotent() {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::start(dir.path(), 3, |c| c.command_bytes_max = 1024)
+    let cluster = LocalCluster::start_secure(dir.path(), 3, |c| c.command_bytes_max = 1024)
         .await
         .unwrap();
     cluster.wait_for_leader(WAIT).await.unwrap();
-    let client = ControlClient::connect(&cluster.client_addrs())
+    let client = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
         .await
         .unwrap();
     let error = client

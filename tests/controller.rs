@@ -46,7 +46,7 @@ async fn harness(
     );
     write_inputs(&inputs, 0..partitions);
     std::fs::write(&lag, "0").unwrap();
-    let cluster = LocalCluster::start(&dir.path().join("replicas"), 3, |_| {})
+    let cluster = LocalCluster::start_secure(&dir.path().join("replicas"), 3, |_| {})
         .await
         .unwrap();
     cluster.wait_for_leader(WAIT).await.unwrap();
@@ -56,6 +56,9 @@ async fn harness(
         lag_file: Some(lag.clone()),
         report_file: Some(reports.clone()),
         stop_delay: Duration::ZERO,
+        // The containers connect as the cluster's admin: this file tests the controller over
+        // TLS and authentication; the container role's limits are tests/auth.rs's.
+        client: cluster.client_options(),
         ..SimOptions::default()
     };
     let launcher = launcher_of(cluster.client_addrs(), options);
@@ -163,9 +166,12 @@ async fn inputs_scaling_broadcasts_and_revocation() {
     let state = until(&h.job, "8 tasks on 3 containers", |s| settled(s, 8, 3)).await;
     assert_eq!(state.desired_containers().unwrap().count, 3);
 
-    let client = ControlClient::connect(&h.job.cluster.client_addrs())
-        .await
-        .unwrap();
+    let client = ControlClient::connect_with(
+        &h.job.cluster.client_addrs(),
+        h.job.cluster.client_options(),
+    )
+    .await
+    .unwrap();
     let schema = client
         .append(Command::SchemaChange(SchemaChange {
             subject: "events".into(),
@@ -263,9 +269,12 @@ async fn a_silent_container_is_expired_and_its_zombie_fenced() {
     );
 
     // The zombie wakes up and answers with its old epoch.
-    let zombie = ControlClient::connect(&h.job.cluster.client_addrs())
-        .await
-        .unwrap();
+    let zombie = ControlClient::connect_with(
+        &h.job.cluster.client_addrs(),
+        h.job.cluster.client_options(),
+    )
+    .await
+    .unwrap();
     let late = zombie
         .append(Command::TaskStopped(TaskStopped {
             task: victim_task,

@@ -46,11 +46,19 @@ fn refused(result: Result<ctrlog::client::AppendAck, ClientError>) -> ApiError {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_container_session_is_assigned_acks_and_is_fenced_after_expiry() {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let cluster = LocalCluster::start_secure(dir.path(), 3, |_| {})
+        .await
+        .unwrap();
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
     let seeds = cluster.client_addrs();
-    let coordinator = ControlClient::connect(&seeds).await.unwrap();
-    let container_client = Arc::new(ControlClient::connect(&seeds).await.unwrap());
+    let coordinator = ControlClient::connect_with(&seeds, cluster.client_options())
+        .await
+        .unwrap();
+    let container_client = Arc::new(
+        ControlClient::connect_with(&seeds, cluster.client_options())
+            .await
+            .unwrap(),
+    );
     let me = ContainerId::new("c1").unwrap();
     let options = SessionOptions {
         heartbeat_interval: Duration::from_millis(100),
@@ -188,9 +196,11 @@ async fn a_container_session_is_assigned_acks_and_is_fenced_after_expiry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_vocabulary_gate_and_an_old_reader_on_a_real_log() {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let cluster = LocalCluster::start_secure(dir.path(), 3, |_| {})
+        .await
+        .unwrap();
     cluster.wait_for_leader(WAIT).await.unwrap();
-    let client = ControlClient::connect(&cluster.client_addrs())
+    let client = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
         .await
         .unwrap();
     let v1 = Command::DesiredContainersV1(DesiredContainersV1 { count: 2 });
@@ -285,14 +295,14 @@ async fn the_vocabulary_gate_and_an_old_reader_on_a_real_log() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_and_reset_reach_the_full_replay_state() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = LocalCluster::start(dir.path(), 3, |c| {
+    let mut cluster = LocalCluster::start_secure(dir.path(), 3, |c| {
         c.snapshot_logs_since_last = 100_000;
         c.snapshot_logs_to_keep = 5;
     })
     .await
     .unwrap();
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
-    let client = ControlClient::connect(&cluster.client_addrs())
+    let client = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
         .await
         .unwrap();
     let mut epochs = Vec::new();

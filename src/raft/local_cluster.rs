@@ -6,16 +6,29 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::config::ReplicaConfig;
+use super::config::{AuthConfig, ReplicaConfig, TlsFiles};
 use super::node::{Replica, StartError};
-use crate::client::Member;
+use crate::client::tls::client_config;
+use crate::client::{ClientOptions, Member};
 use crate::NodeId;
 
 pub struct LocalCluster {
     dir: PathBuf,
     configs: BTreeMap<NodeId, ReplicaConfig>,
     replicas: BTreeMap<NodeId, Replica>,
+    /// TLS and authentication for every replica, when started with [`LocalCluster::start_secure`].
+    secure: Option<Secure>,
 }
+
+/// What a secure local cluster gives each replica and its clients.
+struct Secure {
+    pki: PathBuf,
+    auth: AuthConfig,
+    client: ClientOptions,
+}
+
+/// Replica ids a secure local cluster has certificates for (founders and later additions).
+const SECURE_IDS_MAX: NodeId = 9;
 
 /// Why waiting on the cluster failed.
 #[derive(Debug, thiserror::Error)]
@@ -30,10 +43,52 @@ impl LocalCluster {
         size: u64,
         tune: impl Fn(&mut ReplicaConfig),
     ) -> Result<LocalCluster, StartError> {
+        LocalCluster::start_with(dir, size, None, tune).await
+    }
+
+    /// Like [`LocalCluster::start`], with TLS on both ports and authentication on: a CA and
+    /// certificates for replicas 1 to 9 under `dir/pki`, and an admin client identity, which
+    /// [`LocalCluster::client_options`] carries.
+    pub async fn start_secure(
+        dir: &Path,
+        size: u64,
+        tune: impl Fn(&mut ReplicaConfig),
+    ) -> Result<LocalCluster, StartError> {
+        let pki = dir.join("pki");
+        let ids: Vec<NodeId> = (1..=SECURE_IDS_MAX).collect();
+        crate::certs::generate(&pki, &ids, &["127.0.0.1".into()], &["admin".into()], 1)
+            .map_err(|e| StartError::Tls(e.to_string()))?;
+        let (cert, key) = (
+            pki.join("client-admin.pem"),
+            pki.join("client-admin-key.pem"),
+        );
+        let client_tls = client_config(&pki.join("ca.pem"), Some((&cert, &key)))
+            .map_err(|e| StartError::Tls(e.to_string()))?;
+        let secure = Secure {
+            auth: AuthConfig {
+                tokens_file: None,
+                certificates: [("client-admin".to_string(), "admin".to_string())].into(),
+            },
+            client: ClientOptions {
+                tls: Some(client_tls),
+                ..ClientOptions::default()
+            },
+            pki,
+        };
+        LocalCluster::start_with(dir, size, Some(secure), tune).await
+    }
+
+    async fn start_with(
+        dir: &Path,
+        size: u64,
+        secure: Option<Secure>,
+        tune: impl Fn(&mut ReplicaConfig),
+    ) -> Result<LocalCluster, StartError> {
         let mut cluster = LocalCluster {
             dir: dir.to_path_buf(),
             configs: BTreeMap::new(),
             replicas: BTreeMap::new(),
+            secure,
         };
         for id in 1..=size {
             cluster.start_new(id, &tune).await?;
@@ -61,6 +116,14 @@ impl LocalCluster {
             data_dir: self.dir.join(format!("replica-{id}")),
             ..ReplicaConfig::default()
         };
+        if let Some(secure) = &self.secure {
+            config.tls = Some(TlsFiles {
+                ca_file: secure.pki.join("ca.pem"),
+                cert_file: secure.pki.join(format!("node-{id}.pem")),
+                key_file: secure.pki.join(format!("node-{id}-key.pem")),
+            });
+            config.auth = Some(secure.auth.clone());
+        }
         tune(&mut config);
         let replica = Replica::start(config.clone()).await?;
         // Restarts rebind the same ports, which the membership records.
@@ -69,6 +132,14 @@ impl LocalCluster {
         self.configs.insert(id, config);
         self.replicas.insert(id, replica);
         Ok(&self.replicas[&id])
+    }
+
+    /// How a client connects to this cluster: with TLS and an admin identity when it is
+    /// secure, plainly otherwise.
+    pub fn client_options(&self) -> ClientOptions {
+        self.secure
+            .as_ref()
+            .map_or_else(ClientOptions::default, |s| s.client.clone())
     }
 
     pub fn replica(&self, id: NodeId) -> &Replica {
