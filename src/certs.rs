@@ -17,6 +17,29 @@ use time::{Duration, OffsetDateTime};
 
 use crate::NodeId;
 
+/// The CA certificate `generate` writes into `dir`.
+pub fn ca_file(dir: &Path) -> PathBuf {
+    dir.join("ca.pem")
+}
+
+/// The TLS files of replica `id` among those `generate` wrote into `dir`.
+pub fn replica_files(dir: &Path, id: NodeId) -> crate::raft::TlsFiles {
+    let name = crate::raft::network::node_name(id);
+    crate::raft::TlsFiles {
+        ca_file: ca_file(dir),
+        cert_file: dir.join(format!("{name}.pem")),
+        key_file: dir.join(format!("{name}-key.pem")),
+    }
+}
+
+/// The certificate and key of client `name` among those `generate` wrote into `dir`.
+pub fn client_identity(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    (
+        dir.join(format!("client-{name}.pem")),
+        dir.join(format!("client-{name}-key.pem")),
+    )
+}
+
 /// A certificate authority that signs replica and client certificates.
 pub struct Authority {
     cert: rcgen::Certificate,

@@ -78,7 +78,7 @@ impl Security {
         std::fs::write(&tokens_file, tokens)?;
         Ok(Security {
             dir: dir.to_path_buf(),
-            ca: dir.join("ca.pem"),
+            ca: crate::certs::ca_file(dir),
             auth: AuthConfig {
                 tokens_file: Some(tokens_file),
                 certificates: [("client-demo".to_string(), "operator".to_string())].into(),
@@ -88,11 +88,7 @@ impl Security {
     }
 
     fn replica_tls(&self, id: NodeId) -> TlsFiles {
-        TlsFiles {
-            ca_file: self.ca.clone(),
-            cert_file: self.dir.join(format!("node-{id}.pem")),
-            key_file: self.dir.join(format!("node-{id}-key.pem")),
-        }
+        crate::certs::replica_files(&self.dir, id)
     }
 
     /// The token of container `id` (`{id}` is left for the launcher to fill in).
@@ -102,10 +98,7 @@ impl Security {
 
     /// The demo's own client: an operator by certificate.
     fn operator(&self) -> anyhow::Result<ClientOptions> {
-        let (cert, key) = (
-            self.dir.join("client-demo.pem"),
-            self.dir.join("client-demo-key.pem"),
-        );
+        let (cert, key) = crate::certs::client_identity(&self.dir, "demo");
         Ok(ClientOptions {
             tls: Some(crate::client::tls::client_config(
                 &self.ca,

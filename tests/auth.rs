@@ -5,14 +5,13 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use common::{http_get, metric_sample, WAIT};
 use ctrlog::client::tls::client_config;
 use ctrlog::client::{ApiError, ClientError, ClientOptions, ControlClient, FetchRequest, Member};
 use ctrlog::log::{Command, ContainerId, Filter, RegisterContainer, Target, TaskId, TaskStarted};
-use ctrlog::raft::{AuthConfig, LocalCluster, TlsFiles};
+use ctrlog::raft::{AuthConfig, LocalCluster};
 
 const OPERATOR_TOKEN: &str = "operator-token-0123456789";
 const ADMIN_TOKEN: &str = "admin-token-0123456789abc";
@@ -46,11 +45,7 @@ impl Setup {
         let data = tempfile::tempdir().unwrap();
         let dir = pki.path().to_path_buf();
         let cluster = LocalCluster::start(data.path(), 3, move |c| {
-            c.tls = Some(TlsFiles {
-                ca_file: dir.join("ca.pem"),
-                cert_file: dir.join(format!("node-{}.pem", c.id)),
-                key_file: dir.join(format!("node-{}-key.pem", c.id)),
-            });
+            c.tls = Some(ctrlog::certs::replica_files(&dir, c.id));
             c.http_addr = Some("127.0.0.1:0".parse().unwrap());
             c.auth = Some(AuthConfig {
                 tokens_file: Some(tokens.clone()),
@@ -68,23 +63,15 @@ impl Setup {
         }
     }
 
-    fn file(&self, name: &str) -> PathBuf {
-        self.pki.path().join(name)
-    }
-
     async fn client(
         &self,
         certificate: Option<&str>,
         token: Option<&str>,
     ) -> Result<ControlClient, ClientError> {
-        let identity = certificate.map(|name| {
-            (
-                self.file(&format!("client-{name}.pem")),
-                self.file(&format!("client-{name}-key.pem")),
-            )
-        });
+        let identity =
+            certificate.map(|name| ctrlog::certs::client_identity(self.pki.path(), name));
         let tls = client_config(
-            &self.file("ca.pem"),
+            &ctrlog::certs::ca_file(self.pki.path()),
             identity.as_ref().map(|(c, k)| (c.as_path(), k.as_path())),
         )
         .unwrap();

@@ -250,21 +250,14 @@ async fn certs_generate_and_the_client_subcommands_speak_tls() {
     assert_eq!(key_mode & 0o077, 0, "keys are private to their owner");
 
     let cluster = LocalCluster::start(&dir.path().join("data"), 3, |c| {
-        c.tls = Some(ctrlog::raft::TlsFiles {
-            ca_file: pki.join("ca.pem"),
-            cert_file: pki.join(format!("node-{}.pem", c.id)),
-            key_file: pki.join(format!("node-{}-key.pem", c.id)),
-        })
+        c.tls = Some(ctrlog::certs::replica_files(&pki, c.id))
     })
     .await
     .unwrap();
     cluster.wait_for_leader(WAIT).await.unwrap();
     let seeds = cluster.client_addrs().join(",");
-    let ca = pki.join("ca.pem");
-    let (cert, key) = (
-        pki.join("client-operator.pem"),
-        pki.join("client-operator-key.pem"),
-    );
+    let ca = ctrlog::certs::ca_file(&pki);
+    let (cert, key) = ctrlog::certs::client_identity(&pki, "operator");
     let served = ctrlog(
         &seeds,
         &[

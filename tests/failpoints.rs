@@ -138,18 +138,24 @@ async fn a_crash_between_apply_and_its_answer_recovers() {
     one_fault_then_restart("applied").await;
 }
 
-/// Goal: a failed snapshot build stops the leader; its successor and its restart lose nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_snapshot_build_stops_the_leader_and_nothing_is_lost() {
-    let scenario = fail::FailScenario::setup();
-    let dir = tempfile::tempdir().unwrap();
-    let mut cluster = LocalCluster::start(dir.path(), 3, |c| c.snapshot_logs_to_keep = 5)
+/// Three replicas that keep only 5 entries after a snapshot, their leader, and a client.
+async fn snapshotting_cluster(dir: &std::path::Path) -> (LocalCluster, NodeId, ControlClient) {
+    let cluster = LocalCluster::start(dir, 3, |c| c.snapshot_logs_to_keep = 5)
         .await
         .unwrap();
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
     let client = ControlClient::connect_with(&cluster.client_addrs(), quick())
         .await
         .unwrap();
+    (cluster, leader, client)
+}
+
+/// Goal: a failed snapshot build stops the leader; its successor and its restart lose nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_snapshot_build_stops_the_leader_and_nothing_is_lost() {
+    let scenario = fail::FailScenario::setup();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut cluster, leader, client) = snapshotting_cluster(dir.path()).await;
     let mut acked = append(&client, "before", 40).await;
     fail::cfg("snapshot-build", "1*return").unwrap();
     let _ = cluster.replica(leader).snapshot_now().await;
@@ -174,13 +180,7 @@ async fn a_failed_snapshot_build_stops_the_leader_and_nothing_is_lost() {
 async fn a_crash_between_snapshot_install_and_its_purge_recovers() {
     let scenario = fail::FailScenario::setup();
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = LocalCluster::start(dir.path(), 3, |c| c.snapshot_logs_to_keep = 5)
-        .await
-        .unwrap();
-    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
-    let client = ControlClient::connect_with(&cluster.client_addrs(), quick())
-        .await
-        .unwrap();
+    let (mut cluster, leader, client) = snapshotting_cluster(dir.path()).await;
     let mut acked = append(&client, "before", 20).await;
     let follower = cluster.follower_of(leader);
     cluster.stop(follower).await;

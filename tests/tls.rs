@@ -67,22 +67,15 @@ impl Pki {
     }
 
     fn ca(&self) -> PathBuf {
-        self.path("ca.pem")
+        ctrlog::certs::ca_file(self.dir.path())
     }
 
     fn replica_files(&self, id: u64) -> TlsFiles {
-        TlsFiles {
-            ca_file: self.ca(),
-            cert_file: self.path(&format!("node-{id}.pem")),
-            key_file: self.path(&format!("node-{id}-key.pem")),
-        }
+        ctrlog::certs::replica_files(self.dir.path(), id)
     }
 
-    fn identity(&self, name: &str) -> (PathBuf, PathBuf) {
-        (
-            self.path(&format!("{name}.pem")),
-            self.path(&format!("{name}-key.pem")),
-        )
+    fn identity(&self, client: &str) -> (PathBuf, PathBuf) {
+        ctrlog::certs::client_identity(self.dir.path(), client)
     }
 }
 
@@ -120,7 +113,7 @@ async fn the_cluster_replicates_and_serves_over_tls() {
     let seeds = cluster.client_addrs();
 
     let anonymous = client_config(&pki.ca(), None).unwrap();
-    let (cert, key) = pki.identity("client-operator");
+    let (cert, key) = pki.identity("operator");
     let operator = client_config(&pki.ca(), Some((&cert, &key))).unwrap();
     let writer = ControlClient::connect_with(&seeds, options(Some(operator)))
         .await
@@ -183,7 +176,7 @@ async fn wrong_credentials_on_the_client_port_are_refused() {
         ControlClient::connect_with(&seeds, options(Some(stranger))).await,
         "a client certificate from another CA",
     );
-    let (cert, key) = pki.identity("client-expired");
+    let (cert, key) = pki.identity("expired");
     let expired = client_config(&pki.ca(), Some((&cert, &key))).unwrap();
     refused(
         ControlClient::connect_with(&seeds, options(Some(expired))).await,
@@ -217,7 +210,7 @@ async fn a_client_certificate_on_the_peer_port_is_refused() {
         .write_all(&[0x16, 0x03, 0x01, 0xff, 0xff, 1, 2, 3])
         .await;
 
-    let (cert, key) = pki.identity("client-operator");
+    let (cert, key) = pki.identity("operator");
     let operator = client_config(&pki.ca(), Some((&cert, &key))).unwrap();
     let tcp = tokio::net::TcpStream::connect(&peer_addr).await.unwrap();
     let tls = tokio_rustls::TlsConnector::from(operator)

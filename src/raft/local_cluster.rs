@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::config::{AuthConfig, ReplicaConfig, TlsFiles};
+use super::config::{AuthConfig, ReplicaConfig};
 use super::node::{Replica, StartError};
 use crate::client::tls::client_config;
 use crate::client::{ClientOptions, Member};
@@ -58,11 +58,8 @@ impl LocalCluster {
         let ids: Vec<NodeId> = (1..=SECURE_IDS_MAX).collect();
         crate::certs::generate(&pki, &ids, &["127.0.0.1".into()], &["admin".into()], 1)
             .map_err(|e| StartError::Tls(e.to_string()))?;
-        let (cert, key) = (
-            pki.join("client-admin.pem"),
-            pki.join("client-admin-key.pem"),
-        );
-        let client_tls = client_config(&pki.join("ca.pem"), Some((&cert, &key)))
+        let (cert, key) = crate::certs::client_identity(&pki, "admin");
+        let client_tls = client_config(&crate::certs::ca_file(&pki), Some((&cert, &key)))
             .map_err(|e| StartError::Tls(e.to_string()))?;
         let secure = Secure {
             auth: AuthConfig {
@@ -117,11 +114,7 @@ impl LocalCluster {
             ..ReplicaConfig::default()
         };
         if let Some(secure) = &self.secure {
-            config.tls = Some(TlsFiles {
-                ca_file: secure.pki.join("ca.pem"),
-                cert_file: secure.pki.join(format!("node-{id}.pem")),
-                key_file: secure.pki.join(format!("node-{id}-key.pem")),
-            });
+            config.tls = Some(crate::certs::replica_files(&secure.pki, id));
             config.auth = Some(secure.auth.clone());
         }
         tune(&mut config);
