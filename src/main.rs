@@ -231,6 +231,11 @@ enum BenchCmd {
         /// Client counts to run one after the other, e.g. 1,16,64,256.
         #[arg(long, value_delimiter = ',', default_value = "1,64,256")]
         clients: Vec<usize>,
+        /// Connections the clients share, each still with its own producer id and each
+        /// waiting for its previous append (etcd's benchmark `--conns`). Default: one per
+        /// client.
+        #[arg(long)]
+        connections: Option<usize>,
         #[arg(long, default_value_t = 5)]
         duration_s: u64,
         #[arg(long, default_value_t = 1)]
@@ -551,6 +556,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             match workload {
                 BenchCmd::Append {
                     clients,
+                    connections,
                     duration_s,
                     warmup_s,
                     payload_bytes,
@@ -561,6 +567,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         let result = ctrlog::bench::append(
                             &seeds,
                             n,
+                            connections,
                             std::time::Duration::from_secs(duration_s),
                             std::time::Duration::from_secs(warmup_s),
                             payload_bytes,

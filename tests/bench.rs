@@ -31,8 +31,8 @@ async fn bench(args: &[&str]) -> Vec<Value> {
 }
 
 /// Goal: the append and fan-out workloads run against real replica processes and report the
-/// documented fields: every append acknowledged, every command delivered to every subscriber;
-/// `--plot` draws the append results.
+/// documented fields: every append acknowledged (clients sharing connections too), every
+/// command delivered to every subscriber; `--plot` draws the append results.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn append_and_fanout_report_the_documented_json() {
     let dir = tempfile::tempdir().unwrap();
@@ -41,6 +41,8 @@ async fn append_and_fanout_report_the_documented_json() {
         "append",
         "--clients",
         "1,4",
+        "--connections",
+        "2",
         "--duration-s",
         "1",
         "--warmup-s",
@@ -59,9 +61,13 @@ async fn append_and_fanout_report_the_documented_json() {
         "a point per client count and panel"
     );
     assert_eq!(appends.len(), 2);
-    for (result, clients) in appends.iter().zip([1, 4]) {
+    for (result, (clients, connections)) in appends.iter().zip([(1, 1), (4, 2)]) {
         assert_eq!(result["workload"], "append");
         assert_eq!(result["clients"], clients);
+        assert_eq!(
+            result["connections"], connections,
+            "never more than one per client"
+        );
         assert!(result["ops"].as_u64().unwrap() > 0);
         assert!(result["ops_per_s"].as_u64().unwrap() > 0);
         assert_eq!(result["errors"], 0);

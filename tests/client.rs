@@ -192,6 +192,69 @@ async fn retry_after_unknown_fate_and_failover_gets_the_original_offset() {
     cluster.shutdown().await;
 }
 
+/// Goal: producers made with `new_producer` share their client's one connection, and each
+/// keeps its own idempotent sequence.
+/// Steps: 8 producers from one client, through a proxy that counts connections, append 40
+/// commands each, concurrently; then each re-sends its last `(producer, seq)`, seq 40.
+/// Expect: 8 distinct producer ids, 320 distinct offsets, one connection; every re-send is a
+/// duplicate answered with the offset where that producer's own seq 40 was committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producers_share_their_clients_connection_and_keep_their_own_sequences() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let proxy = Proxy::start(cluster.replica(leader).client_addr()).await;
+    let client = ControlClient::connect(&[proxy.addr()]).await.unwrap();
+    let producers: Vec<ControlClient> = (0..8).map(|_| client.new_producer()).collect();
+    let ids: HashSet<_> = producers.iter().map(|p| p.producer_id()).collect();
+    assert_eq!(ids.len(), 8);
+    assert!(!ids.contains(&client.producer_id()));
+
+    let producers: Vec<Arc<ControlClient>> = producers.into_iter().map(Arc::new).collect();
+    let appends = producers.iter().enumerate().flat_map(|(p, producer)| {
+        (0..40).map(move |i| {
+            let producer = producer.clone();
+            async move {
+                let body = format!("producer {p} command {i}").into_bytes();
+                let ack = producer
+                    .append_to(Target::All, Command::custom(1, 1, body))
+                    .await
+                    .unwrap();
+                (p, i, ack)
+            }
+        })
+    });
+    let acks = futures::future::join_all(appends).await;
+    let offsets: HashSet<_> = acks.iter().map(|(_, _, ack)| ack.offset).collect();
+    assert_eq!(offsets.len(), 320);
+    assert!(acks.iter().all(|(_, _, ack)| !ack.duplicate));
+    assert_eq!(
+        proxy.connections_accepted(),
+        1,
+        "one connection for all producers"
+    );
+
+    let entries = read_all(cluster.replica(leader)).await;
+    for (p, producer) in producers.iter().enumerate() {
+        let again = producer
+            .append_proposal(Proposal {
+                producer: Some(ProducerSeq {
+                    producer: producer.producer_id(),
+                    seq: 40,
+                }),
+                target: Target::All,
+                frame: Command::custom(1, 1, b"a retry".to_vec()).into_frame(),
+            })
+            .await
+            .unwrap();
+        assert!(again.duplicate, "producer {p}");
+        let original = entries.iter().find(|e| e.offset == again.offset).unwrap();
+        let pair = original.producer.expect("appended with a producer pair");
+        assert_eq!((pair.producer, pair.seq), (producer.producer_id(), 40));
+    }
+    cluster.shutdown().await;
+}
+
 /// Goal: a subscriber starting below the retained range gets `Reset` with the state, then every
 /// later entry, never a silent skip.
 /// Steps: 300 sequential appends (one Raft entry each); a snapshot on every replica purges all

@@ -300,7 +300,8 @@ impl Connector {
 /// # Ok(()) }
 /// ```
 pub struct ControlClient {
-    connector: Connector,
+    /// Shared by the producers made with [`ControlClient::new_producer`].
+    connector: Arc<Connector>,
     producer: ProducerId,
     sequences: Sequences,
     /// The highest offset this client's appends were acknowledged at; its subscriptions'
@@ -327,10 +328,10 @@ impl ControlClient {
             )));
         }
         let client = ControlClient {
-            connector: Connector::new(Settings {
+            connector: Arc::new(Connector::new(Settings {
                 seeds: Arc::new(seeds.to_vec()),
                 options,
-            }),
+            })),
             producer: random_u64(),
             sequences: Sequences::new(),
             own_writes: Arc::default(),
@@ -342,6 +343,19 @@ impl ControlClient {
     /// This client's producer id, which makes its appends idempotent.
     pub fn producer_id(&self) -> ProducerId {
         self.producer
+    }
+
+    /// Another producer on this client's connection: its own producer id and sequence window,
+    /// the same connection and retry engine. A process with many independent writers (one per
+    /// task, say) then holds one connection instead of one per writer; concurrent requests
+    /// share its reads and writes, which is most of what a small append costs.
+    pub fn new_producer(&self) -> ControlClient {
+        ControlClient {
+            connector: self.connector.clone(),
+            producer: random_u64(),
+            sequences: Sequences::new(),
+            own_writes: Arc::default(),
+        }
     }
 
     /// Appends a command idempotently: a retry after a lost answer or a failover returns the

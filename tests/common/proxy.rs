@@ -3,7 +3,7 @@
 //! is unknown to its sender.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -14,6 +14,8 @@ use tokio::task::JoinHandle;
 struct Shared {
     target: Mutex<SocketAddr>,
     swallow_answers: AtomicBool,
+    /// Connections accepted so far.
+    accepted: AtomicU64,
     /// Bumped to close every open connection.
     cuts: watch::Sender<u64>,
 }
@@ -39,12 +41,14 @@ impl Proxy {
         let shared = Arc::new(Shared {
             target: Mutex::new(target),
             swallow_answers: AtomicBool::new(false),
+            accepted: AtomicU64::new(0),
             cuts: watch::Sender::new(0),
         });
         let accept = tokio::spawn({
             let shared = shared.clone();
             async move {
                 while let Ok((client, _)) = listener.accept().await {
+                    shared.accepted.fetch_add(1, Ordering::SeqCst);
                     tokio::spawn(forward(client, shared.clone()));
                 }
             }
@@ -58,6 +62,11 @@ impl Proxy {
 
     pub fn addr(&self) -> String {
         self.addr.to_string()
+    }
+
+    /// How many connections the proxy has accepted.
+    pub fn connections_accepted(&self) -> u64 {
+        self.shared.accepted.load(Ordering::SeqCst)
     }
 
     /// Closes every connection open through the proxy now; new ones are accepted.
