@@ -19,6 +19,9 @@ use serde_json::json;
 use crate::client::{ClientOptions, ControlClient, SubscriptionItem};
 use crate::log::{Command, Filter, Target};
 
+/// Replicas in the cluster that `ctrlog bench` starts for itself.
+pub const OWN_CLUSTER_REPLICAS: u64 = 3;
+
 /// Three `ctrlog serve` processes on loopback with their data in a temporary folder; killed
 /// and removed when dropped.
 pub struct ProcessCluster {
@@ -27,7 +30,27 @@ pub struct ProcessCluster {
     members: String,
     addrs: Vec<(String, String)>,
     extra: Vec<String>,
+    /// Tokio worker threads per replica (`TOKIO_WORKER_THREADS`), see [`worker_threads_each`].
+    worker_threads: usize,
     children: Vec<Option<Child>>,
+}
+
+/// Tokio worker threads for each process of a cluster run on this machine (`ctrlog bench`
+/// and `ctrlog chaos`): the `replicas` replicas and the process driving them share its cores
+/// equally, at least one thread each. tokio's default of one thread per core would give three
+/// replicas and a client on two cores eight threads competing for them, and make every
+/// hand-off between tasks a wake-up on another thread; one thread each was faster at every
+/// client count (BENCHMARKS.md). An explicit `TOKIO_WORKER_THREADS` wins.
+pub fn worker_threads_each(replicas: usize) -> usize {
+    if let Some(threads) = std::env::var("TOKIO_WORKER_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&threads: &usize| threads > 0)
+    {
+        return threads;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / (replicas + 1)).max(1)
 }
 
 fn free_port() -> std::io::Result<u16> {
@@ -69,6 +92,7 @@ impl ProcessCluster {
             members,
             addrs,
             extra: extra.to_vec(),
+            worker_threads: worker_threads_each(size as usize),
             children: Vec::new(),
         };
         for i in 0..size as usize {
@@ -94,6 +118,7 @@ impl ProcessCluster {
             .arg(&data)
             .args(&self.extra)
             .env("RUST_LOG", "warn")
+            .env("TOKIO_WORKER_THREADS", self.worker_threads.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -485,7 +510,7 @@ pub async fn recovery(
     } else {
         vec!["--snapshot-logs-since-last".into(), u64::MAX.to_string()]
     };
-    let mut cluster = ProcessCluster::start(3, &extra).await?;
+    let mut cluster = ProcessCluster::start(OWN_CLUSTER_REPLICAS, &extra).await?;
     let seeds = cluster.client_addrs();
     let client = ControlClient::connect(&seeds).await?;
     let leader = client.leader_status().await?.id;

@@ -554,7 +554,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             // Keep our own cluster alive for the whole run; it is removed when dropped.
             let own = match (&workload, cli.cluster.is_empty()) {
                 (BenchCmd::Recovery { .. } | BenchCmd::Plot { .. }, _) | (_, false) => None,
-                (_, true) => Some(ctrlog::bench::ProcessCluster::start(3, &[]).await?),
+                (_, true) => Some(
+                    ctrlog::bench::ProcessCluster::start(ctrlog::bench::OWN_CLUSTER_REPLICAS, &[])
+                        .await?,
+                ),
             };
             let seeds = own
                 .as_ref()
@@ -689,9 +692,35 @@ fn is_broken_pipe(error: &anyhow::Error) -> bool {
         .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    // An append bench that runs its own replicas shares the machine with them as a light
+    // client: it takes an equal share of the cores, as they do (`bench::worker_threads_each`).
+    // The fan-out bench hosts a thousand readers, the heaviest load on the machine, and keeps
+    // tokio's default (one thread each measured no better for it: BENCHMARKS.md).
+    if let Cmd::Bench {
+        workload: BenchCmd::Append { .. },
+        ..
+    } = cli.command
+    {
+        if cli.cluster.is_empty() {
+            runtime.worker_threads(ctrlog::bench::worker_threads_each(
+                ctrlog::bench::OWN_CLUSTER_REPLICAS as usize,
+            ));
+        }
+    }
+    match runtime.build() {
+        Ok(runtime) => runtime.block_on(run_main(cli)),
+        Err(error) => {
+            eprintln!("ctrlog: starting the async runtime: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run_main(cli: Cli) -> ExitCode {
     // The demo kills a leader on purpose; its story is the timeline, not the replicas' logs.
     let default_filter = match cli.command {
         Cmd::Demo { .. } => "error,openraft=off,tarpc=off",
