@@ -220,14 +220,14 @@ async fn producers_share_their_clients_connection_and_keep_their_own_sequences()
                     .append_to(Target::All, Command::custom(1, 1, body))
                     .await
                     .unwrap();
-                (p, i, ack)
+                (p, ack)
             }
         })
     });
     let acks = futures::future::join_all(appends).await;
-    let offsets: HashSet<_> = acks.iter().map(|(_, _, ack)| ack.offset).collect();
+    let offsets: HashSet<_> = acks.iter().map(|(_, ack)| ack.offset).collect();
     assert_eq!(offsets.len(), 320);
-    assert!(acks.iter().all(|(_, _, ack)| !ack.duplicate));
+    assert!(acks.iter().all(|(_, ack)| !ack.duplicate));
     assert_eq!(
         proxy.connections_accepted(),
         1,
