@@ -12,7 +12,7 @@ use tokio::sync::Mutex;
 use super::protocol::*;
 use super::sequences::Sequences;
 use super::subscription::Subscription;
-use super::tls::{framed, server_name};
+use super::tls::{dial, framed};
 use crate::log::{
     Command, ContainerId, Epoch, Filter, Offset, ProducerId, ProducerSeq, Proposal, Target, TaskId,
 };
@@ -156,29 +156,11 @@ impl Connector {
         addr: &str,
         tls: Option<&Arc<rustls::ClientConfig>>,
     ) -> Result<ControlLogClient, String> {
-        let connect = async {
-            let tcp = tokio::net::TcpStream::connect(addr)
-                .await
-                .map_err(|e| format!("connecting to {addr}: {e}"))?;
-            // Requests and answers are small frames: without this, Nagle's algorithm can hold
-            // one back until the peer's delayed ACK, tens of milliseconds later.
-            let _ = tcp.set_nodelay(true);
-            let config = client::Config::default();
-            Ok(match tls {
-                None => ControlLogClient::new(config, framed(tcp, CLIENT_FRAME_BYTES_MAX)).spawn(),
-                Some(tls) => {
-                    let name = server_name(addr).map_err(|e| e.to_string())?;
-                    let stream = tokio_rustls::TlsConnector::from(tls.clone())
-                        .connect(name, tcp)
-                        .await
-                        .map_err(|e| format!("TLS with {addr}: {e}"))?;
-                    ControlLogClient::new(config, framed(stream, CLIENT_FRAME_BYTES_MAX)).spawn()
-                }
-            })
-        };
-        tokio::time::timeout(CONNECT_TIMEOUT, connect)
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, dial(addr, tls))
             .await
-            .map_err(|_| format!("connecting to {addr} timed out"))?
+            .map_err(|_| format!("connecting to {addr} timed out"))??;
+        let transport = framed(stream, CLIENT_FRAME_BYTES_MAX);
+        Ok(ControlLogClient::new(client::Config::default(), transport).spawn())
     }
 
     fn next_seed(&self) -> String {

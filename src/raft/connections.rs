@@ -14,18 +14,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::pki_types::CertificateDer;
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
+use crate::client::tls::Io;
+
 /// How long a TLS handshake may take before the connection is dropped.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A byte stream a connection is served over: plain TCP or TLS.
-pub trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
-impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
 /// An accepted connection, ready to serve.
 pub struct Accepted {

@@ -19,7 +19,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::connections::serve_each_connection;
 use super::types::*;
-use crate::client::tls::{framed, server_name};
+use crate::client::tls::{dial, framed};
 use crate::client::Member;
 use crate::NodeId;
 
@@ -205,30 +205,15 @@ impl PeerClient {
         if let Some(client) = &self.client {
             return Ok(client.clone());
         }
-        let (addr, tls) = (self.addr.clone(), self.tls.clone());
-        let connect = async move {
-            let tcp = tokio::net::TcpStream::connect(&addr)
-                .await
-                .map_err(|e| format!("connecting to {addr}: {e}"))?;
-            // Small frames must not wait for the peer's delayed ACK (Nagle's algorithm).
-            let _ = tcp.set_nodelay(true);
-            let config = client::Config::default();
-            Ok::<_, String>(match tls {
-                None => RaftRpcClient::new(config, framed(tcp, PEER_FRAME_BYTES_MAX)).spawn(),
-                Some(tls) => {
-                    let name = server_name(&addr).map_err(|e| e.to_string())?;
-                    let stream = tokio_rustls::TlsConnector::from(tls)
-                        .connect(name, tcp)
-                        .await
-                        .map_err(|e| format!("TLS with {addr}: {e}"))?;
-                    RaftRpcClient::new(config, framed(stream, PEER_FRAME_BYTES_MAX)).spawn()
-                }
-            })
-        };
-        let client = tokio::time::timeout(ttl.min(CONNECT_TIMEOUT), connect)
-            .await
-            .map_err(|_| CallError::Unreachable(format!("connecting to {} timed out", self.addr)))?
-            .map_err(CallError::Unreachable)?;
+        let stream = tokio::time::timeout(
+            ttl.min(CONNECT_TIMEOUT),
+            dial(&self.addr, self.tls.as_ref()),
+        )
+        .await
+        .map_err(|_| CallError::Unreachable(format!("connecting to {} timed out", self.addr)))?
+        .map_err(CallError::Unreachable)?;
+        let transport = framed(stream, PEER_FRAME_BYTES_MAX);
+        let client = RaftRpcClient::new(client::Config::default(), transport).spawn();
         self.client = Some(client.clone());
         Ok(client)
     }
