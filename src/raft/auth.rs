@@ -16,9 +16,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::str::FromStr;
 
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::CertificateDer;
 
 use super::config::AuthConfig;
+use super::tls::certificate_names;
 use crate::client::{ApiError, FetchRequest};
 use crate::log::{Command, ContainerId, Filter, Proposal};
 
@@ -91,15 +92,13 @@ impl Authenticator {
     /// The principal a verified client certificate names, if any.
     pub fn by_certificate(&self, cert: &CertificateDer<'_>) -> Option<Principal> {
         let end = webpki::EndEntityCert::try_from(cert).ok()?;
-        self.certificates.iter().find_map(|(name, role)| {
-            let server_name = ServerName::try_from(name.as_str()).ok()?;
-            end.verify_is_valid_for_subject_name(&server_name)
-                .is_ok()
-                .then(|| Principal {
-                    name: name.clone(),
-                    role: role.clone(),
-                })
-        })
+        self.certificates
+            .iter()
+            .find(|(name, _)| certificate_names(&end, name))
+            .map(|(name, role)| Principal {
+                name: name.clone(),
+                role: role.clone(),
+            })
     }
 }
 

@@ -12,12 +12,13 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use openraft::error::{NetworkError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::CertificateDer;
 use tarpc::server::{BaseChannel, Channel};
 use tarpc::{client, context};
 use tokio_rustls::TlsAcceptor;
 
 use super::connections::serve_each_connection;
+use super::tls::certificate_names;
 use super::types::*;
 use crate::client::tls::{dial, framed};
 use crate::client::Member;
@@ -47,22 +48,35 @@ struct RaftRpcServer {
     raft: Raft,
     /// The certificate the calling peer presented (TLS only): it must name the node that
     /// each request claims to come from.
-    peer_certificate: Option<Arc<CertificateDer<'static>>>,
+    peer: Option<Arc<PeerCertificate>>,
+}
+
+/// A peer connection's certificate, and the node it was last found to name. A connection
+/// comes from one peer, so its requests all claim the same sender: the certificate is parsed
+/// once per connection rather than once per Raft request. A refused claim is never cached.
+struct PeerCertificate {
+    der: CertificateDer<'static>,
+    verified_sender: std::sync::Mutex<Option<NodeId>>,
 }
 
 impl RaftRpcServer {
     /// Refuses a request whose claimed sender is not the node the peer's certificate names.
     fn check_sender<E: std::error::Error>(&self, claimed: NodeId) -> Result<(), RaftError<E>> {
-        match &self.peer_certificate {
-            Some(cert) if !certificate_names_node(cert, claimed) => {
+        let Some(peer) = &self.peer else {
+            return Ok(());
+        };
+        let mut verified = peer.verified_sender.lock().expect("never poisoned");
+        if *verified != Some(claimed) {
+            if !certificate_names_node(&peer.der, claimed) {
                 tracing::warn!(
                     claimed,
                     "a peer's certificate does not name the node it claims to be"
                 );
-                Err(RaftError::Fatal(openraft::error::Fatal::Stopped))
+                return Err(RaftError::Fatal(openraft::error::Fatal::Stopped));
             }
-            _ => Ok(()),
+            *verified = Some(claimed);
         }
+        Ok(())
     }
 }
 
@@ -100,14 +114,9 @@ pub fn node_name(id: NodeId) -> String {
     format!("node-{id}")
 }
 
-/// Whether `cert` names node `id` (a DNS name `node-<id>` among its subject alternative names).
-/// Its chain was verified against the CA during the handshake.
+/// Whether `cert` names node `id` (`node-<id>`).
 fn certificate_names_node(cert: &CertificateDer<'_>, id: NodeId) -> bool {
-    let Ok(name) = ServerName::try_from(node_name(id)) else {
-        return false;
-    };
-    webpki::EndEntityCert::try_from(cert)
-        .is_ok_and(|end| end.verify_is_valid_for_subject_name(&name).is_ok())
+    webpki::EndEntityCert::try_from(cert).is_ok_and(|end| certificate_names(&end, &node_name(id)))
 }
 
 /// A bound, not yet serving, peer listener.
@@ -131,7 +140,12 @@ pub async fn serve_peers(
     serve_each_connection("peer", listener, tls, stop, move |accepted| {
         let server = RaftRpcServer {
             raft: raft.clone(),
-            peer_certificate: accepted.peer_certificate.map(Arc::new),
+            peer: accepted.peer_certificate.map(|der| {
+                Arc::new(PeerCertificate {
+                    der,
+                    verified_sender: std::sync::Mutex::new(None),
+                })
+            }),
         };
         async move {
             let transport =

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use rustls::pki_types::ServerName;
 use rustls::server::WebPkiClientVerifier;
 use tokio_rustls::TlsAcceptor;
 
@@ -42,4 +43,12 @@ impl ReplicaTls {
             to_peers: client_config(&files.ca_file, Some((&files.cert_file, &files.key_file)))?,
         })
     }
+}
+
+/// Whether `cert` (verified against the CA during the handshake) names `name`: a DNS name among
+/// its subject alternative names. How a peer's `node-<id>` and a client's configured
+/// certificate name are both checked.
+pub fn certificate_names(cert: &webpki::EndEntityCert<'_>, name: &str) -> bool {
+    ServerName::try_from(name)
+        .is_ok_and(|name| cert.verify_is_valid_for_subject_name(&name).is_ok())
 }
