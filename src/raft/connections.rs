@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::pki_types::CertificateDer;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
@@ -56,34 +56,9 @@ pub async fn serve_each_connection<F, Fut>(
                 Ok((tcp, peer)) => {
                     let (serve, tls) = (serve.clone(), tls.clone());
                     connections.spawn(async move {
-                        // Requests and answers are small frames: never hold one back for the
-                        // other side's delayed ACK.
-                        let _ = tcp.set_nodelay(true);
-                        let accepted = match tls {
-                            None => Accepted { stream: Box::new(tcp), peer, peer_certificate: None },
-                            Some(tls) => {
-                                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.accept(tcp)).await {
-                                    Ok(Ok(stream)) => {
-                                        let peer_certificate = stream
-                                            .get_ref()
-                                            .1
-                                            .peer_certificates()
-                                            .and_then(|chain| chain.first())
-                                            .map(|c| c.clone().into_owned());
-                                        Accepted { stream: Box::new(stream), peer, peer_certificate }
-                                    }
-                                    Ok(Err(error)) => {
-                                        tracing::warn!(%peer, port, %error, "TLS handshake failed");
-                                        return;
-                                    }
-                                    Err(_) => {
-                                        tracing::warn!(%peer, port, "TLS handshake timed out");
-                                        return;
-                                    }
-                                }
-                            }
-                        };
-                        serve(accepted).await;
+                        if let Some(accepted) = handshake(port, tcp, peer, tls).await {
+                            serve(accepted).await;
+                        }
                     });
                 }
                 Err(error) => {
@@ -101,4 +76,48 @@ pub async fn serve_each_connection<F, Fut>(
     }
     drop(listener);
     connections.shutdown().await;
+}
+
+/// Readies an accepted connection: `TCP_NODELAY`, then the TLS handshake under
+/// [`TLS_HANDSHAKE_TIMEOUT`] when the port speaks TLS. `None` when the handshake fails or
+/// stalls (logged; the connection is dropped).
+async fn handshake(
+    port: &'static str,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    tls: Option<TlsAcceptor>,
+) -> Option<Accepted> {
+    // Requests and answers are small frames: never hold one back for the other side's
+    // delayed ACK.
+    let _ = tcp.set_nodelay(true);
+    let Some(tls) = tls else {
+        return Some(Accepted {
+            stream: Box::new(tcp),
+            peer,
+            peer_certificate: None,
+        });
+    };
+    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.accept(tcp)).await {
+        Ok(Ok(stream)) => {
+            let peer_certificate = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .map(|c| c.clone().into_owned());
+            Some(Accepted {
+                stream: Box::new(stream),
+                peer,
+                peer_certificate,
+            })
+        }
+        Ok(Err(error)) => {
+            tracing::warn!(%peer, port, %error, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(%peer, port, "TLS handshake timed out");
+            None
+        }
+    }
 }

@@ -137,12 +137,11 @@ impl ControlLogServer {
         if self.auth.is_none() {
             return Ok(());
         }
-        let principal = self.principal.lock().expect("never poisoned").clone();
-        let result = match principal {
+        let result = match &*self.principal.lock().expect("never poisoned") {
             None => Err(ApiError::Unauthorized(
                 "present a client certificate the cluster knows, or a token".into(),
             )),
-            Some(principal) => authorize(&principal, &action),
+            Some(principal) => authorize(principal, &action),
         };
         if let Err(refusal) = &result {
             self.replica.telemetry().auth_refused(refusal);
