@@ -24,21 +24,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
     about = "A replicated job control log on Raft"
 )]
 struct Cli {
-    /// Client addresses of any replicas of the cluster (for the client subcommands).
-    #[arg(long, global = true, env = "CTRLOG_CLUSTER", value_delimiter = ',')]
-    cluster: Vec<String>,
-    /// Speak TLS to the cluster, trusting this CA (PEM), for the client subcommands.
-    #[arg(long, global = true, env = "CTRLOG_CA")]
-    ca: Option<PathBuf>,
-    /// This client's certificate (PEM), where the cluster asks for one; with --key.
-    #[arg(long, global = true, env = "CTRLOG_CERT", requires = "key")]
-    cert: Option<PathBuf>,
-    /// This client's private key (PEM); with --cert.
-    #[arg(long, global = true, env = "CTRLOG_KEY", requires = "cert")]
-    key: Option<PathBuf>,
-    /// A bearer token, where the cluster requires credentials.
-    #[arg(long, global = true, env = "CTRLOG_TOKEN", hide_env_values = true)]
-    token: Option<String>,
+    #[command(flatten)]
+    client: ClientFlags,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -375,12 +362,22 @@ async fn shutdown_signal() {
 }
 
 /// The global flags the client subcommands connect with.
-#[derive(Clone)]
+#[derive(clap::Args, Clone)]
 struct ClientFlags {
+    /// Client addresses of any replicas of the cluster (for the client subcommands).
+    #[arg(long, global = true, env = "CTRLOG_CLUSTER", value_delimiter = ',')]
     cluster: Vec<String>,
+    /// Speak TLS to the cluster, trusting this CA (PEM), for the client subcommands.
+    #[arg(long, global = true, env = "CTRLOG_CA")]
     ca: Option<PathBuf>,
+    /// This client's certificate (PEM), where the cluster asks for one; with --key.
+    #[arg(long, global = true, env = "CTRLOG_CERT", requires = "key")]
     cert: Option<PathBuf>,
+    /// This client's private key (PEM); with --cert.
+    #[arg(long, global = true, env = "CTRLOG_KEY", requires = "cert")]
     key: Option<PathBuf>,
+    /// A bearer token, where the cluster requires credentials.
+    #[arg(long, global = true, env = "CTRLOG_TOKEN", hide_env_values = true)]
     token: Option<String>,
 }
 
@@ -414,13 +411,7 @@ async fn connect(flags: &ClientFlags) -> anyhow::Result<ControlClient> {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     // Not locked for the whole command: the demo prints from several tasks.
     let mut out = std::io::stdout();
-    let flags = ClientFlags {
-        cluster: cli.cluster.clone(),
-        ca: cli.ca.clone(),
-        cert: cli.cert.clone(),
-        key: cli.key.clone(),
-        token: cli.token.clone(),
-    };
+    let flags = cli.client;
     match cli.command {
         Cmd::Certs {
             action:
@@ -552,7 +543,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     }
                 };
             // Keep our own cluster alive for the whole run; it is removed when dropped.
-            let own = match (&workload, cli.cluster.is_empty()) {
+            let own = match (&workload, flags.cluster.is_empty()) {
                 (BenchCmd::Recovery { .. } | BenchCmd::Plot { .. }, _) | (_, false) => None,
                 (_, true) => Some(
                     ctrlog::bench::ProcessCluster::start(ctrlog::bench::OWN_CLUSTER_REPLICAS, &[])
@@ -561,7 +552,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let seeds = own
                 .as_ref()
-                .map_or(cli.cluster.clone(), |c| c.client_addrs());
+                .map_or(flags.cluster.clone(), |c| c.client_addrs());
             match workload {
                 BenchCmd::Append {
                     clients,
@@ -661,7 +652,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             report_file,
             stop_delay_ms,
         } => {
-            if cli.cluster.is_empty() {
+            if flags.cluster.is_empty() {
                 bail!("no cluster given: use --cluster ADDR,ADDR,... or set CTRLOG_CLUSTER");
             }
             let options = ctrlog::controller::SimOptions {
@@ -674,7 +665,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let id = ctrlog::log::ContainerId::new(id)?;
             ctrlog::controller::run_simulated_container(
-                cli.cluster,
+                flags.cluster,
                 id,
                 options,
                 shutdown_signal(),
@@ -705,7 +696,7 @@ fn main() -> ExitCode {
         ..
     } = cli.command
     {
-        if cli.cluster.is_empty() {
+        if cli.client.cluster.is_empty() {
             runtime.worker_threads(ctrlog::bench::worker_threads_each(
                 ctrlog::bench::OWN_CLUSTER_REPLICAS as usize,
             ));
