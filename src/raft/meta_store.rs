@@ -11,6 +11,9 @@
 use std::fs::File;
 use std::io;
 use std::path::Path;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
 
 /// The largest value written to sled: 16 items of this size keep a leaf at 64 KiB, half of the
 /// 128 KiB above which sled would move the node into an unsynced blob file.
@@ -20,20 +23,49 @@ pub const VALUE_BYTES_MAX: usize = 4 << 10;
 /// rarely, and a replica's resident memory is budgeted (DESIGN.md, issue targets).
 pub const CACHE_BYTES: u64 = 16 << 20;
 
+/// How long [`MetaStore::open`] waits for the directory's lock. A replica restarted within one
+/// process may find its previous instance still letting go: sled releases the lock from its
+/// own threads moments after the last handle is dropped. Another live process keeps the lock,
+/// and the wait ends in a `ResourceBusy` error that names the directory.
+const LOCK_WAIT_MAX: Duration = Duration::from_secs(2);
+
 pub struct MetaStore {
     db: sled::Db,
     data_file: File,
+    /// Declared last, so dropped after sled and the data file: see [`MetaStore::closed`].
+    closed_when_dropped: watch::Sender<()>,
+}
+
+/// Resolves once the store it came from is dropped, with sled closed.
+pub struct Closed(watch::Receiver<()>);
+
+impl Closed {
+    pub async fn wait(mut self) {
+        // Nothing is ever sent: `changed` returns only when the sender is gone.
+        while self.0.changed().await.is_ok() {}
+    }
 }
 
 impl MetaStore {
     pub fn open(dir: &Path) -> io::Result<MetaStore> {
+        wait_for_lock(dir)?;
         let db = sled::Config::new()
             .path(dir)
             .cache_capacity(CACHE_BYTES)
             .open()
             .map_err(io::Error::other)?;
         let data_file = File::open(dir.join("db"))?;
-        Ok(MetaStore { db, data_file })
+        Ok(MetaStore {
+            db,
+            data_file,
+            closed_when_dropped: watch::Sender::new(()),
+        })
+    }
+
+    /// A signal for whoever must reopen this directory: the store is closed once every handle
+    /// is gone, and handles may outlive their owner in tasks still winding down.
+    pub fn closed(&self) -> Closed {
+        Closed(self.closed_when_dropped.subscribe())
     }
 
     pub fn tree(&self, name: &str) -> io::Result<sled::Tree> {
@@ -77,5 +109,102 @@ impl MetaStore {
     /// Bytes sled uses on disk.
     pub fn disk_bytes(&self) -> u64 {
         self.db.size_on_disk().unwrap_or(0)
+    }
+}
+
+/// Waits up to [`LOCK_WAIT_MAX`] until nobody holds the lock sled takes on `dir/db`, then lets
+/// go of it for sled to take. It is sled's own lock (an exclusive `flock` through `fs2`, as
+/// sled 0.34 takes it), so the two can never disagree about who holds the directory.
+fn wait_for_lock(dir: &Path) -> io::Result<()> {
+    let data_file = match File::open(dir.join("db")) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let deadline = Instant::now() + LOCK_WAIT_MAX;
+    loop {
+        match fs2::FileExt::try_lock_exclusive(&data_file) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                return Err(io::Error::new(
+                    io::ErrorKind::ResourceBusy,
+                    format!(
+                        "{} is in use: another replica holds its lock",
+                        dir.display()
+                    ),
+                ))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use futures::FutureExt;
+
+    use super::*;
+
+    /// Goal: a second store on a directory in use is refused with a typed error naming it.
+    /// Steps: open a store; open another on the same directory while the first lives; it
+    /// fails with `ResourceBusy` after the lock wait, and the message names the directory.
+    #[test]
+    fn a_directory_in_use_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let _first = MetaStore::open(dir.path()).unwrap();
+        let error = MetaStore::open(dir.path())
+            .err()
+            .expect("the directory is locked");
+        assert_eq!(error.kind(), io::ErrorKind::ResourceBusy);
+        assert!(
+            error
+                .to_string()
+                .contains(&dir.path().display().to_string()),
+            "{error}"
+        );
+    }
+
+    /// Goal: a directory whose previous store is still closing opens once it has closed, rather
+    /// than failing on the lock (a replica restarted in the same process).
+    /// Steps: open a store and write a value; another thread starts opening the directory;
+    /// once it has started, drop the first store; the second open succeeds and reads the value.
+    #[test]
+    fn a_directory_released_while_opening_is_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = MetaStore::open(dir.path()).unwrap();
+        first.put_durable("key", b"value").unwrap();
+        let (started, opening) = std::sync::mpsc::channel();
+        let path = dir.path().to_owned();
+        let second = std::thread::spawn(move || {
+            started.send(()).unwrap();
+            MetaStore::open(&path)
+        });
+        opening.recv().unwrap();
+        drop(first);
+        let second = second.join().unwrap().expect("opened once released");
+        assert_eq!(second.get("key").unwrap(), Some(b"value".to_vec()));
+    }
+
+    /// Goal: `closed` fires only when the last handle is gone, and the directory then reopens.
+    /// Steps: open a store shared by two handles; drop one: not closed; drop the other:
+    /// closed; open the directory again, with the value written before still there.
+    #[test]
+    fn closed_fires_once_every_handle_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(MetaStore::open(dir.path()).unwrap());
+        store.put_durable("key", b"value").unwrap();
+        let other_handle = store.clone();
+        let mut closed = store.closed().wait().boxed();
+        drop(store);
+        assert!((&mut closed).now_or_never().is_none());
+        drop(other_handle);
+        assert!(closed.now_or_never().is_some());
+        let reopened = MetaStore::open(dir.path()).unwrap();
+        assert_eq!(reopened.get("key").unwrap(), Some(b"value".to_vec()));
     }
 }

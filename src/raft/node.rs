@@ -13,7 +13,7 @@ use super::auth::Authenticator;
 use super::config::{ConfigError, ReplicaConfig};
 use super::http::{bind_http, serve_http, Telemetry};
 use super::log_store::LogStore;
-use super::meta_store::MetaStore;
+use super::meta_store::{Closed, MetaStore};
 use super::network::{bind_peers, serve_peers, PeerNetwork};
 use super::proposer::{Proposer, BATCH_BYTES_MAX};
 use super::service::{bind_clients, serve_clients};
@@ -99,6 +99,8 @@ pub struct Replica {
     stop: tokio::sync::watch::Sender<bool>,
     /// Set by [`Replica::shutdown`], so that dropping afterwards does not stop Raft twice.
     stopped: bool,
+    /// Fires when the storage is closed; taken by [`Replica::shutdown`] to wait for it.
+    storage_closed: Option<Closed>,
 }
 
 impl std::ops::Deref for Replica {
@@ -128,6 +130,19 @@ impl Drop for Replica {
     }
 }
 
+/// Opens a replica's storage in `data_dir`: sled (metadata and snapshots), the WAL, and the
+/// state machine restored from its latest snapshot.
+fn open_storage(
+    data_dir: &std::path::Path,
+) -> std::io::Result<(LogStore, StateMachineStore, Closed)> {
+    let meta = Arc::new(MetaStore::open(&data_dir.join("meta"))?);
+    let closed = meta.closed();
+    let log = LogStore::open(&data_dir.join("log"), meta.clone())?;
+    let state_machine = StateMachineStore::open(meta, log.clone())?;
+    log.guard_with_snapshots(state_machine.stored_snapshot_last()?);
+    Ok((log, state_machine, closed))
+}
+
 fn raft_config(config: &ReplicaConfig) -> Result<openraft::Config, StartError> {
     openraft::Config {
         cluster_name: "ctrlog".into(),
@@ -150,10 +165,13 @@ impl Replica {
     /// the lowest initial member and its log is empty (never on a restart).
     pub async fn start(config: ReplicaConfig) -> Result<Replica, StartError> {
         config.validate()?;
-        let meta = Arc::new(MetaStore::open(&config.data_dir.join("meta"))?);
-        let log = LogStore::open(&config.data_dir.join("log"), meta.clone())?;
-        let state_machine = StateMachineStore::open(meta, log.clone())?;
-        log.guard_with_snapshots(state_machine.stored_snapshot_last()?);
+        let data_dir = config.data_dir.clone();
+        // Recovery reads the whole retained log, and opening may wait for the directory's lock:
+        // blocking work, kept off the runtime's workers.
+        let (log, state_machine, storage_closed) =
+            tokio::task::spawn_blocking(move || open_storage(&data_dir))
+                .await
+                .map_err(std::io::Error::other)??;
         let tls = config
             .tls
             .as_ref()
@@ -225,6 +243,7 @@ impl Replica {
         }
         let replica = Replica {
             stopped: false,
+            storage_closed: Some(storage_closed),
             tasks,
             stop,
             handle,
@@ -242,7 +261,11 @@ impl Replica {
         Ok(replica)
     }
 
-    /// Stops Raft and the listeners. Storage is closed once the last handle is gone.
+    /// Stops Raft and the listeners, then waits (up to a grace period) for the storage to
+    /// close, so that the data directory can be reopened at once. Storage closes when the last
+    /// handle is gone: Raft's own tasks that outlive its core (its state-machine worker, a
+    /// snapshot build) hold it briefly, and a [`ReplicaHandle`] kept elsewhere holds it until
+    /// dropped (then there is nothing to wait for here).
     pub async fn shutdown(mut self) {
         self.stop.send_replace(true);
         for mut task in self.tasks.drain(..) {
@@ -259,6 +282,19 @@ impl Replica {
         self.stopped = true;
         if let Err(error) = self.handle.inner.raft.shutdown().await {
             tracing::warn!(%error, "raft did not shut down cleanly");
+        }
+        // Handles held elsewhere keep the storage open for as long as their holders like; only
+        // Raft's leftover tasks are worth waiting for.
+        let handles_held_elsewhere = Arc::strong_count(&self.handle.inner) > 1;
+        let (id, storage_closed) = (self.handle.id(), self.storage_closed.take());
+        drop(self);
+        if let (Some(closed), false) = (storage_closed, handles_held_elsewhere) {
+            if tokio::time::timeout(SHUTDOWN_GRACE, closed.wait())
+                .await
+                .is_err()
+            {
+                tracing::warn!(id, "storage still open after shutdown");
+            }
         }
     }
 }
