@@ -239,11 +239,37 @@ fn tick(bar: ProgressBar, stop: Arc<AtomicBool>) {
     });
 }
 
+/// The cluster a bench runs against: where to reach it, and how (TLS, credentials). Its own
+/// clusters are plain; a running one (`--cluster`) takes the command line's client flags.
+#[derive(Clone)]
+pub struct BenchTarget {
+    pub seeds: Vec<String>,
+    pub options: ClientOptions,
+}
+
+impl BenchTarget {
+    /// A cluster reached in plain text, without credentials (the bench's own).
+    pub fn plain(seeds: Vec<String>) -> BenchTarget {
+        BenchTarget {
+            seeds,
+            options: ClientOptions::default(),
+        }
+    }
+
+    async fn connect(&self) -> anyhow::Result<ControlClient> {
+        self.connect_with(self.options.clone()).await
+    }
+
+    async fn connect_with(&self, options: ClientOptions) -> anyhow::Result<ControlClient> {
+        Ok(ControlClient::connect_with(&self.seeds, options).await?)
+    }
+}
+
 /// `ctrlog bench append`: `clients` producers, each appending sequentially, over
 /// `connections` connections (round-robin; `None` gives every client its own, as etcd's
 /// benchmark `--conns` does the other way round); returns the result as JSON.
 pub async fn append(
-    seeds: &[String],
+    cluster: &BenchTarget,
     clients: usize,
     connections: Option<usize>,
     duration: Duration,
@@ -253,7 +279,7 @@ pub async fn append(
     let connections = connections.unwrap_or(clients).clamp(1, clients.max(1));
     let mut shared = Vec::new();
     for _ in 0..connections {
-        shared.push(ControlClient::connect(seeds).await?);
+        shared.push(cluster.connect().await?);
     }
     let connected: Vec<ControlClient> = (0..clients)
         .map(|i| shared[i % connections].new_producer())
@@ -388,7 +414,7 @@ where
 /// `ctrlog bench fanout`: `subscribers` subscriptions reading everything while appends arrive
 /// at `rate` per second; lag runs from the moment each append was sent to its delivery.
 pub async fn fanout(
-    seeds: &[String],
+    cluster: &BenchTarget,
     subscribers: usize,
     rate: u64,
     duration: Duration,
@@ -399,15 +425,15 @@ pub async fn fanout(
     let base = Instant::now();
     let micros = move || base.elapsed().as_micros() as u64 + 1;
     let sent: Arc<Vec<AtomicU64>> = Arc::new((0..total).map(|_| AtomicU64::new(0)).collect());
-    let probe = ControlClient::connect(seeds).await?;
+    let probe = cluster.connect().await?;
     let from = probe.leader_status().await?.applied_offset + 1;
     let mut readers = Vec::new();
     let reader_options = ClientOptions {
         subscription_linger: linger,
-        ..ClientOptions::default()
+        ..cluster.options.clone()
     };
     for _ in 0..subscribers {
-        let client = ControlClient::connect_with(seeds, reader_options.clone()).await?;
+        let client = cluster.connect_with(reader_options.clone()).await?;
         let sent = sent.clone();
         readers.push(tokio::spawn(async move {
             // The measurement must cost little next to what it measures: a million
@@ -438,7 +464,7 @@ pub async fn fanout(
     }
     let mut writers = Vec::new();
     for _ in 0..8 {
-        writers.push(Arc::new(ControlClient::connect(seeds).await?));
+        writers.push(Arc::new(cluster.connect().await?));
     }
     let stop = Arc::new(AtomicBool::new(false));
     tick(

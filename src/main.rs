@@ -550,9 +550,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         .await?,
                 ),
             };
-            let seeds = own
-                .as_ref()
-                .map_or(flags.cluster.clone(), |c| c.client_addrs());
+            let target = match &own {
+                Some(cluster) => ctrlog::bench::BenchTarget::plain(cluster.client_addrs()),
+                None => ctrlog::bench::BenchTarget {
+                    seeds: flags.cluster.clone(),
+                    options: flags.options()?,
+                },
+            };
             match workload {
                 BenchCmd::Append {
                     clients,
@@ -565,7 +569,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     let mut results = Vec::new();
                     for n in clients {
                         let result = ctrlog::bench::append(
-                            &seeds,
+                            &target,
                             n,
                             connections,
                             std::time::Duration::from_secs(duration_s),
@@ -588,7 +592,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     linger_ms,
                 } => {
                     let result = ctrlog::bench::fanout(
-                        &seeds,
+                        &target,
                         subscribers,
                         rate,
                         std::time::Duration::from_secs(duration_s),

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use ctrlog::raft::local_cluster::LocalCluster;
 use serde_json::Value;
 
 async fn bench(args: &[&str]) -> Vec<Value> {
@@ -92,4 +93,80 @@ async fn append_and_fanout_report_the_documented_json() {
         "every subscriber got every command"
     );
     assert!(fanout["lag_p99_us"].as_u64().unwrap() > 0);
+}
+
+/// Goal: `--cluster` benchmarks a running cluster that requires TLS and a client identity,
+/// with the same client flags as every other subcommand.
+/// Steps: start a secure three-replica cluster; `bench append` and `bench fanout` against it
+/// with `--ca`, `--cert` and `--key` (its admin identity): every append acknowledged, every
+/// command delivered, and the appends are in the cluster's log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_secure_cluster_is_benchmarked_with_the_client_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start_secure(dir.path(), 3, |_| {})
+        .await
+        .unwrap();
+    let leader = cluster
+        .wait_for_leader(Duration::from_secs(20))
+        .await
+        .unwrap();
+    let pki = dir.path().join("pki");
+    let (cert, key) = ctrlog::certs::client_identity(&pki, "admin");
+    let ca = ctrlog::certs::ca_file(&pki);
+    let addrs = cluster.client_addrs().join(",");
+    let flags = [
+        "--cluster",
+        addrs.as_str(),
+        "--ca",
+        ca.to_str().unwrap(),
+        "--cert",
+        cert.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+    ];
+    let appends = &bench(
+        &[
+            &[
+                "append",
+                "--clients",
+                "2",
+                "--duration-s",
+                "1",
+                "--warmup-s",
+                "0",
+            ],
+            &flags[..],
+        ]
+        .concat(),
+    )
+    .await[0];
+    let ops = appends["ops"].as_u64().unwrap();
+    assert!(ops > 0);
+    assert_eq!(appends["errors"], 0);
+    assert!(
+        cluster.replica(leader).applied_offset() >= ops,
+        "the measured appends are in the log"
+    );
+    let fanout = &bench(
+        &[
+            &[
+                "fanout",
+                "--subscribers",
+                "2",
+                "--rate",
+                "50",
+                "--duration-s",
+                "1",
+            ],
+            &flags[..],
+        ]
+        .concat(),
+    )
+    .await[0];
+    assert_eq!(fanout["expected"], 100, "two subscribers, 50 commands each");
+    assert_eq!(
+        fanout["delivered"], 100,
+        "both subscribers got every command"
+    );
+    cluster.shutdown().await;
 }
