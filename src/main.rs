@@ -34,6 +34,11 @@ struct Cli {
 enum Cmd {
     /// Run one replica until SIGINT or SIGTERM.
     Serve(ServeArgs),
+    /// Disaster recovery, with the replica stopped: make its data the only member of a new
+    /// cluster, keeping every command it holds (etcd's --force-new-cluster). Takes the same
+    /// options as `serve`; start it with `serve` afterwards and add new replicas with
+    /// `members add`. Never start the other old replicas' directories again.
+    ForceNewCluster(ServeArgs),
     /// Append one command and print its offset.
     Append(AppendArgs),
     /// Print committed commands, one per line.
@@ -428,6 +433,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Cmd::Serve(args) => ctrlog::raft::serve(serve_config(args)?, shutdown_signal()).await?,
+        Cmd::ForceNewCluster(args) => {
+            let config = serve_config(args)?;
+            let forced = ctrlog::raft::recover::force_new_cluster(&config).with_context(|| {
+                format!("forcing a new cluster from {}", config.data_dir.display())
+            })?;
+            writeln!(
+                out,
+                "replica {} is now the only member of its cluster: its log ended at index {} \
+                 (term {}), and the membership entry at index {} (term {}) commits when it \
+                 starts. Start it with `ctrlog serve`, then add replicas with `ctrlog members add`.",
+                config.id,
+                forced.previous_last.index,
+                forced.previous_last.leader_id.term,
+                forced.entry.index,
+                forced.entry.leader_id.term,
+            )?;
+        }
         Cmd::Append(args) => {
             let body = match (args.payload, args.payload_file) {
                 (Some(text), _) => text.into_bytes(),

@@ -281,3 +281,29 @@ async fn certs_generate_and_the_client_subcommands_speak_tls() {
     // Plain clients are refused: tests/tls.rs (the CLI would retry for its whole deadline).
     cluster.shutdown().await;
 }
+
+/// Goal: `force-new-cluster` refuses, by name, a data directory with nothing to recover and
+/// leaves it as it was. (tests/cluster.rs recovers a real survivor.)
+/// Steps: run it on an empty directory: non-zero exit, one line on stderr naming the
+/// directory and saying it holds no log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_new_cluster_refuses_a_directory_without_a_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("replica-1");
+    let output = ctrlog(
+        "",
+        &[
+            "force-new-cluster",
+            "--id",
+            "1",
+            "--data",
+            data.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("holds no log"), "{stderr}");
+    assert!(stderr.contains(data.to_str().unwrap()), "{stderr}");
+    assert!(!data.exists(), "nothing was created");
+}

@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::*;
 use ctrlog::client::{ApiError, AppendAck, ControlClient, FetchRequest};
 use ctrlog::log::{Command, ProducerSeq, Proposal, Target};
+use ctrlog::raft::recover::force_new_cluster;
 use ctrlog::raft::LocalCluster;
 
 /// Goal: three replicas elect exactly one leader and hold identical committed logs.
@@ -340,5 +341,63 @@ async fn oversized_commands_are_refused_and_retries_are_idempotent() {
     for replica in cluster.running() {
         assert_eq!(read_all(replica).await.len(), 1);
     }
+    cluster.shutdown().await;
+}
+
+/// Goal: after losing a majority for good, one survivor's data becomes a new cluster with every
+/// command it held, which then grows again (the disaster recovery DEPLOY.md describes).
+/// Steps: append 100 with snapshots on; stop all three; forcing a new cluster is refused while
+/// a replica runs on the directory, and on a directory without a log; force replica 2's data
+/// into a one-replica cluster and start only it: it leads, serves the same 100 commands and
+/// appends at 101; a fresh replica 4 joins with `add_member` and holds the same log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_majority_is_recovered_by_forcing_a_new_cluster_from_one_survivor() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster =
+        LocalCluster::start_secure(dir.path(), 3, |c| c.snapshot_logs_since_last = 40)
+            .await
+            .unwrap();
+    append_many(&cluster, 1, 100).await;
+    cluster.wait_for_applied(100, WAIT).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let before = read_all(cluster.replica(leader)).await;
+    let survivor = cluster.config(2).clone();
+    let refused = force_new_cluster(&survivor).expect_err("replica 2 is still running");
+    assert_eq!(refused.kind(), std::io::ErrorKind::ResourceBusy);
+    for id in [1, 2, 3] {
+        cluster.stop(id).await;
+    }
+    let mut empty = survivor.clone();
+    empty.data_dir = dir.path().join("never-used");
+    let refused = force_new_cluster(&empty).expect_err("nothing to recover");
+    assert_eq!(refused.kind(), std::io::ErrorKind::NotFound);
+
+    let forced = force_new_cluster(&survivor).unwrap();
+    assert_eq!(forced.entry.index, forced.previous_last.index + 1);
+    assert!(forced.entry.leader_id.term > forced.previous_last.leader_id.term);
+    cluster.restart(2).await.unwrap();
+    assert_eq!(cluster.wait_for_leader(WAIT).await.unwrap(), 2);
+    cluster.wait_for_applied(100, WAIT).await.unwrap();
+    assert_eq!(read_all(cluster.replica(2)).await, before);
+    assert_eq!(append_many(&cluster, 101, 1).await, vec![101]);
+
+    let client = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
+        .await
+        .unwrap();
+    let joining = cluster.start_new(4, |_| {}).await.unwrap().member();
+    client.add_member(4, joining).await.unwrap();
+    let voters: BTreeSet<u64> = cluster
+        .replica(2)
+        .metrics()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .collect();
+    assert_eq!(voters, BTreeSet::from([2, 4]));
+    cluster.wait_for_applied(101, WAIT).await.unwrap();
+    assert_eq!(
+        read_all(cluster.replica(4)).await,
+        read_all(cluster.replica(2)).await
+    );
     cluster.shutdown().await;
 }

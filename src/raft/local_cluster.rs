@@ -135,6 +135,11 @@ impl LocalCluster {
             .map_or_else(ClientOptions::default, |s| s.client.clone())
     }
 
+    /// The configuration replica `id` runs (or last ran) with.
+    pub fn config(&self, id: NodeId) -> &ReplicaConfig {
+        &self.configs[&id]
+    }
+
     pub fn replica(&self, id: NodeId) -> &Replica {
         self.replicas
             .get(&id)

@@ -142,6 +142,36 @@ impl LogStore {
     pub fn disk_bytes(&self) -> u64 {
         self.lock().wal.disk_bytes()
     }
+
+    /// The id of the last entry, or of the purge point when the log holds none after it.
+    pub fn last_log_id(&self) -> Option<LogId> {
+        self.lock().last_log_id
+    }
+
+    /// The vote as last made durable.
+    pub fn vote(&self) -> io::Result<Option<Vote>> {
+        self.shared
+            .meta
+            .get(VOTE_KEY)?
+            .map(|b| decode(&b, 1024).map_err(io::Error::other))
+            .transpose()
+    }
+
+    /// Makes `vote` durable before returning.
+    pub fn save_vote_durable(&self, vote: &Vote) -> io::Result<()> {
+        self.shared.meta.put_durable(VOTE_KEY, &encode(vote))
+    }
+
+    /// Appends one entry after the last and makes it durable before returning: for tools that
+    /// edit a stopped replica's log (`raft::recover`), where no Raft core waits on the sync
+    /// thread.
+    pub fn append_durable(&self, entry: &Entry) -> io::Result<()> {
+        let mut state = self.lock();
+        state.wal.append(entry.log_id.index, &[encode(entry)])?;
+        state.wal.active_file().sync_data()?;
+        state.last_log_id = Some(entry.log_id);
+        Ok(())
+    }
 }
 
 /// Reads and checks one entry; `None` if the index holds nothing.
@@ -211,21 +241,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
-        self.shared
-            .meta
-            .put_durable(VOTE_KEY, &encode(vote))
+        self.save_vote_durable(vote)
             .map_err(|e| StorageIOError::write_vote(&e).into())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
-        let bytes = self
-            .shared
-            .meta
-            .get(VOTE_KEY)
-            .map_err(|e| StorageError::from(StorageIOError::read_vote(&e)))?;
-        bytes
-            .map(|b| decode(&b, 1024).map_err(|e| StorageIOError::read_vote(&e).into()))
-            .transpose()
+        self.vote()
+            .map_err(|e| StorageIOError::read_vote(&e).into())
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {

@@ -36,6 +36,7 @@ pub mod network;
 pub mod node;
 pub mod proposer;
 mod recent;
+pub mod recover;
 pub mod service;
 pub mod state_machine;
 pub mod tls;

@@ -1,0 +1,90 @@
+//! Disaster recovery: a stopped replica's data becomes a one-replica cluster of its own, keeping
+//! everything it holds (etcd's `--force-new-cluster`). For when a majority of the replicas is
+//! lost for good and the cluster cannot elect a leader any more.
+//!
+//! It appends a membership entry naming this replica as the only voter, under a term above any
+//! it has seen, and votes for itself in that term (not committed). Started again, the replica
+//! is a follower whose membership needs only its own vote: it elects itself and commits the
+//! entry and everything before it. New replicas then join with `members add`.
+//!
+//! Entries the survivor held that the old cluster never committed become committed, as with
+//! etcd; and the old replicas must never be started on their directories again, since they
+//! still believe in the old membership.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::sync::Arc;
+
+use openraft::{CommittedLeaderId, EntryPayload, Membership};
+
+use super::config::ReplicaConfig;
+use super::log_store::LogStore;
+use super::meta_store::MetaStore;
+use super::types::{Entry, LogId, Vote};
+use crate::client::Member;
+
+/// What [`force_new_cluster`] wrote.
+#[derive(Debug)]
+pub struct ForcedMembership {
+    /// The entry that makes this replica the only voter; it commits once the replica leads.
+    pub entry: LogId,
+    /// The last entry the old cluster's log held here.
+    pub previous_last: LogId,
+}
+
+/// Makes the stopped replica `config` describes the only member of its cluster, reachable at
+/// its configured addresses. Refuses a directory in use (the replica must be stopped) and one
+/// without a log.
+pub fn force_new_cluster(config: &ReplicaConfig) -> io::Result<ForcedMembership> {
+    let nothing_to_recover = || {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "{} holds no log: there is nothing to recover",
+                config.data_dir.display()
+            ),
+        )
+    };
+    // Checked before opening, which would create the stores.
+    if !config.data_dir.join("meta").is_dir() {
+        return Err(nothing_to_recover());
+    }
+    let meta = Arc::new(MetaStore::open(&config.data_dir.join("meta"))?);
+    let log = LogStore::open(&config.data_dir.join("log"), meta)?;
+    let Some(previous_last) = log.last_log_id() else {
+        return Err(nothing_to_recover());
+    };
+    let seen = log
+        .vote()?
+        .map_or(0, |v| v.leader_id.term)
+        .max(previous_last.leader_id.term);
+    let term = seen + 1;
+    let member = Member {
+        peer_addr: config.peer_addr.to_string(),
+        client_addr: config.client_addr.to_string(),
+    };
+    let entry = Entry {
+        log_id: LogId::new(
+            CommittedLeaderId::new(term, config.id),
+            previous_last.index + 1,
+        ),
+        payload: EntryPayload::Membership(Membership::new(
+            vec![BTreeSet::from([config.id])],
+            BTreeMap::from([(config.id, member)]),
+        )),
+    };
+    // The vote first: a crash between the two leaves an ordinary candidate's state, and running
+    // this again simply goes one term higher.
+    log.save_vote_durable(&Vote::new(term, config.id))?;
+    log.append_durable(&entry)?;
+    tracing::warn!(
+        id = config.id,
+        term,
+        index = entry.log_id.index,
+        "forced a new one-replica cluster"
+    );
+    Ok(ForcedMembership {
+        entry: entry.log_id,
+        previous_last,
+    })
+}
