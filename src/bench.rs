@@ -281,9 +281,11 @@ pub async fn append(
     for _ in 0..connections {
         shared.push(cluster.connect().await?);
     }
-    let connected: Vec<ControlClient> = (0..clients)
+    // Each connection's own client is its first producer; more producers share it.
+    let extra: Vec<ControlClient> = (connections..clients)
         .map(|i| shared[i % connections].new_producer())
         .collect();
+    let connected: Vec<ControlClient> = shared.into_iter().chain(extra).collect();
     let measuring = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let errors = Arc::new(AtomicU64::new(0));

@@ -27,6 +27,9 @@ pub struct ChaosOptions {
     pub rounds: u32,
     pub seed: u64,
     pub producers: usize,
+    /// Connections the producers share (their appends then go out in batches); `None` gives
+    /// each producer its own.
+    pub connections: Option<usize>,
     pub subscribers: usize,
 }
 
@@ -66,9 +69,21 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
 
     // Producers: each appends with its own (producer, seq), retrying a pair until it is
     // acknowledged, as a real producer must when an append's fate is unknown.
+    let connections = options
+        .connections
+        .unwrap_or(options.producers)
+        .clamp(1, options.producers.max(1));
+    let mut shared = Vec::new();
+    for _ in 0..connections {
+        shared.push(ControlClient::connect_with(&seeds, options_quick.clone()).await?);
+    }
     let mut producers = Vec::new();
     for p in 0..options.producers {
-        let client = ControlClient::connect_with(&seeds, options_quick.clone()).await?;
+        let client = if connections < options.producers {
+            shared[p % connections].new_producer()
+        } else {
+            shared.pop().expect("one connection per producer")
+        };
         let (stop, produced) = (stop.clone(), produced.clone());
         let producer = options.seed.wrapping_mul(1_000) + p as u64 + 1;
         producers.push(tokio::spawn(async move {

@@ -100,6 +100,9 @@ enum Cmd {
         seed: Option<u64>,
         #[arg(long, default_value_t = 4)]
         producers: usize,
+        /// Connections the producers share, their appends batched (default: one each).
+        #[arg(long)]
+        connections: Option<usize>,
         #[arg(long, default_value_t = 2)]
         subscribers: usize,
         #[arg(long)]
@@ -648,6 +651,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             rounds,
             seed,
             producers,
+            connections,
             subscribers,
             json,
         } => {
@@ -661,6 +665,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 rounds,
                 seed,
                 producers,
+                connections,
                 subscribers,
             })
             .await?;

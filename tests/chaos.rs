@@ -8,13 +8,23 @@ use serde_json::Value;
 
 /// Goal: under SIGKILLs of replicas and of the leader and a SIGSTOPped leader, every
 /// acknowledged append survives at its offset and every subscriber saw the log exactly once.
-/// Steps: `ctrlog chaos --rounds 5 --seed 11 --json` (a fixed fault schedule with kills and a
-/// pause); it exits non-zero on any violation, and its figures must say so too.
+/// Steps: `ctrlog chaos --rounds 5 --seed 11 --connections 2 --json` (a fixed fault schedule
+/// with kills and a pause; the four producers share two connections, so their appends go out
+/// in batches); it exits non-zero on any violation, and its figures must say so too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_chaos_run_loses_and_duplicates_nothing() {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctrlog"));
     command
-        .args(["chaos", "--rounds", "5", "--seed", "11", "--json"])
+        .args([
+            "chaos",
+            "--rounds",
+            "5",
+            "--seed",
+            "11",
+            "--connections",
+            "2",
+            "--json",
+        ])
         .env("RUST_LOG", "off")
         .kill_on_drop(true);
     let output = tokio::time::timeout(Duration::from_secs(300), command.output())

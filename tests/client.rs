@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,7 +14,7 @@ use common::proxy::Proxy;
 use common::*;
 use ctrlog::client::{
     ApiError, AppendAck, ClientOptions, ControlClient, ControlLogClient, FetchRequest,
-    SubscriptionItem,
+    SubscriptionItem, APPEND_MANY_PROPOSALS_MAX,
 };
 use ctrlog::log::{Command, ContainerId, Filter, LogEntry, ProducerSeq, Proposal, Target};
 use ctrlog::raft::LocalCluster;
@@ -196,12 +196,18 @@ async fn retry_after_unknown_fate_and_failover_gets_the_original_offset() {
 /// keeps its own idempotent sequence.
 /// Steps: 8 producers from one client, through a proxy that counts connections, append 40
 /// commands each, concurrently; then each re-sends its last `(producer, seq)`, seq 40.
-/// Expect: 8 distinct producer ids, 320 distinct offsets, one connection; every re-send is a
-/// duplicate answered with the offset where that producer's own seq 40 was committed.
+/// Expect: 8 distinct producer ids, 320 distinct offsets, one connection, and the appends
+/// batched (the leader's metrics count `append_many` requests of more than one append on
+/// average); every re-send is a duplicate answered with the offset where that producer's own
+/// seq 40 was committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn producers_share_their_clients_connection_and_keep_their_own_sequences() {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let cluster = LocalCluster::start(dir.path(), 3, |c| {
+        c.http_addr = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await
+    .unwrap();
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
     let proxy = Proxy::start(cluster.replica(leader).client_addr()).await;
     let client = ControlClient::connect(&[proxy.addr()]).await.unwrap();
@@ -233,6 +239,15 @@ async fn producers_share_their_clients_connection_and_keep_their_own_sequences()
         1,
         "one connection for all producers"
     );
+    let http = cluster.replica(leader).http_addr().unwrap();
+    let metrics = common::http_get(http, "/metrics").await.1;
+    let batches = common::metric_sample(&metrics, "ctrlog_append_many_size_count").unwrap();
+    let batched = common::metric_sample(&metrics, "ctrlog_append_many_size_sum").unwrap();
+    assert!(
+        batches >= 1.0 && batched > batches,
+        "{batched} appends in {batches} batches"
+    );
+    assert!(batched <= 320.0);
 
     let entries = read_all(cluster.replica(leader)).await;
     for (p, producer) in producers.iter().enumerate() {
@@ -252,6 +267,69 @@ async fn producers_share_their_clients_connection_and_keep_their_own_sequences()
         let pair = original.producer.expect("appended with a producer pair");
         assert_eq!((pair.producer, pair.seq), (producer.producer_id(), 40));
     }
+    cluster.shutdown().await;
+}
+
+/// Goal: batched appends from producers sharing a connection ride out a leader kill with each
+/// command committed exactly once and acknowledged at its own offset.
+/// Steps: 8 producers of one client each append 50 commands one after another; once 100 are
+/// acknowledged the leader is stopped. Expect: all 400 acknowledged; on a surviving replica
+/// each `(producer, seq)` appears exactly once, at the offset its producer was given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_appends_of_shared_producers_survive_a_leader_kill_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let client = ControlClient::connect(&cluster.client_addrs())
+        .await
+        .unwrap();
+    let acknowledged = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let writers: Vec<_> = (0..8)
+        .map(|p| {
+            let (producer, acknowledged) = (client.new_producer(), acknowledged.clone());
+            tokio::spawn(async move {
+                let mut acks = Vec::new();
+                for i in 0..50 {
+                    let body = format!("producer {p} command {i}").into_bytes();
+                    let ack = producer
+                        .append_to(Target::All, Command::custom(1, 1, body))
+                        .await
+                        .expect("every append succeeds through the failover");
+                    acknowledged.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    acks.push((producer.producer_id(), ack.offset));
+                }
+                acks
+            })
+        })
+        .collect();
+    eventually("100 appends acknowledged", || {
+        (acknowledged.load(std::sync::atomic::Ordering::Relaxed) >= 100).then_some(())
+    })
+    .await;
+    cluster.stop(leader).await;
+    let mut given = HashMap::new();
+    for writer in writers {
+        for (producer, offset) in writer.await.unwrap() {
+            assert!(
+                given.insert(offset, producer).is_none(),
+                "offset {offset} given twice"
+            );
+        }
+    }
+    assert_eq!(given.len(), 400);
+    let last = *given.keys().max().unwrap();
+    cluster.wait_for_applied(last, WAIT).await.unwrap();
+    let survivor = cluster.running().next().unwrap();
+    let mut pairs = HashSet::new();
+    for entry in read_all(survivor).await {
+        let pair = entry.producer.expect("appended with a producer pair");
+        assert!(
+            pairs.insert((pair.producer, pair.seq)),
+            "{pair:?} committed twice"
+        );
+        assert_eq!(given.get(&entry.offset), Some(&pair.producer));
+    }
+    assert_eq!(pairs.len(), 400);
     cluster.shutdown().await;
 }
 
@@ -463,7 +541,7 @@ async fn typed_errors_and_garbage_on_the_client_port() {
         serde_json::from_value(serde_json::json!({"Container": "no spaces allowed"})).unwrap();
     assert!(matches!(
         to_leader
-            .append(ctx(), proposal(None, bad_target, 8))
+            .append(ctx(), proposal(None, bad_target.clone(), 8))
             .await
             .unwrap(),
         Err(ApiError::Invalid(_))
@@ -487,6 +565,29 @@ async fn typed_errors_and_garbage_on_the_client_port() {
             lowest: 69
         })
     );
+
+    // A batch is judged append by append, in place; a batch over its size limit as a whole.
+    let batch = vec![
+        proposal(None, Target::All, 8),
+        proposal(None, Target::All, 2048),
+        proposal(None, bad_target.clone(), 8),
+        proposal(None, Target::All, 8),
+    ];
+    let answers = to_leader.append_many(ctx(), batch).await.unwrap().unwrap();
+    assert_eq!(answers.len(), 4);
+    let first = answers[0].clone().expect("the first is appended");
+    assert!(matches!(
+        answers[1],
+        Err(ApiError::TooLarge { size: 2048, .. })
+    ));
+    assert!(matches!(answers[2], Err(ApiError::Invalid(_))));
+    let last = answers[3].clone().expect("the last is appended");
+    assert_eq!(last.offset, first.offset + 1, "in order, in one Raft entry");
+    let over_limit = vec![proposal(None, Target::All, 1); APPEND_MANY_PROPOSALS_MAX + 1];
+    assert!(matches!(
+        to_leader.append_many(ctx(), over_limit).await.unwrap(),
+        Err(ApiError::Invalid(_))
+    ));
 
     // Five long polls at the end of the log on one connection: the fifth is over the cap.
     let polls: Vec<_> = (0..5)

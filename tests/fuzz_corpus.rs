@@ -201,7 +201,15 @@ fn write_corpus() {
             filter: Filter::Everything,
         },
     };
+    let append_many = ControlLogRequest::AppendMany {
+        proposals: batch.proposals.clone(),
+    };
     write("client_rpc", "append", &transport(&request(append)));
+    write(
+        "client_rpc",
+        "append-many",
+        &transport(&request(append_many)),
+    );
     write("client_rpc", "fetch", &transport(&request(fetch)));
     write(
         "client_rpc",

@@ -3,11 +3,11 @@
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use tarpc::{client, context};
-use tokio::sync::Mutex;
+use tokio::sync::{mpsc, oneshot, Mutex, Semaphore};
 
 use super::protocol::*;
 use super::sequences::Sequences;
@@ -34,8 +34,14 @@ const BACKOFF_MAX: Duration = Duration::from_millis(250);
 /// Frames this client accepts: a fetch response of many entries.
 pub const CLIENT_FRAME_BYTES_MAX: usize = 64 << 20;
 
+/// Batches of appends a connection has in flight at once. While they are out, the appends
+/// that arrive queue and go together in the next (see [`Connector::append`]).
+const APPEND_BATCHES_IN_FLIGHT_MAX: usize = 2;
+/// Appends queued for a connection before their producers wait (back-pressure).
+const APPEND_QUEUE_DEPTH: usize = 16 * 1024;
+
 /// Why a client call failed after its retries.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum ClientError {
     /// The cluster answered with an error retrying cannot fix.
     #[error(transparent)]
@@ -100,6 +106,18 @@ pub(crate) struct Connector {
     /// Index into the seeds of the next replica to try; starts at a random one so that many
     /// clients spread over the replicas.
     next_seed: std::sync::atomic::AtomicUsize,
+    /// Where appends queue for [`send_appends`], started by the first append.
+    appends: OnceLock<mpsc::Sender<QueuedAppend>>,
+    /// Set once a second producer shares this connection ([`ControlClient::new_producer`]):
+    /// from then on appends go out in batches. A connection of its own gains little from
+    /// batching and would pay the batch task's extra hand-off on every append.
+    shared_by_producers: std::sync::atomic::AtomicBool,
+}
+
+/// An append waiting for its batch, and where its answer goes.
+struct QueuedAppend {
+    proposal: Proposal,
+    answer: oneshot::Sender<Result<AppendAck, ClientError>>,
 }
 
 /// What to do after a failed attempt.
@@ -131,6 +149,8 @@ impl Connector {
             settings,
             current: Mutex::new(None),
             next_seed: start.into(),
+            appends: OnceLock::new(),
+            shared_by_producers: false.into(),
         }
     }
 
@@ -235,6 +255,88 @@ impl Connector {
         }
     }
 
+    /// Appends an idempotent proposal (it must carry a producer pair: a batch is retried
+    /// whole). Appends that arrive while [`APPEND_BATCHES_IN_FLIGHT_MAX`] batches are out go
+    /// together in the next one, so many producers sharing a connection cost the replica one
+    /// request per batch rather than one per append; a lone append goes at once, by itself.
+    pub(crate) async fn append(
+        self: &Arc<Self>,
+        proposal: Proposal,
+    ) -> Result<AppendAck, ClientError> {
+        debug_assert!(
+            proposal.producer.is_some(),
+            "only idempotent appends are batched"
+        );
+        let queue = self.appends.get_or_init(|| {
+            let (queue, queued) = mpsc::channel(APPEND_QUEUE_DEPTH);
+            tokio::spawn(send_appends(Arc::downgrade(self), queued));
+            queue
+        });
+        let (answer, answered) = oneshot::channel();
+        queue
+            .send(QueuedAppend { proposal, answer })
+            .await
+            .map_err(|_| ApiError::ShuttingDown)?;
+        answered.await.unwrap_or(Err(ApiError::ShuttingDown.into()))
+    }
+
+    /// Sends one batch of appends and answers each.
+    async fn append_batch(&self, mut batch: Vec<QueuedAppend>) {
+        if batch.len() == 1 {
+            let QueuedAppend { proposal, answer } = batch.pop().expect("one append");
+            let result = self
+                .call(true, |rpc, ctx, _| {
+                    let proposal = proposal.clone();
+                    async move { rpc.append(ctx, proposal).await }
+                })
+                .await;
+            let _ = answer.send(result);
+            return;
+        }
+        let proposals: Vec<Proposal> = batch.iter().map(|q| q.proposal.clone()).collect();
+        let result = self
+            .call(true, |rpc, ctx, _| {
+                let proposals = proposals.clone();
+                async move {
+                    let answers = rpc.append_many(ctx, proposals).await?;
+                    // An append the replica could not decide (it lost the leadership, say)
+                    // sends the whole batch round again: every append in it is idempotent, so
+                    // those already decided answer as before.
+                    Ok(answers.and_then(|answers| {
+                        match answers
+                            .iter()
+                            .find_map(|a| a.as_ref().err().filter(|e| e.is_retriable()))
+                        {
+                            Some(retriable) => Err(retriable.clone()),
+                            None => Ok(answers),
+                        }
+                    }))
+                }
+            })
+            .await;
+        match result {
+            Ok(answers) if answers.len() == batch.len() => {
+                for (queued, answer) in batch.into_iter().zip(answers) {
+                    let _ = queued.answer.send(answer.map_err(ClientError::from));
+                }
+            }
+            Ok(answers) => {
+                let error = ClientError::Protocol {
+                    replica: "the leader".into(),
+                    detail: format!("{} answers to {} appends", answers.len(), batch.len()),
+                };
+                for queued in batch {
+                    let _ = queued.answer.send(Err(error.clone()));
+                }
+            }
+            Err(error) => {
+                for queued in batch {
+                    let _ = queued.answer.send(Err(error.clone()));
+                }
+            }
+        }
+    }
+
     async fn pause(
         &self,
         started: Instant,
@@ -251,6 +353,47 @@ impl Connector {
         tokio::time::sleep(*backoff).await;
         *backoff = (*backoff * 2).min(BACKOFF_MAX);
         Ok(())
+    }
+}
+
+/// The task behind [`Connector::append`]: takes what has queued (up to the
+/// [`APPEND_MANY_PROPOSALS_MAX`] and [`APPEND_MANY_BYTES_MAX`] of one request) whenever a batch
+/// slot is free, and sends it. It ends when its connector is dropped (the queue closes).
+async fn send_appends(connector: Weak<Connector>, mut queued: mpsc::Receiver<QueuedAppend>) {
+    let slots = Arc::new(Semaphore::new(APPEND_BATCHES_IN_FLIGHT_MAX));
+    // An append that did not fit the previous batch starts the next.
+    let mut carried: Option<QueuedAppend> = None;
+    loop {
+        let first = match carried.take() {
+            Some(first) => first,
+            None => match queued.recv().await {
+                Some(first) => first,
+                None => return,
+            },
+        };
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        // Let the producers woken with this one queue theirs too.
+        tokio::task::yield_now().await;
+        let mut bytes = first.proposal.encoded_len();
+        let mut batch = vec![first];
+        while batch.len() < APPEND_MANY_PROPOSALS_MAX {
+            let Ok(next) = queued.try_recv() else { break };
+            bytes += next.proposal.encoded_len();
+            if bytes > APPEND_MANY_BYTES_MAX {
+                carried = Some(next);
+                break;
+            }
+            batch.push(next);
+        }
+        let Some(connector) = connector.upgrade() else {
+            return;
+        };
+        tokio::spawn(async move {
+            connector.append_batch(batch).await;
+            drop(slot);
+        });
     }
 }
 
@@ -329,9 +472,13 @@ impl ControlClient {
 
     /// Another producer on this client's connection: its own producer id and sequence window,
     /// the same connection and retry engine. A process with many independent writers (one per
-    /// task, say) then holds one connection instead of one per writer; concurrent requests
-    /// share its reads and writes, which is most of what a small append costs.
+    /// task, say) then holds one connection instead of one per writer. Once a connection is
+    /// shared, the appends that queue on it while earlier ones are in flight go out together
+    /// in one request (`append_many`), which is most of what a small append costs.
     pub fn new_producer(&self) -> ControlClient {
+        self.connector
+            .shared_by_producers
+            .store(true, Ordering::Relaxed);
         ControlClient {
             connector: self.connector.clone(),
             producer: random_u64(),
@@ -374,13 +521,18 @@ impl ControlClient {
     /// Appends a proposal exactly as given, with the caller's own `(producer, seq)` if any.
     /// Retries are idempotent only if the proposal carries a producer pair.
     pub async fn append_proposal(&self, proposal: Proposal) -> Result<AppendAck, ClientError> {
-        let ack = self
-            .connector
-            .call(true, |rpc, ctx, _| {
-                let proposal = proposal.clone();
-                async move { rpc.append(ctx, proposal).await }
-            })
-            .await?;
+        let batched = proposal.producer.is_some()
+            && self.connector.shared_by_producers.load(Ordering::Relaxed);
+        let ack = if batched {
+            self.connector.append(proposal).await?
+        } else {
+            self.connector
+                .call(true, |rpc, ctx, _| {
+                    let proposal = proposal.clone();
+                    async move { rpc.append(ctx, proposal).await }
+                })
+                .await?
+        };
         self.own_writes.fetch_max(ack.offset, Ordering::AcqRel);
         Ok(ack)
     }

@@ -325,4 +325,19 @@ pub trait ControlLog {
     /// Presents a bearer token for the rest of this connection; answers with the principal
     /// it names. (A client certificate the cluster knows needs no token.)
     async fn authenticate(token: String) -> Result<String, ApiError>;
+    /// Appends several commands at the leader, each exactly as `append` would (checked,
+    /// deduplicated and answered on its own), in one request: what the producers sharing a
+    /// connection queued while their earlier appends were in flight. At most
+    /// [`APPEND_MANY_PROPOSALS_MAX`] proposals of at most [`APPEND_MANY_BYTES_MAX`] encoded
+    /// bytes in all (one larger command goes alone, through `append`).
+    async fn append_many(
+        proposals: Vec<Proposal>,
+    ) -> Result<Vec<Result<AppendAck, ApiError>>, ApiError>;
 }
+
+/// The most proposals one `append_many` carries.
+pub const APPEND_MANY_PROPOSALS_MAX: usize = 1024;
+
+/// The most encoded proposal bytes one `append_many` carries. A replica's client frame limit
+/// is at least twice this (`ReplicaConfig::validate`), so a batch always fits.
+pub const APPEND_MANY_BYTES_MAX: usize = 64 << 10;

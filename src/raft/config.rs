@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::client::Member;
+use crate::client::{Member, APPEND_MANY_BYTES_MAX};
 use crate::log::COMMAND_BYTES_MAX_DEFAULT;
 use crate::NodeId;
 
@@ -121,6 +121,15 @@ impl ReplicaConfig {
             refuse(
                 "client_frame_bytes_max",
                 "must exceed command_bytes_max, or a command of the full size cannot be sent",
+            )?;
+        }
+        if self.client_frame_bytes_max < 2 * APPEND_MANY_BYTES_MAX {
+            refuse(
+                "client_frame_bytes_max",
+                format!(
+                    "must be at least {} bytes, or a client's batch of appends cannot be sent",
+                    2 * APPEND_MANY_BYTES_MAX
+                ),
             )?;
         }
         if let Some(tls) = &self.tls {

@@ -54,6 +54,7 @@ pub(crate) struct Telemetry {
     fetches_waiting: Gauge<i64, AtomicI64>,
     auth_refusals: Family<OutcomeLabel, Counter>,
     fetch_lag: Histogram,
+    append_many_size: Histogram,
 }
 
 impl Default for Telemetry {
@@ -69,6 +70,8 @@ impl Default for Telemetry {
             fetch_lag: Histogram::new(
                 std::iter::once(0.0).chain(exponential_buckets(1.0, 4.0, 11)),
             ),
+            // 1 to 1,024 appends.
+            append_many_size: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
         }
     }
 }
@@ -99,6 +102,11 @@ impl Telemetry {
     }
 
     /// Counts a request refused for its credentials (`unauthorized`) or its role (`forbidden`).
+    /// One `append_many` request arrived with `appends` appends.
+    pub(crate) fn append_many_received(&self, appends: usize) {
+        self.append_many_size.observe(appends as f64);
+    }
+
     pub(crate) fn auth_refused(&self, refusal: &ApiError) {
         let outcome = match refusal {
             ApiError::Forbidden { .. } => "forbidden",
@@ -306,6 +314,11 @@ async fn metrics(State(replica): State<ReplicaHandle>) -> Response {
         "append_seconds",
         "Append latency here, from arrival to answer",
         telemetry.append_seconds.clone(),
+    );
+    registry.register(
+        "append_many_size",
+        "Appends per append_many request (producers sharing a connection, batched by the client)",
+        telemetry.append_many_size.clone(),
     );
     registry.register("fetches", "Fetches handled here", telemetry.fetches.clone());
     registry.register(

@@ -22,7 +22,7 @@ use super::node::ReplicaHandle;
 use crate::client::tls::framed;
 use crate::client::{
     AnswerSlot, ApiError, AppendAck, ControlLog, ControlLogRequest, ControlLogResponse,
-    FetchRequest, FetchResponse, HeartbeatAck, Member, StateAt, Status,
+    FetchRequest, FetchResponse, HeartbeatAck, Member, StateAt, Status, APPEND_MANY_PROPOSALS_MAX,
 };
 use crate::log::{ContainerId, Epoch, Offset, Proposal, TaskId};
 use crate::NodeId;
@@ -166,6 +166,33 @@ impl ControlLog for ControlLogServer {
         let _permit = self.admit()?;
         self.check(Action::Append(&proposal))?;
         self.replica.append(proposal).await
+    }
+
+    async fn append_many(
+        self,
+        _: context::Context,
+        proposals: Vec<Proposal>,
+    ) -> Result<Vec<Result<AppendAck, ApiError>>, ApiError> {
+        let _permit = self.admit()?;
+        if proposals.len() > APPEND_MANY_PROPOSALS_MAX {
+            return Err(ApiError::Invalid(format!(
+                "{} proposals in one append_many; at most {APPEND_MANY_PROPOSALS_MAX}",
+                proposals.len()
+            )));
+        }
+        self.replica
+            .telemetry()
+            .append_many_received(proposals.len());
+        // All are queued at the proposer before any is awaited, so they share a Raft entry.
+        let appends = proposals.into_iter().map(|proposal| {
+            let allowed = self.check(Action::Append(&proposal));
+            let replica = &self.replica;
+            async move {
+                allowed?;
+                replica.append(proposal).await
+            }
+        });
+        Ok(futures::future::join_all(appends).await)
     }
 
     async fn fetch(
