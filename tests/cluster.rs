@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use ctrlog::client::{ApiError, AppendAck, ControlClient, FetchRequest};
-use ctrlog::log::{Command, ProducerSeq, Proposal, Target};
+use ctrlog::log::{Command, LogEntry, ProducerSeq, Proposal, Target};
 use ctrlog::raft::recover::force_new_cluster;
 use ctrlog::raft::LocalCluster;
 
@@ -185,20 +185,28 @@ async fn lagging_replica_catches_up_by_snapshot_install_after_purge() {
     cluster.shutdown().await;
 }
 
+/// A secure three-replica cluster snapshotting every 40 entries, with 100 commands applied
+/// everywhere; and those commands as the leader serves them.
+async fn snapshotting_cluster_with_100_commands(
+    dir: &std::path::Path,
+) -> (LocalCluster, Vec<LogEntry>) {
+    let cluster = LocalCluster::start_secure(dir, 3, |c| c.snapshot_logs_since_last = 40)
+        .await
+        .unwrap();
+    append_many(&cluster, 1, 100).await;
+    cluster.wait_for_applied(100, WAIT).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let commands = read_all(cluster.replica(leader)).await;
+    (cluster, commands)
+}
+
 /// Goal: stopping and restarting every replica keeps every committed entry.
 /// Steps: append 100; stop all three; restart all three on their directories; a leader is
 /// elected and every replica serves the same 100 entries; appends continue at offset 101.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_replicas_restarted_keep_every_committed_entry() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster =
-        LocalCluster::start_secure(dir.path(), 3, |c| c.snapshot_logs_since_last = 40)
-            .await
-            .unwrap();
-    append_many(&cluster, 1, 100).await;
-    cluster.wait_for_applied(100, WAIT).await.unwrap();
-    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
-    let before = read_all(cluster.replica(leader)).await;
+    let (mut cluster, before) = snapshotting_cluster_with_100_commands(dir.path()).await;
     for id in [1, 2, 3] {
         cluster.stop(id).await;
     }
@@ -353,14 +361,7 @@ async fn oversized_commands_are_refused_and_retries_are_idempotent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_majority_is_recovered_by_forcing_a_new_cluster_from_one_survivor() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster =
-        LocalCluster::start_secure(dir.path(), 3, |c| c.snapshot_logs_since_last = 40)
-            .await
-            .unwrap();
-    append_many(&cluster, 1, 100).await;
-    cluster.wait_for_applied(100, WAIT).await.unwrap();
-    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
-    let before = read_all(cluster.replica(leader)).await;
+    let (mut cluster, before) = snapshotting_cluster_with_100_commands(dir.path()).await;
     let survivor = cluster.config(2).clone();
     let refused = force_new_cluster(&survivor).expect_err("replica 2 is still running");
     assert_eq!(refused.kind(), std::io::ErrorKind::ResourceBusy);
