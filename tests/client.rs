@@ -333,6 +333,54 @@ async fn batched_appends_of_shared_producers_survive_a_leader_kill_exactly_once(
     cluster.shutdown().await;
 }
 
+/// Goal: a client outlives the runtime it was made on: its connection and its batching of
+/// shared producers' appends start again on the runtime that uses it next.
+/// Steps: a cluster on its own runtime; on a second runtime, connect and append through two
+/// producers sharing the connection; drop that runtime; on a third, append through the same
+/// producers: both succeed, at new offsets.
+#[test]
+fn shared_producers_keep_appending_after_the_runtime_they_started_on_is_gone() {
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let cluster_runtime = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = cluster_runtime.block_on(async {
+        let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+        cluster.wait_for_leader(WAIT).await.unwrap();
+        cluster
+    });
+    async fn append_both(producers: &[ControlClient]) -> Vec<u64> {
+        let appends = producers.iter().map(|producer| async move {
+            producer
+                .append_to(Target::All, Command::custom(1, 1, b"x".to_vec()))
+                .await
+                .expect("appended")
+                .offset
+        });
+        futures::future::join_all(appends).await
+    }
+    let first = runtime();
+    let (producers, before) = first.block_on(async {
+        let client = ControlClient::connect(&cluster.client_addrs())
+            .await
+            .unwrap();
+        let producers = vec![client.new_producer(), client.new_producer()];
+        let offsets = append_both(&producers).await;
+        (producers, offsets)
+    });
+    drop(first);
+    let after = runtime().block_on(append_both(&producers));
+    assert!(after
+        .iter()
+        .all(|offset| *offset > *before.iter().max().unwrap()));
+    cluster_runtime.block_on(cluster.shutdown());
+}
+
 /// Goal: a subscriber starting below the retained range gets `Reset` with the state, then every
 /// later entry, never a silent skip.
 /// Steps: 300 sequential appends (one Raft entry each); a snapshot on every replica purges all

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use tarpc::{client, context};
@@ -106,8 +106,9 @@ pub(crate) struct Connector {
     /// Index into the seeds of the next replica to try; starts at a random one so that many
     /// clients spread over the replicas.
     next_seed: std::sync::atomic::AtomicUsize,
-    /// Where appends queue for [`send_appends`], started by the first append.
-    appends: OnceLock<mpsc::Sender<QueuedAppend>>,
+    /// Where appends queue for [`send_appends`], started by the first append (and again if
+    /// it is gone: the runtime it ran on was shut down while this client lives on).
+    appends: std::sync::Mutex<Option<mpsc::Sender<QueuedAppend>>>,
     /// Set once a second producer shares this connection ([`ControlClient::new_producer`]):
     /// from then on appends go out in batches. A connection of its own gains little from
     /// batching and would pay the batch task's extra hand-off on every append.
@@ -149,7 +150,7 @@ impl Connector {
             settings,
             current: Mutex::new(None),
             next_seed: start.into(),
-            appends: OnceLock::new(),
+            appends: std::sync::Mutex::new(None),
             shared_by_producers: false.into(),
         }
     }
@@ -267,11 +268,17 @@ impl Connector {
             proposal.producer.is_some(),
             "only idempotent appends are batched"
         );
-        let queue = self.appends.get_or_init(|| {
-            let (queue, queued) = mpsc::channel(APPEND_QUEUE_DEPTH);
-            tokio::spawn(send_appends(Arc::downgrade(self), queued));
-            queue
-        });
+        let queue = {
+            let mut appends = self.appends.lock().expect("never poisoned");
+            match &*appends {
+                Some(queue) if !queue.is_closed() => queue.clone(),
+                _ => {
+                    let (queue, queued) = mpsc::channel(APPEND_QUEUE_DEPTH);
+                    tokio::spawn(send_appends(Arc::downgrade(self), queued));
+                    appends.insert(queue).clone()
+                }
+            }
+        };
         let (answer, answered) = oneshot::channel();
         queue
             .send(QueuedAppend { proposal, answer })
