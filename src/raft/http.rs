@@ -101,12 +101,12 @@ impl Telemetry {
         self.append_seconds.observe(took.as_secs_f64());
     }
 
-    /// Counts a request refused for its credentials (`unauthorized`) or its role (`forbidden`).
     /// One `append_many` request arrived with `appends` appends.
     pub(crate) fn append_many_received(&self, appends: usize) {
         self.append_many_size.observe(appends as f64);
     }
 
+    /// Counts a request refused for its credentials (`unauthorized`) or its role (`forbidden`).
     pub(crate) fn auth_refused(&self, refusal: &ApiError) {
         let outcome = match refusal {
             ApiError::Forbidden { .. } => "forbidden",
