@@ -287,21 +287,24 @@ impl Connector {
         answered.await.unwrap_or(Err(ApiError::ShuttingDown.into()))
     }
 
+    /// Appends one proposal by itself (`append`), following the leader and retrying.
+    async fn append_alone(&self, proposal: Proposal) -> Result<AppendAck, ClientError> {
+        self.call(true, |rpc, ctx, _| {
+            let proposal = proposal.clone();
+            async move { rpc.append(ctx, proposal).await }
+        })
+        .await
+    }
+
     /// Sends one batch of appends and answers each.
     async fn append_batch(&self, mut batch: Vec<QueuedAppend>) {
         if batch.len() == 1 {
             let QueuedAppend { proposal, answer } = batch.pop().expect("one append");
-            let result = self
-                .call(true, |rpc, ctx, _| {
-                    let proposal = proposal.clone();
-                    async move { rpc.append(ctx, proposal).await }
-                })
-                .await;
-            let _ = answer.send(result);
+            let _ = answer.send(self.append_alone(proposal).await);
             return;
         }
         let proposals: Vec<Proposal> = batch.iter().map(|q| q.proposal.clone()).collect();
-        let result = self
+        let answers = self
             .call(true, |rpc, ctx, _| {
                 let proposals = proposals.clone();
                 async move {
@@ -320,20 +323,21 @@ impl Connector {
                     }))
                 }
             })
-            .await;
-        match result {
-            Ok(answers) if answers.len() == batch.len() => {
+            .await
+            .and_then(|answers| {
+                if answers.len() == batch.len() {
+                    Ok(answers)
+                } else {
+                    Err(ClientError::Protocol {
+                        replica: "the leader".into(),
+                        detail: format!("{} answers to {} appends", answers.len(), batch.len()),
+                    })
+                }
+            });
+        match answers {
+            Ok(answers) => {
                 for (queued, answer) in batch.into_iter().zip(answers) {
                     let _ = queued.answer.send(answer.map_err(ClientError::from));
-                }
-            }
-            Ok(answers) => {
-                let error = ClientError::Protocol {
-                    replica: "the leader".into(),
-                    detail: format!("{} answers to {} appends", answers.len(), batch.len()),
-                };
-                for queued in batch {
-                    let _ = queued.answer.send(Err(error.clone()));
                 }
             }
             Err(error) => {
@@ -533,12 +537,7 @@ impl ControlClient {
         let ack = if batched {
             self.connector.append(proposal).await?
         } else {
-            self.connector
-                .call(true, |rpc, ctx, _| {
-                    let proposal = proposal.clone();
-                    async move { rpc.append(ctx, proposal).await }
-                })
-                .await?
+            self.connector.append_alone(proposal).await?
         };
         self.own_writes.fetch_max(ack.offset, Ordering::AcqRel);
         Ok(ack)
