@@ -260,6 +260,26 @@ impl BenchTarget {
         self.connect_with(self.options.clone()).await
     }
 
+    /// `producers` producers over `connections` connections, round-robin (`None` gives each
+    /// producer its own; at least one, at most one per producer): each connection's own client
+    /// is its first producer, and more producers share it (`ControlClient::new_producer`).
+    /// Also returns the number of connections.
+    pub async fn producers(
+        &self,
+        producers: usize,
+        connections: Option<usize>,
+    ) -> anyhow::Result<(usize, Vec<ControlClient>)> {
+        let connections = connections.unwrap_or(producers).clamp(1, producers.max(1));
+        let mut shared = Vec::new();
+        for _ in 0..connections {
+            shared.push(self.connect().await?);
+        }
+        let extra: Vec<ControlClient> = (connections..producers)
+            .map(|i| shared[i % connections].new_producer())
+            .collect();
+        Ok((connections, shared.into_iter().chain(extra).collect()))
+    }
+
     async fn connect_with(&self, options: ClientOptions) -> anyhow::Result<ControlClient> {
         Ok(ControlClient::connect_with(&self.seeds, options).await?)
     }
@@ -276,16 +296,7 @@ pub async fn append(
     warmup: Duration,
     payload_bytes: usize,
 ) -> anyhow::Result<serde_json::Value> {
-    let connections = connections.unwrap_or(clients).clamp(1, clients.max(1));
-    let mut shared = Vec::new();
-    for _ in 0..connections {
-        shared.push(cluster.connect().await?);
-    }
-    // Each connection's own client is its first producer; more producers share it.
-    let extra: Vec<ControlClient> = (connections..clients)
-        .map(|i| shared[i % connections].new_producer())
-        .collect();
-    let connected: Vec<ControlClient> = shared.into_iter().chain(extra).collect();
+    let (connections, connected) = cluster.producers(clients, connections).await?;
     let measuring = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let errors = Arc::new(AtomicU64::new(0));

@@ -14,7 +14,7 @@ use futures::StreamExt;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use crate::bench::ProcessCluster;
+use crate::bench::{BenchTarget, ProcessCluster};
 use crate::checker::{check, Acked, Delivery, History, SubscriptionRecord, Violation};
 use crate::client::{
     ApiError, ClientError, ClientOptions, ControlClient, FetchRequest, SubscriptionItem,
@@ -69,21 +69,15 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
 
     // Producers: each appends with its own (producer, seq), retrying a pair until it is
     // acknowledged, as a real producer must when an append's fate is unknown.
-    let connections = options
-        .connections
-        .unwrap_or(options.producers)
-        .clamp(1, options.producers.max(1));
-    let mut shared = Vec::new();
-    for _ in 0..connections {
-        shared.push(ControlClient::connect_with(&seeds, options_quick.clone()).await?);
-    }
+    let target = BenchTarget {
+        seeds: seeds.clone(),
+        options: options_quick.clone(),
+    };
+    let (_, clients) = target
+        .producers(options.producers, options.connections)
+        .await?;
     let mut producers = Vec::new();
-    for p in 0..options.producers {
-        let client = if connections < options.producers {
-            shared[p % connections].new_producer()
-        } else {
-            shared.pop().expect("one connection per producer")
-        };
+    for (p, client) in clients.into_iter().enumerate() {
         let (stop, produced) = (stop.clone(), produced.clone());
         let producer = options.seed.wrapping_mul(1_000) + p as u64 + 1;
         producers.push(tokio::spawn(async move {
