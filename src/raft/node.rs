@@ -130,14 +130,25 @@ impl Drop for Replica {
     }
 }
 
-/// Opens a replica's storage in `data_dir`: sled (metadata and snapshots), the WAL, and the
-/// state machine restored from its latest snapshot.
+/// Where a replica keeps sled (metadata and snapshots) inside its data directory.
+pub(super) fn meta_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
+    data_dir.join("meta")
+}
+
+/// Opens the metadata and the log (the WAL) of the replica whose data is in `data_dir`.
+pub(super) fn open_log(data_dir: &std::path::Path) -> std::io::Result<(Arc<MetaStore>, LogStore)> {
+    let meta = Arc::new(MetaStore::open(&meta_dir(data_dir))?);
+    let log = LogStore::open(&data_dir.join("log"), meta.clone())?;
+    Ok((meta, log))
+}
+
+/// Opens a replica's storage in `data_dir`: its metadata and log, and the state machine
+/// restored from its latest snapshot.
 fn open_storage(
     data_dir: &std::path::Path,
 ) -> std::io::Result<(LogStore, StateMachineStore, Closed)> {
-    let meta = Arc::new(MetaStore::open(&data_dir.join("meta"))?);
+    let (meta, log) = open_log(data_dir)?;
     let closed = meta.closed();
-    let log = LogStore::open(&data_dir.join("log"), meta.clone())?;
     let state_machine = StateMachineStore::open(meta, log.clone())?;
     log.guard_with_snapshots(state_machine.stored_snapshot_last()?);
     Ok((log, state_machine, closed))

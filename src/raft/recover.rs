@@ -13,13 +13,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
-use std::sync::Arc;
 
 use openraft::{CommittedLeaderId, EntryPayload, Membership};
 
 use super::config::ReplicaConfig;
-use super::log_store::LogStore;
-use super::meta_store::MetaStore;
+use super::node::{meta_dir, open_log};
 use super::types::{Entry, LogId, Vote};
 use crate::client::Member;
 
@@ -46,11 +44,10 @@ pub fn force_new_cluster(config: &ReplicaConfig) -> io::Result<ForcedMembership>
         )
     };
     // Checked before opening, which would create the stores.
-    if !config.data_dir.join("meta").is_dir() {
+    if !meta_dir(&config.data_dir).is_dir() {
         return Err(nothing_to_recover());
     }
-    let meta = Arc::new(MetaStore::open(&config.data_dir.join("meta"))?);
-    let log = LogStore::open(&config.data_dir.join("log"), meta)?;
+    let (_, log) = open_log(&config.data_dir)?;
     let Some(previous_last) = log.last_log_id() else {
         return Err(nothing_to_recover());
     };
