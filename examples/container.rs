@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use ctrlog::client::{ControlClient, SubscriptionItem};
 use ctrlog::log::{Command, ContainerId, Filter, Target};
-use ctrlog::raft::LocalCluster;
+use ctrlog::tools::LocalCluster;
 use futures::StreamExt;
 
 /// The user kinds this example speaks: the coordinator's instruction and the container's ack.

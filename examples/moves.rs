@@ -7,10 +7,12 @@
 
 use std::time::{Duration, Instant};
 
-use ctrlog::controller::{ContainerLauncher, InProcessLauncher, SimOptions};
+use ctrlog::controller::ContainerLauncher;
 use ctrlog::jobs::{JobState, Session, TaskPhase};
 use ctrlog::log::*;
-use ctrlog::raft::{LocalCluster, ReplicaHandle};
+use ctrlog::server::ReplicaHandle;
+use ctrlog::tools::container::{InProcessLauncher, SimOptions};
+use ctrlog::tools::LocalCluster;
 use hdrhistogram::Histogram;
 
 const WAIT: Duration = Duration::from_secs(30);

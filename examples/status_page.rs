@@ -10,14 +10,13 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ctrlog::controller::{
-    Controller, ControllerConfig, ControllerFactory, InProcessLauncher, JobDriver, LocalJob,
-    SimOptions, StaticInputs,
-};
+use ctrlog::controller::{Controller, ControllerConfig, JobDriver, StaticInputs};
 use ctrlog::jobs::plan::{GroupByPartition, LagPolicy};
 use ctrlog::jobs::TaskPhase;
 use ctrlog::log::Input;
-use ctrlog::raft::LocalCluster;
+use ctrlog::tools::container::{InProcessLauncher, SimOptions};
+use ctrlog::tools::local_job::{ControllerFactory, LocalJob};
+use ctrlog::tools::LocalCluster;
 
 const WAIT: Duration = Duration::from_secs(30);
 

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use ctrlog::client::{ControlClient, SubscriptionItem};
 use ctrlog::log::{Command, Filter, Proposal, Target};
-use ctrlog::raft::{LocalCluster, ReplicaHandle};
+use ctrlog::server::ReplicaHandle;
+use ctrlog::tools::LocalCluster;
 use futures::StreamExt;
 use hdrhistogram::Histogram;
 

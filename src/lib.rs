@@ -1,28 +1,23 @@
 //! ctrlog: an embedded, replicated job control log on Raft.
 //!
 //! See `ARCHITECTURE.md` for the map. In short: [`log`] is the data model, [`jobs`] folds the
-//! log into the job's state, [`raft`] replicates it (feature `server`), and [`client`] is what
-//! containers link.
+//! log into the job's state and decides the controller's next steps, [`client`] is what
+//! containers link; with the `server` feature, [`raft`] replicates the log (consensus and
+//! storage), [`server`] is the replica process around it, [`controller`] runs the job on the
+//! leader, and [`tools`] holds what operators run (bench, chaos, demo, certs, the CLI's
+//! subcommands, local clusters).
 
-#[cfg(feature = "server")]
-pub mod bench;
-#[cfg(feature = "server")]
-pub mod certs;
-#[cfg(feature = "server")]
-pub mod chaos;
-#[cfg(feature = "server")]
-pub mod checker;
-#[cfg(feature = "server")]
-pub mod cli;
 pub mod client;
 #[cfg(feature = "server")]
 pub mod controller;
-#[cfg(feature = "server")]
-pub mod demo;
 pub mod jobs;
 pub mod log;
 #[cfg(feature = "server")]
 pub mod raft;
+#[cfg(feature = "server")]
+pub mod server;
+#[cfg(feature = "server")]
+pub mod tools;
 
 /// A replica's Raft node id.
 pub type NodeId = u64;

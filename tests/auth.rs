@@ -11,7 +11,8 @@ use common::{http_get, metric_sample, WAIT};
 use ctrlog::client::tls::client_config;
 use ctrlog::client::{ApiError, ClientError, ClientOptions, ControlClient, FetchRequest, Member};
 use ctrlog::log::{Command, ContainerId, Filter, RegisterContainer, Target, TaskId, TaskStarted};
-use ctrlog::raft::{AuthConfig, LocalCluster};
+use ctrlog::server::AuthConfig;
+use ctrlog::tools::LocalCluster;
 
 const OPERATOR_TOKEN: &str = "operator-token-0123456789";
 const ADMIN_TOKEN: &str = "admin-token-0123456789abc";
@@ -26,7 +27,7 @@ struct Setup {
 impl Setup {
     async fn start() -> Setup {
         let pki = tempfile::tempdir().unwrap();
-        ctrlog::certs::generate(
+        ctrlog::tools::certs::generate(
             pki.path(),
             &[1, 2, 3],
             &["127.0.0.1".into()],
@@ -45,7 +46,7 @@ impl Setup {
         let data = tempfile::tempdir().unwrap();
         let dir = pki.path().to_path_buf();
         let cluster = LocalCluster::start(data.path(), 3, move |c| {
-            c.tls = Some(ctrlog::certs::replica_files(&dir, c.id));
+            c.tls = Some(ctrlog::tools::certs::replica_files(&dir, c.id));
             c.http_addr = Some("127.0.0.1:0".parse().unwrap());
             c.auth = Some(AuthConfig {
                 tokens_file: Some(tokens.clone()),
@@ -69,9 +70,9 @@ impl Setup {
         token: Option<&str>,
     ) -> Result<ControlClient, ClientError> {
         let identity =
-            certificate.map(|name| ctrlog::certs::client_identity(self.pki.path(), name));
+            certificate.map(|name| ctrlog::tools::certs::client_identity(self.pki.path(), name));
         let tls = client_config(
-            &ctrlog::certs::ca_file(self.pki.path()),
+            &ctrlog::tools::certs::ca_file(self.pki.path()),
             identity.as_ref().map(|(c, k)| (c.as_path(), k.as_path())),
         )
         .unwrap();

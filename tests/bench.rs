@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use ctrlog::raft::local_cluster::LocalCluster;
+use ctrlog::tools::LocalCluster;
 use serde_json::Value;
 
 async fn bench(args: &[&str]) -> Vec<Value> {
@@ -111,8 +111,8 @@ async fn a_running_secure_cluster_is_benchmarked_with_the_client_flags() {
         .await
         .unwrap();
     let pki = dir.path().join("pki");
-    let (cert, key) = ctrlog::certs::client_identity(&pki, "admin");
-    let ca = ctrlog::certs::ca_file(&pki);
+    let (cert, key) = ctrlog::tools::certs::client_identity(&pki, "admin");
+    let ca = ctrlog::tools::certs::ca_file(&pki);
     let addrs = cluster.client_addrs().join(",");
     let flags = [
         "--cluster",

@@ -7,7 +7,7 @@ use std::process::Output;
 
 use common::WAIT;
 use ctrlog::log::CUSTOM_KIND_MIN;
-use ctrlog::raft::LocalCluster;
+use ctrlog::tools::LocalCluster;
 use serde_json::Value;
 
 /// Runs `ctrlog ARGS` with `CTRLOG_CLUSTER` set to `cluster` (unless it is empty).
@@ -250,14 +250,14 @@ async fn certs_generate_and_the_client_subcommands_speak_tls() {
     assert_eq!(key_mode & 0o077, 0, "keys are private to their owner");
 
     let cluster = LocalCluster::start(&dir.path().join("data"), 3, |c| {
-        c.tls = Some(ctrlog::certs::replica_files(&pki, c.id))
+        c.tls = Some(ctrlog::tools::certs::replica_files(&pki, c.id))
     })
     .await
     .unwrap();
     cluster.wait_for_leader(WAIT).await.unwrap();
     let seeds = cluster.client_addrs().join(",");
-    let ca = ctrlog::certs::ca_file(&pki);
-    let (cert, key) = ctrlog::certs::client_identity(&pki, "operator");
+    let ca = ctrlog::tools::certs::ca_file(&pki);
+    let (cert, key) = ctrlog::tools::certs::client_identity(&pki, "operator");
     let served = ctrlog(
         &seeds,
         &[

@@ -17,7 +17,7 @@ use ctrlog::client::{
     SubscriptionItem, APPEND_MANY_PROPOSALS_MAX,
 };
 use ctrlog::log::{Command, ContainerId, Filter, LogEntry, ProducerSeq, Proposal, Target};
-use ctrlog::raft::LocalCluster;
+use ctrlog::tools::LocalCluster;
 use futures::StreamExt;
 use tarpc::tokio_serde::formats::Bincode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -10,8 +10,8 @@ use std::time::Duration;
 use common::*;
 use ctrlog::client::{ApiError, AppendAck, ControlClient, FetchRequest};
 use ctrlog::log::{Command, LogEntry, ProducerSeq, Proposal, Target};
-use ctrlog::raft::recover::force_new_cluster;
-use ctrlog::raft::LocalCluster;
+use ctrlog::server::force_new_cluster;
+use ctrlog::tools::LocalCluster;
 
 /// Goal: three replicas elect exactly one leader and hold identical committed logs.
 /// Steps: start 3; wait for an agreed leader; append 200 commands concurrently; every replica

@@ -9,14 +9,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ctrlog::client::{ApiError, ClientError, ControlClient};
-use ctrlog::controller::{
-    double_runs, read_reports, ContainerLauncher, Controller, ControllerConfig, ControllerFactory,
-    InProcessLauncher, JobDriver, LocalJob, SimOptions, TaskEvent, WatchedFile,
-};
+use ctrlog::controller::{ContainerLauncher, Controller, ControllerConfig, JobDriver, WatchedFile};
 use ctrlog::jobs::plan::{loads, settled, GroupByPartition, LagPolicy};
 use ctrlog::jobs::{JobState, TaskPhase};
 use ctrlog::log::*;
-use ctrlog::raft::LocalCluster;
+use ctrlog::tools::checker::{double_runs, read_reports, TaskEvent};
+use ctrlog::tools::container::{InProcessLauncher, SimOptions};
+use ctrlog::tools::local_job::{ControllerFactory, LocalJob};
+use ctrlog::tools::LocalCluster;
 
 const WAIT: Duration = Duration::from_secs(40);
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 use common::{assert_contiguous, eventually, read_all, read_from, WAIT};
 use ctrlog::client::{ClientOptions, ControlClient};
 use ctrlog::log::{Command, Offset, Target};
-use ctrlog::raft::LocalCluster;
+use ctrlog::tools::LocalCluster;
 use ctrlog::NodeId;
 
 /// Appends `count` commands, retrying through failovers; returns offset → body.

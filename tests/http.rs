@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use common::{http_get as get, metric_sample as sample, WAIT};
 use ctrlog::client::ControlClient;
 use ctrlog::log::{Command, ContainerId, RegisterContainer, Target};
-use ctrlog::raft::LocalCluster;
+use ctrlog::tools::LocalCluster;
 use serde_json::Value;
 
 /// Goal: each replica's HTTP port reports its state truthfully: metrics that follow the log,

@@ -15,7 +15,7 @@ use ctrlog::client::{
 use ctrlog::jobs::{ContainerStatus, JobState, Rejection, TaskPhase};
 use ctrlog::log::vocabulary::{kinds, Vocabulary};
 use ctrlog::log::*;
-use ctrlog::raft::LocalCluster;
+use ctrlog::tools::LocalCluster;
 use futures::StreamExt;
 
 async fn next_item(stream: &mut Subscription) -> SubscriptionItem {

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ctrlog::bench::ProcessCluster;
 use ctrlog::client::{ApiError, AppendAck, ClientError, ControlClient, FetchRequest};
 use ctrlog::log::{Command, LogEntry, ProducerSeq, Proposal, Target};
+use ctrlog::tools::bench::ProcessCluster;
 
 const WAIT: Duration = Duration::from_secs(60);
 const KILL_ROUNDS: usize = 6;

@@ -1,4 +1,4 @@
-//! TLS on both ports of real replicas, with certificates from `ctrlog::certs`: the secure path
+//! TLS on both ports of real replicas, with certificates from `ctrlog::tools::certs`: the secure path
 //! works end to end, and each wrong credential is refused without disturbing anyone else.
 
 mod common;
@@ -8,12 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::WAIT;
-use ctrlog::certs::Authority;
 use ctrlog::client::tls::{client_config, framed, server_name};
 use ctrlog::client::{ClientError, ClientOptions, ControlClient, SubscriptionItem};
 use ctrlog::log::{Command, Filter, Target};
 use ctrlog::raft::network::RaftRpcClient;
-use ctrlog::raft::{LocalCluster, TlsFiles};
+use ctrlog::server::TlsFiles;
+use ctrlog::tools::certs::Authority;
+use ctrlog::tools::LocalCluster;
 use futures::StreamExt;
 use time::OffsetDateTime;
 use tokio::io::AsyncWriteExt;
@@ -67,15 +68,15 @@ impl Pki {
     }
 
     fn ca(&self) -> PathBuf {
-        ctrlog::certs::ca_file(self.dir.path())
+        ctrlog::tools::certs::ca_file(self.dir.path())
     }
 
     fn replica_files(&self, id: u64) -> TlsFiles {
-        ctrlog::certs::replica_files(self.dir.path(), id)
+        ctrlog::tools::certs::replica_files(self.dir.path(), id)
     }
 
     fn identity(&self, client: &str) -> (PathBuf, PathBuf) {
-        ctrlog::certs::client_identity(self.dir.path(), client)
+        ctrlog::tools::certs::client_identity(self.dir.path(), client)
     }
 }
 

@@ -1,15 +1,12 @@
 //! Starting and stopping containers. YARN or Kubernetes launchers are user implementations of
-//! [`ContainerLauncher`]; these two run containers in this process or as local processes.
+//! [`ContainerLauncher`]; [`ProcessLauncher`] runs containers as local processes (and
+//! `tools::container::InProcessLauncher` runs simulated ones as tasks, for the demo and tests).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command as Process, Stdio};
 use std::sync::Mutex;
 
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
-
-use super::simulated::{run_simulated_container, SimOptions};
 use crate::log::ContainerId;
 
 /// Starts and stops containers by name. A started container registers itself; the controller
@@ -18,73 +15,6 @@ pub trait ContainerLauncher: Send + Sync {
     fn launch(&self, container: &ContainerId) -> Result<(), String>;
     /// Stops a container (gone already is fine).
     fn stop(&self, container: &ContainerId);
-}
-
-/// A container running as a task: how to ask it to stop, and the task.
-type Running = (oneshot::Sender<()>, JoinHandle<()>);
-
-/// Runs simulated containers as tasks in this process.
-pub struct InProcessLauncher {
-    seeds: Vec<String>,
-    options: SimOptions,
-    running: Mutex<BTreeMap<ContainerId, Running>>,
-}
-
-impl InProcessLauncher {
-    pub fn new(seeds: Vec<String>, options: SimOptions) -> InProcessLauncher {
-        InProcessLauncher {
-            seeds,
-            options,
-            running: Mutex::new(BTreeMap::new()),
-        }
-    }
-
-    /// Kills a container without a word, like a crashed process: its heartbeats stop.
-    pub fn crash(&self, container: &ContainerId) {
-        if let Some((_, task)) = self.lock().remove(container) {
-            task.abort();
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<ContainerId, Running>> {
-        self.running.lock().expect("never poisoned")
-    }
-}
-
-impl ContainerLauncher for InProcessLauncher {
-    fn launch(&self, container: &ContainerId) -> Result<(), String> {
-        let (stop, stopped) = oneshot::channel();
-        let run = run_simulated_container(
-            self.seeds.clone(),
-            container.clone(),
-            self.options.clone(),
-            async move {
-                let _ = stopped.await;
-            },
-        );
-        let name = container.clone();
-        let task = tokio::spawn(async move {
-            if let Err(error) = run.await {
-                tracing::warn!(container = %name, %error, "simulated container ended");
-            }
-        });
-        self.lock().insert(container.clone(), (stop, task));
-        Ok(())
-    }
-
-    fn stop(&self, container: &ContainerId) {
-        if let Some((stop, _)) = self.lock().remove(container) {
-            let _ = stop.send(());
-        }
-    }
-}
-
-impl Drop for InProcessLauncher {
-    fn drop(&mut self) {
-        for (_, (_, task)) in std::mem::take(&mut *self.lock()) {
-            task.abort();
-        }
-    }
 }
 
 /// Runs each container as a local process from a command template: `{id}` in any argument is

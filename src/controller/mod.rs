@@ -10,34 +10,30 @@
 
 mod inputs;
 mod launcher;
-mod local;
-mod simulated;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use openraft::ServerState;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
-pub use crate::checker::{double_runs, longest_unowned, read_reports, TaskEvent};
 pub use inputs::{InputSource, StaticInputs, WatchedFile};
-pub use launcher::{ContainerLauncher, InProcessLauncher, ProcessLauncher};
-pub use local::{ControllerFactory, LocalJob};
-pub use simulated::{run_simulated_container, SimOptions};
+pub use launcher::{ContainerLauncher, ProcessLauncher};
 
 use crate::client::{ApiError, AppendAck};
 use crate::jobs::plan::{owed_acks, plan, Action, Grouper, Observed, ScalingPolicy};
 use crate::jobs::{JobState, Session};
 use crate::log::vocabulary::kinds;
-use crate::log::{
-    Command, ContainerId, DesiredContainers, DesiredContainersV1, Offset, Proposal, Target,
-};
-use crate::raft::ReplicaHandle;
+use crate::log::{Command, ContainerId, DesiredContainers, DesiredContainersV1, Offset};
 
-/// What the controller needs from the replica it runs on. `src/raft` implements it for
-/// [`ReplicaHandle`]; keeping it small keeps the controller free of openraft.
+/// What the controller needs from the replica it runs on. `server` implements it for its
+/// `ReplicaHandle`; the unit tests below and the deterministic simulation implement it over
+/// their own clusters. Keeping it small keeps the controller free of openraft.
+///
+/// Its clock is tokio's, so a controller on a paused clock (the simulation) runs in virtual
+/// time.
 pub trait ControlPlane: Send + Sync + 'static {
     /// Whether this replica is the leader now.
     fn is_leader(&self) -> bool;
@@ -49,40 +45,6 @@ pub trait ControlPlane: Send + Sync + 'static {
     fn reported_lag(&self) -> BTreeMap<ContainerId, u64>;
     /// Appends a command; answered once it is committed and applied.
     fn append(&self, command: Command) -> impl Future<Output = Result<AppendAck, ApiError>> + Send;
-}
-
-impl ControlPlane for ReplicaHandle {
-    fn is_leader(&self) -> bool {
-        let metrics = self.metrics();
-        metrics.running_state.is_ok()
-            && metrics.state == ServerState::Leader
-            && metrics.current_leader == Some(self.id())
-    }
-
-    fn job_state(&self) -> JobState {
-        self.read_state(|state| state.clone())
-    }
-
-    fn overdue_sessions(&self, timeout: Duration) -> Vec<Session> {
-        ReplicaHandle::overdue_sessions(self, timeout).unwrap_or_default()
-    }
-
-    fn reported_lag(&self) -> BTreeMap<ContainerId, u64> {
-        ReplicaHandle::reported_lag(self).unwrap_or_default()
-    }
-
-    async fn append(&self, command: Command) -> Result<AppendAck, ApiError> {
-        let target = command.target().unwrap_or(Target::All);
-        ReplicaHandle::append(
-            self,
-            Proposal {
-                producer: None,
-                target,
-                frame: command.into_frame(),
-            },
-        )
-        .await
-    }
 }
 
 /// Timing and limits of the controller.
@@ -233,7 +195,9 @@ impl<P: ControlPlane> Controller<P> {
         let desired = if lag.len() < live && recorded.is_some() {
             current
         } else {
-            self.driver.policy.desired(current, total_lag, now)
+            self.driver
+                .policy
+                .desired(current, total_lag, now.into_std())
         };
         if recorded != Some(desired) {
             let reason = format!("total lag {total_lag} over {current} containers");

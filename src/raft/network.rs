@@ -1,24 +1,18 @@
-//! Raft RPC between replicas over tarpc (bincode over TCP): the service each replica serves on
-//! its peer port, and openraft's `RaftNetworkFactory` that calls it.
+//! Raft RPC between replicas over tarpc (bincode over TCP): the service every replica serves
+//! on its peer port (served by `server::peers`), and openraft's `RaftNetworkFactory` that
+//! calls it.
 //!
 //! Every call carries a deadline derived from openraft's `RPCOption` (its hard TTL), so a dead
 //! or partitioned peer costs at most that long. A broken connection is dropped and re-dialled
 //! on the next call; openraft's backoff paces the retries.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use openraft::error::{NetworkError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
-use rustls::pki_types::CertificateDer;
-use tarpc::server::{BaseChannel, Channel};
 use tarpc::{client, context};
-use tokio_rustls::TlsAcceptor;
 
-use super::connections::serve_each_connection;
-use super::tls::certificate_names;
 use super::types::*;
 use crate::client::tls::{dial, framed};
 use crate::client::Member;
@@ -41,124 +35,6 @@ pub trait RaftRpc {
     async fn install_snapshot(
         request: InstallSnapshotRequest,
     ) -> Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>>;
-}
-
-#[derive(Clone)]
-struct RaftRpcServer {
-    raft: Raft,
-    /// The certificate the calling peer presented (TLS only): it must name the node that
-    /// each request claims to come from.
-    peer: Option<Arc<PeerCertificate>>,
-}
-
-/// A peer connection's certificate, and the node it was last found to name. A connection
-/// comes from one peer, so its requests all claim the same sender: the certificate is parsed
-/// once per connection rather than once per Raft request. A refused claim is never cached.
-struct PeerCertificate {
-    der: CertificateDer<'static>,
-    verified_sender: std::sync::Mutex<Option<NodeId>>,
-}
-
-impl RaftRpcServer {
-    /// Refuses a request whose claimed sender is not the node the peer's certificate names.
-    fn check_sender<E: std::error::Error>(&self, claimed: NodeId) -> Result<(), RaftError<E>> {
-        let Some(peer) = &self.peer else {
-            return Ok(());
-        };
-        let mut verified = peer.verified_sender.lock().expect("never poisoned");
-        if *verified != Some(claimed) {
-            if !certificate_names_node(&peer.der, claimed) {
-                tracing::warn!(
-                    claimed,
-                    "a peer's certificate does not name the node it claims to be"
-                );
-                return Err(RaftError::Fatal(openraft::error::Fatal::Stopped));
-            }
-            *verified = Some(claimed);
-        }
-        Ok(())
-    }
-}
-
-impl RaftRpc for RaftRpcServer {
-    async fn append_entries(
-        self,
-        _: context::Context,
-        request: AppendEntriesRequest,
-    ) -> Result<AppendEntriesResponse, RaftError> {
-        self.check_sender(request.vote.leader_id().voted_for().unwrap_or_default())?;
-        self.raft.append_entries(request).await
-    }
-
-    async fn vote(
-        self,
-        _: context::Context,
-        request: VoteRequest,
-    ) -> Result<VoteResponse, RaftError> {
-        self.check_sender(request.vote.leader_id().voted_for().unwrap_or_default())?;
-        self.raft.vote(request).await
-    }
-
-    async fn install_snapshot(
-        self,
-        _: context::Context,
-        request: InstallSnapshotRequest,
-    ) -> Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>> {
-        self.check_sender(request.vote.leader_id().voted_for().unwrap_or_default())?;
-        self.raft.install_snapshot(request).await
-    }
-}
-
-/// The name a replica's certificate carries: `node-<id>`.
-pub fn node_name(id: NodeId) -> String {
-    format!("node-{id}")
-}
-
-/// Whether `cert` names node `id` (`node-<id>`).
-fn certificate_names_node(cert: &CertificateDer<'_>, id: NodeId) -> bool {
-    webpki::EndEntityCert::try_from(cert).is_ok_and(|end| certificate_names(&end, &node_name(id)))
-}
-
-/// A bound, not yet serving, peer listener.
-pub type PeerListener = tokio::net::TcpListener;
-type ServingRequest = tarpc::ClientMessage<RaftRpcRequest>;
-type ServingResponse = tarpc::Response<RaftRpcResponse>;
-
-/// Binds the peer port.
-pub async fn bind_peers(addr: SocketAddr) -> std::io::Result<PeerListener> {
-    tokio::net::TcpListener::bind(addr).await
-}
-
-/// Serves Raft RPCs on every accepted connection until `stop` fires, over mutual TLS when `tls` is
-/// given. A connection that sends a malformed frame is closed; the others keep going.
-pub async fn serve_peers(
-    listener: PeerListener,
-    raft: Raft,
-    tls: Option<TlsAcceptor>,
-    stop: tokio::sync::watch::Receiver<bool>,
-) {
-    serve_each_connection("peer", listener, tls, stop, move |accepted| {
-        let server = RaftRpcServer {
-            raft: raft.clone(),
-            peer: accepted.peer_certificate.map(|der| {
-                Arc::new(PeerCertificate {
-                    der,
-                    verified_sender: std::sync::Mutex::new(None),
-                })
-            }),
-        };
-        async move {
-            let transport =
-                framed::<_, ServingRequest, ServingResponse>(accepted.stream, PEER_FRAME_BYTES_MAX);
-            BaseChannel::with_defaults(transport)
-                .execute(server.serve())
-                // In-flight requests run concurrently inside this connection's task rather
-                // than as a task each: no spawn and no cross-thread wake-up per request.
-                .for_each_concurrent(None, |response| response)
-                .await;
-        }
-    })
-    .await;
 }
 
 /// Creates one [`PeerClient`] per target; openraft asks for a new one when it needs to.

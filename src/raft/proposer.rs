@@ -15,7 +15,6 @@
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use openraft::error::ClientWriteError;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::types::Raft;
@@ -114,16 +113,7 @@ async fn run(raft: Raft, mut incoming: mpsc::Receiver<Pending>) {
                         let _ = reply.send(Ok(outcome));
                     }
                 }
-                Ok(Err(ClientWriteError::ForwardToLeader(forward))) => answer_all(
-                    replies,
-                    Err(ApiError::NotLeader {
-                        leader_id: forward.leader_id,
-                        leader_client_addr: forward.leader_node.map(|m| m.client_addr),
-                    }),
-                ),
-                Ok(Err(ClientWriteError::ChangeMembershipError(e))) => {
-                    answer_all(replies, Err(ApiError::Rejected(e.to_string())))
-                }
+                Ok(Err(refused)) => answer_all(replies, Err(refused.into())),
                 // The leader stepped down or stopped before the batch was applied: its fate is
                 // unknown, and an idempotent retry is how the caller learns it.
                 Err(_) => answer_all(

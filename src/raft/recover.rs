@@ -13,13 +13,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
+use std::path::Path;
 
 use openraft::{CommittedLeaderId, EntryPayload, Membership};
 
-use super::config::ReplicaConfig;
-use super::node::{meta_dir, open_log};
+use super::storage::{meta_dir, open_log};
 use super::types::{Entry, LogId, Vote};
 use crate::client::Member;
+use crate::NodeId;
 
 /// What [`force_new_cluster`] wrote.
 #[derive(Debug)]
@@ -30,24 +31,28 @@ pub struct ForcedMembership {
     pub previous_last: LogId,
 }
 
-/// Makes the stopped replica `config` describes the only member of its cluster, reachable at
-/// its configured addresses. Refuses a directory in use (the replica must be stopped) and one
-/// without a log.
-pub fn force_new_cluster(config: &ReplicaConfig) -> io::Result<ForcedMembership> {
+/// Makes the stopped replica `id`, whose data is in `data_dir`, the only member of its
+/// cluster, reachable at `member`'s addresses. Refuses a directory in use (the replica must be
+/// stopped) and one without a log.
+pub fn force_new_cluster(
+    data_dir: &Path,
+    id: NodeId,
+    member: Member,
+) -> io::Result<ForcedMembership> {
     let nothing_to_recover = || {
         io::Error::new(
             io::ErrorKind::NotFound,
             format!(
                 "{} holds no log: there is nothing to recover",
-                config.data_dir.display()
+                data_dir.display()
             ),
         )
     };
     // Checked before opening, which would create the stores.
-    if !meta_dir(&config.data_dir).is_dir() {
+    if !meta_dir(data_dir).is_dir() {
         return Err(nothing_to_recover());
     }
-    let (_, log) = open_log(&config.data_dir)?;
+    let (_, log) = open_log(data_dir)?;
     let Some(previous_last) = log.last_log_id() else {
         return Err(nothing_to_recover());
     };
@@ -56,26 +61,19 @@ pub fn force_new_cluster(config: &ReplicaConfig) -> io::Result<ForcedMembership>
         .map_or(0, |v| v.leader_id.term)
         .max(previous_last.leader_id.term);
     let term = seen + 1;
-    let member = Member {
-        peer_addr: config.peer_addr.to_string(),
-        client_addr: config.client_addr.to_string(),
-    };
     let entry = Entry {
-        log_id: LogId::new(
-            CommittedLeaderId::new(term, config.id),
-            previous_last.index + 1,
-        ),
+        log_id: LogId::new(CommittedLeaderId::new(term, id), previous_last.index + 1),
         payload: EntryPayload::Membership(Membership::new(
-            vec![BTreeSet::from([config.id])],
-            BTreeMap::from([(config.id, member)]),
+            vec![BTreeSet::from([id])],
+            BTreeMap::from([(id, member)]),
         )),
     };
     // The vote first: a crash between the two leaves an ordinary candidate's state, and running
     // this again simply goes one term higher.
-    log.save_vote_durable(&Vote::new(term, config.id))?;
+    log.save_vote_durable(&Vote::new(term, id))?;
     log.append_durable(&entry)?;
     tracing::warn!(
-        id = config.id,
+        id = id,
         term,
         index = entry.log_id.index,
         "forced a new one-replica cluster"

@@ -3,7 +3,7 @@
 
 use std::io::Cursor;
 
-use crate::client::Member;
+use crate::client::{ApiError, Member};
 use crate::jobs::Outcome;
 use crate::log::Batch;
 use crate::NodeId;
@@ -42,3 +42,42 @@ pub type InstallSnapshotRequest = openraft::raft::InstallSnapshotRequest<TypeCon
 pub type InstallSnapshotResponse = openraft::raft::InstallSnapshotResponse<NodeId>;
 pub type InstallSnapshotError = openraft::error::InstallSnapshotError;
 pub type RaftMetrics = openraft::RaftMetrics<NodeId, Member>;
+
+/// `NotLeader`, naming the leader (and its client address) where it is known. The one place
+/// that spells out a redirect, whether Raft refused a write or a replica knows it does not
+/// lead.
+pub fn not_leader(leader_id: Option<NodeId>, leader: Option<&Member>) -> ApiError {
+    ApiError::NotLeader {
+        leader_id,
+        leader_client_addr: leader.map(|m| m.client_addr.clone()),
+    }
+}
+
+/// `NotLeader` as this replica's metrics know the leader.
+pub fn not_leader_from(metrics: &RaftMetrics) -> ApiError {
+    let leader = metrics
+        .current_leader
+        .and_then(|id| metrics.membership_config.membership().get_node(&id));
+    not_leader(metrics.current_leader, leader)
+}
+
+/// What a write Raft refused (an append, a membership change) means to the client.
+impl From<ClientWriteError> for ApiError {
+    fn from(error: ClientWriteError) -> ApiError {
+        match error {
+            ClientWriteError::ForwardToLeader(forward) => {
+                not_leader(forward.leader_id, forward.leader_node.as_ref())
+            }
+            ClientWriteError::ChangeMembershipError(e) => ApiError::Rejected(e.to_string()),
+        }
+    }
+}
+
+impl From<RaftError<ClientWriteError>> for ApiError {
+    fn from(error: RaftError<ClientWriteError>) -> ApiError {
+        match error {
+            RaftError::APIError(e) => e.into(),
+            RaftError::Fatal(e) => ApiError::Unavailable(e.to_string()),
+        }
+    }
+}

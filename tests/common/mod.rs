@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use ctrlog::client::{AppendAck, FetchRequest};
 use ctrlog::log::{Command, LogEntry, Proposal, Target};
-use ctrlog::raft::{LocalCluster, ReplicaHandle};
+use ctrlog::server::ReplicaHandle;
+use ctrlog::tools::LocalCluster;
 
 /// Generous: CI machines are shared and slow, and a deadline only bounds a failure.
 pub const WAIT: Duration = Duration::from_secs(30);

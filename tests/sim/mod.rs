@@ -23,7 +23,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ctrlog::checker::{self, Acked, Delivery, History, SubscriptionRecord, TaskEvent, Violation};
 use ctrlog::client::Member;
 use ctrlog::jobs::plan::{plan, Action, GroupByPartition, Observed};
 use ctrlog::jobs::{JobState, Outcome, TaskPhase};
@@ -32,6 +31,9 @@ use ctrlog::log::{
     RegisterContainer, Target, TaskId, TaskStarted, TaskStopped,
 };
 use ctrlog::raft::types::{ClientWriteError, Raft};
+use ctrlog::tools::checker::{
+    self, Acked, Delivery, History, SubscriptionRecord, TaskEvent, Violation,
+};
 use ctrlog::NodeId;
 use openraft::error::RaftError;
 use openraft::{ServerState, SnapshotPolicy};

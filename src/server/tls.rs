@@ -1,16 +1,17 @@
 //! A replica's TLS, from the files its configuration names: the client port serves TLS (client
 //! certificates optional, verified against the CA when given); the peer port requires mutual
 //! TLS, and each Raft request must come from the node its certificate names (`node-<id>`,
-//! checked in `network.rs`); the replica dials its peers with its own certificate.
+//! checked in `peers.rs`); the replica dials its peers with its own certificate.
 
 use std::sync::Arc;
 
-use rustls::pki_types::ServerName;
+use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use tokio_rustls::TlsAcceptor;
 
 use super::config::TlsFiles;
 use crate::client::tls::{client_config, load_certs, load_key, load_roots, provider, TlsError};
+use crate::NodeId;
 
 pub struct ReplicaTls {
     pub clients: TlsAcceptor,
@@ -51,4 +52,14 @@ impl ReplicaTls {
 pub fn certificate_names(cert: &webpki::EndEntityCert<'_>, name: &str) -> bool {
     ServerName::try_from(name)
         .is_ok_and(|name| cert.verify_is_valid_for_subject_name(&name).is_ok())
+}
+
+/// The name a replica's certificate carries: `node-<id>`.
+pub fn node_name(id: NodeId) -> String {
+    format!("node-{id}")
+}
+
+/// Whether `cert` names node `id` (`node-<id>`).
+pub fn certificate_names_node(cert: &CertificateDer<'_>, id: NodeId) -> bool {
+    webpki::EndEntityCert::try_from(cert).is_ok_and(|end| certificate_names(&end, &node_name(id)))
 }

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::config::{AuthConfig, ReplicaConfig};
-use super::node::{Replica, StartError};
+use super::wait::{poll_until, WaitError, POLL_INTERVAL};
 use crate::client::tls::client_config;
 use crate::client::{ClientOptions, Member};
+use crate::server::{AuthConfig, Replica, ReplicaConfig, StartError};
 use crate::NodeId;
 
 pub struct LocalCluster {
@@ -29,11 +29,6 @@ struct Secure {
 
 /// Replica ids a secure local cluster has certificates for (founders and later additions).
 const SECURE_IDS_MAX: NodeId = 9;
-
-/// Why waiting on the cluster failed.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct WaitError(pub String);
 
 impl LocalCluster {
     /// Starts replicas `1..=size` under `dir` on `127.0.0.1:0`, lets `tune` adjust each
@@ -56,10 +51,10 @@ impl LocalCluster {
     ) -> Result<LocalCluster, StartError> {
         let pki = dir.join("pki");
         let ids: Vec<NodeId> = (1..=SECURE_IDS_MAX).collect();
-        crate::certs::generate(&pki, &ids, &["127.0.0.1".into()], &["admin".into()], 1)
+        super::certs::generate(&pki, &ids, &["127.0.0.1".into()], &["admin".into()], 1)
             .map_err(|e| StartError::Tls(e.to_string()))?;
-        let (cert, key) = crate::certs::client_identity(&pki, "admin");
-        let client_tls = client_config(&crate::certs::ca_file(&pki), Some((&cert, &key)))
+        let (cert, key) = super::certs::client_identity(&pki, "admin");
+        let client_tls = client_config(&super::certs::ca_file(&pki), Some((&cert, &key)))
             .map_err(|e| StartError::Tls(e.to_string()))?;
         let secure = Secure {
             auth: AuthConfig {
@@ -114,7 +109,7 @@ impl LocalCluster {
             ..ReplicaConfig::default()
         };
         if let Some(secure) = &self.secure {
-            config.tls = Some(crate::certs::replica_files(&secure.pki, id));
+            config.tls = Some(super::certs::replica_files(&secure.pki, id));
             config.auth = Some(secure.auth.clone());
         }
         tune(&mut config);
@@ -173,28 +168,24 @@ impl LocalCluster {
 
     /// Waits until the running replicas agree on one leader among them, and returns it.
     pub async fn wait_for_leader(&self, timeout: Duration) -> Result<NodeId, WaitError> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
+        poll_until("an agreed leader", timeout, POLL_INTERVAL, || {
             let leaders: Vec<Option<NodeId>> = self
                 .replicas
                 .values()
                 .map(|r| r.metrics().current_leader)
                 .collect();
-            if let Some(Some(leader)) = leaders.first() {
-                if self.replicas.contains_key(leader)
-                    && leaders.iter().all(|l| *l == Some(*leader))
-                    && self.replicas[leader].metrics().state == openraft::ServerState::Leader
+            let agreed = match leaders.first() {
+                Some(Some(leader))
+                    if leaders.iter().all(|l| l == &Some(*leader))
+                        && self.replicas.get(leader).is_some_and(|r| r.is_leader()) =>
                 {
-                    return Ok(*leader);
+                    Ok(*leader)
                 }
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(WaitError(format!(
-                    "no agreed leader within {timeout:?}: {leaders:?}"
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+                _ => Err(format!("leaders seen: {leaders:?}")),
+            };
+            std::future::ready(agreed)
+        })
+        .await
     }
 
     /// Waits until every running replica has applied at least `offset`.

@@ -16,16 +16,17 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{ensure, Context};
 use futures::StreamExt;
 
+use super::checker::{double_runs, longest_unowned, read_reports};
+use super::local_cluster::LocalCluster;
+use super::local_job::{ControllerFactory, LocalJob};
 use crate::client::{ClientOptions, ControlClient, SubscriptionItem};
 use crate::controller::{
-    double_runs, longest_unowned, read_reports, Controller, ControllerConfig, ControllerFactory,
-    ControllerReport, JobDriver, LocalJob, ProcessLauncher, WatchedFile,
+    Controller, ControllerConfig, ControllerReport, JobDriver, ProcessLauncher, WatchedFile,
 };
 use crate::jobs::plan::{settled, GroupByPartition, LagPolicy};
 use crate::jobs::{ContainerStatus, JobState, TaskPhase};
 use crate::log::{Command, LogEntry, Offset, SchemaChange};
-use crate::raft::LocalCluster;
-use crate::raft::{AuthConfig, TlsFiles};
+use crate::server::{AuthConfig, TlsFiles};
 use crate::NodeId;
 
 /// Each step of the scenario must finish within this.
@@ -69,7 +70,7 @@ const DEMO_CONTAINERS_MAX: u32 = 32;
 
 impl Security {
     fn create(dir: &Path) -> anyhow::Result<Security> {
-        crate::certs::generate(dir, &[1, 2, 3], &["127.0.0.1".into()], &["demo".into()], 1)?;
+        super::certs::generate(dir, &[1, 2, 3], &["127.0.0.1".into()], &["demo".into()], 1)?;
         let secret = format!("{:032x}", rand::random::<u128>());
         let tokens: String = (1..=DEMO_CONTAINERS_MAX)
             .map(|n| format!("{secret}-container-{n} container:container-{n}\n"))
@@ -78,7 +79,7 @@ impl Security {
         std::fs::write(&tokens_file, tokens)?;
         Ok(Security {
             dir: dir.to_path_buf(),
-            ca: crate::certs::ca_file(dir),
+            ca: super::certs::ca_file(dir),
             auth: AuthConfig {
                 tokens_file: Some(tokens_file),
                 certificates: [("client-demo".to_string(), "operator".to_string())].into(),
@@ -88,7 +89,7 @@ impl Security {
     }
 
     fn replica_tls(&self, id: NodeId) -> TlsFiles {
-        crate::certs::replica_files(&self.dir, id)
+        super::certs::replica_files(&self.dir, id)
     }
 
     /// The token of container `id` (`{id}` is left for the launcher to fill in).
@@ -98,7 +99,7 @@ impl Security {
 
     /// The demo's own client: an operator by certificate.
     fn operator(&self) -> anyhow::Result<ClientOptions> {
-        let (cert, key) = crate::certs::client_identity(&self.dir, "demo");
+        let (cert, key) = super::certs::client_identity(&self.dir, "demo");
         Ok(ClientOptions {
             tls: Some(crate::client::tls::client_config(
                 &self.ca,

@@ -360,6 +360,20 @@ struct PlotRow {
     p99_ms: f64,
 }
 
+/// `ctrlog bench plot`: draws results saved earlier by `bench append --json` (one JSON object
+/// per line, e.g. the medians of several runs) from `input` into an SVG at `output`.
+pub fn plot_file(input: &Path, output: &Path) -> anyhow::Result<()> {
+    let text =
+        std::fs::read_to_string(input).with_context(|| format!("reading {}", input.display()))?;
+    let results = text
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .map(serde_json::from_str)
+        .collect::<Result<Vec<serde_json::Value>, _>>()
+        .with_context(|| format!("parsing {}", input.display()))?;
+    plot_append(&results, output)
+}
+
 /// Draws `ctrlog bench append` results into an SVG at `path`: durable commits per second above,
 /// p99 latency below, both against the client count (log scale).
 pub fn plot_append(results: &[serde_json::Value], path: &Path) -> anyhow::Result<()> {

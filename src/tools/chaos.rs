@@ -1,6 +1,6 @@
 //! `ctrlog chaos`: three real `ctrlog serve` processes, producers and subscribers through the
 //! real client, and rounds of faults (SIGKILL a replica or the leader, SIGSTOP the leader past
-//! the election timeout); then the history is verified with the [`checker`](crate::checker).
+//! the election timeout); then the history is verified with the [`checker`](super::checker).
 //!
 //! Faults are chosen by a seeded generator, so a run's fault schedule is reproducible from its
 //! seed (the timing of real processes is not).
@@ -14,8 +14,8 @@ use futures::StreamExt;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use crate::bench::{BenchTarget, ProcessCluster};
-use crate::checker::{check, Acked, Delivery, History, SubscriptionRecord, Violation};
+use super::bench::{BenchTarget, ProcessCluster};
+use super::checker::{check, Acked, Delivery, History, SubscriptionRecord, Violation};
 use crate::client::{
     ApiError, ClientError, ClientOptions, ControlClient, FetchRequest, SubscriptionItem,
 };
@@ -31,6 +31,14 @@ pub struct ChaosOptions {
     /// each producer its own.
     pub connections: Option<usize>,
     pub subscribers: usize,
+}
+
+/// A seed for a run that was given none: the clock's seconds. It is printed with the run, so
+/// that any run can be replayed with `--seed`.
+pub fn seed_from_clock() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_secs())
 }
 
 /// One fault.

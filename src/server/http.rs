@@ -2,7 +2,7 @@
 //! and a status page.
 //!
 //! * `GET /metrics`: Prometheus text format (prometheus-client). Counters and histograms that
-//!   need the request path ([`Telemetry`]) are kept as the requests happen; everything that is
+//!   need the request path ([`Telemetry`](super::telemetry::Telemetry)) are kept as the requests happen; everything that is
 //!   a reading of state (term, offsets, storage, the job) is read at scrape time, so a scrape
 //!   always agrees with `ctrlog status` and `ctrlog state`.
 //! * `GET /healthz`: 200 while the Raft core runs (503 once it stopped on a fatal error).
@@ -12,7 +12,6 @@
 //!   polls `GET /status.json`: this replica's status, the job, and the recent log tail.
 
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicI64;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -20,18 +19,16 @@ use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use openraft::ServerState;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 
-use super::node::ReplicaHandle;
-use crate::client::{ApiError, FetchRequest};
+use super::handle::ReplicaHandle;
+use super::json;
+use crate::client::FetchRequest;
 use crate::jobs::{ContainerStatus, TaskPhase};
 use crate::log::Filter;
 
@@ -40,105 +37,6 @@ const TAIL_ENTRIES: u32 = 20;
 
 /// How far applied may trail the committed index for `/readyz` to say ready.
 const READY_APPLY_LAG_MAX: u64 = 1_000;
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OutcomeLabel {
-    outcome: &'static str,
-}
-
-/// What the request path counts, shared by the replica's handles.
-pub(crate) struct Telemetry {
-    appends: Family<OutcomeLabel, Counter>,
-    append_seconds: Histogram,
-    fetches: Counter,
-    fetches_waiting: Gauge<i64, AtomicI64>,
-    auth_refusals: Family<OutcomeLabel, Counter>,
-    fetch_lag: Histogram,
-    append_many_size: Histogram,
-}
-
-impl Default for Telemetry {
-    fn default() -> Telemetry {
-        Telemetry {
-            appends: Family::default(),
-            // 100 µs to about 1.6 s.
-            append_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 15)),
-            fetches: Counter::default(),
-            fetches_waiting: Gauge::default(),
-            auth_refusals: Family::default(),
-            // 0 to about 1 M offsets behind.
-            fetch_lag: Histogram::new(
-                std::iter::once(0.0).chain(exponential_buckets(1.0, 4.0, 11)),
-            ),
-            // 1 to 1,024 appends.
-            append_many_size: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
-        }
-    }
-}
-
-impl Telemetry {
-    /// Counts one append by how it ended and records how long it took.
-    pub(crate) fn append_done(
-        &self,
-        result: &Result<crate::client::AppendAck, ApiError>,
-        took: Duration,
-    ) {
-        let outcome = match result {
-            Ok(ack) if ack.duplicate => "duplicate",
-            Ok(_) => "appended",
-            Err(ApiError::Fenced { .. }) => "fenced",
-            Err(
-                ApiError::Refused(_)
-                | ApiError::Deprecated { .. }
-                | ApiError::SequenceOutOfWindow { .. }
-                | ApiError::TooLarge { .. }
-                | ApiError::Invalid(_),
-            ) => "refused",
-            Err(ApiError::NotLeader { .. }) => "not_leader",
-            Err(_) => "failed",
-        };
-        self.appends.get_or_create(&OutcomeLabel { outcome }).inc();
-        self.append_seconds.observe(took.as_secs_f64());
-    }
-
-    /// One `append_many` request arrived with `appends` appends.
-    pub(crate) fn append_many_received(&self, appends: usize) {
-        self.append_many_size.observe(appends as f64);
-    }
-
-    /// Counts a request refused for its credentials (`unauthorized`) or its role (`forbidden`).
-    pub(crate) fn auth_refused(&self, refusal: &ApiError) {
-        let outcome = match refusal {
-            ApiError::Forbidden { .. } => "forbidden",
-            _ => "unauthorized",
-        };
-        self.auth_refusals
-            .get_or_create(&OutcomeLabel { outcome })
-            .inc();
-    }
-
-    /// How far behind the head an answer leaves its reader: a subscriber's lag, in offsets.
-    pub(crate) fn fetch_answered(&self, response: &crate::client::FetchResponse) {
-        let delivered_up_to = response.next_offset.saturating_sub(1);
-        let lag = response.applied_offset.saturating_sub(delivered_up_to);
-        self.fetch_lag.observe(lag as f64);
-    }
-
-    /// Counts a fetch; the guard counts it as waiting until it is answered.
-    pub(crate) fn fetch_started(&self) -> impl Drop + '_ {
-        self.fetches.inc();
-        self.fetches_waiting.inc();
-        FetchGuard(&self.fetches_waiting)
-    }
-}
-
-struct FetchGuard<'a>(&'a Gauge<i64, AtomicI64>);
-
-impl Drop for FetchGuard<'_> {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
 
 /// Binds the observability port.
 pub async fn bind_http(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
@@ -180,7 +78,7 @@ async fn metrics(State(replica): State<ReplicaHandle>) -> Response {
     let raft = replica.metrics();
     let status = replica.status();
     let telemetry = replica.telemetry();
-    let leader = raft.state == ServerState::Leader && raft.current_leader == Some(replica.id());
+    let leader = replica.is_leader();
     gauge(
         &mut registry,
         "term",
@@ -305,37 +203,7 @@ async fn metrics(State(replica): State<ReplicaHandle>) -> Response {
         "How long building and storing the last snapshot took",
         snapshots.last_millis as i64,
     );
-    registry.register(
-        "appends",
-        "Appends handled here, by outcome",
-        telemetry.appends.clone(),
-    );
-    registry.register(
-        "append_seconds",
-        "Append latency here, from arrival to answer",
-        telemetry.append_seconds.clone(),
-    );
-    registry.register(
-        "append_many_size",
-        "Appends per append_many request (producers sharing a connection, batched by the client)",
-        telemetry.append_many_size.clone(),
-    );
-    registry.register("fetches", "Fetches handled here", telemetry.fetches.clone());
-    registry.register(
-        "fetch_lag_offsets",
-        "Offsets between the head of the log and the end of each fetch answer (subscriber lag)",
-        telemetry.fetch_lag.clone(),
-    );
-    registry.register(
-        "auth_refusals",
-        "Requests refused here for their credentials or their role",
-        telemetry.auth_refusals.clone(),
-    );
-    registry.register(
-        "fetches_waiting",
-        "Fetches in progress here (long polls: about one per subscriber)",
-        telemetry.fetches_waiting.clone(),
-    );
+    telemetry.register(&mut registry);
     let mut text = String::new();
     if let Err(error) = encode(&mut text, &registry) {
         return (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response();
@@ -386,7 +254,7 @@ async fn readyz(State(replica): State<ReplicaHandle>) -> Response {
 async fn status_json(State(replica): State<ReplicaHandle>) -> Response {
     let status = replica.status();
     let job = match replica.state(0, Duration::ZERO).await {
-        Ok(at) => crate::cli::state_json(&at),
+        Ok(at) => json::state_json(&at),
         Err(error) => json!({ "error": error.to_string() }),
     };
     let from = status
@@ -406,9 +274,9 @@ async fn status_json(State(replica): State<ReplicaHandle>) -> Response {
             .entries
             .iter()
             .map(|entry| {
-                let mut json = crate::cli::entry_json(entry);
-                json["summary"] = entry.summary().into();
-                json
+                let mut rendered = json::entry_json(entry);
+                rendered["summary"] = entry.summary().into();
+                rendered
             })
             .collect(),
         Err(_) => Vec::new(),
@@ -421,7 +289,7 @@ async fn status_json(State(replica): State<ReplicaHandle>) -> Response {
         .map(|(container, lag)| (container.to_string(), lag.into()))
         .collect();
     axum::Json(json!({
-        "replica": crate::cli::status_json(&status),
+        "replica": json::status_json(&status),
         "lag": lag,
         "healthy": replica.metrics().running_state.is_ok(),
         "job": job,

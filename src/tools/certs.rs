@@ -23,9 +23,9 @@ pub fn ca_file(dir: &Path) -> PathBuf {
 }
 
 /// The TLS files of replica `id` among those `generate` wrote into `dir`.
-pub fn replica_files(dir: &Path, id: NodeId) -> crate::raft::TlsFiles {
-    let name = crate::raft::network::node_name(id);
-    crate::raft::TlsFiles {
+pub fn replica_files(dir: &Path, id: NodeId) -> crate::server::TlsFiles {
+    let name = crate::server::tls::node_name(id);
+    crate::server::TlsFiles {
         ca_file: ca_file(dir),
         cert_file: dir.join(format!("{name}.pem")),
         key_file: dir.join(format!("{name}-key.pem")),
@@ -135,7 +135,7 @@ pub fn generate(
     let now = OffsetDateTime::now_utc();
     let (from, until) = (now - Duration::days(1), now + Duration::days(days));
     for id in nodes {
-        let name = crate::raft::network::node_name(*id);
+        let name = crate::server::tls::node_name(*id);
         let mut sans = vec![name.clone()];
         sans.extend(hosts.iter().cloned());
         written.push(authority.issue(out, &name, &name, sans, from, until)?);

@@ -1,4 +1,5 @@
-//! A simulated container: what `ctrlog container` runs and the launchers start. It joins the
+//! A simulated container: what `ctrlog container` runs and the launchers start
+//! ([`InProcessLauncher`] runs them as tasks of this process). It joins the
 //! job, "consumes" the inputs of the tasks it is given, reports their lag, obeys every command
 //! addressed to it, and writes what it believes it runs to a report file, so that the demo and
 //! the tests can check from the containers' own words that no task ever ran twice at once.
@@ -10,11 +11,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
-use crate::checker::TaskEvent;
+use super::checker::TaskEvent;
 use crate::client::{
     ClientError, ClientOptions, ContainerSession, ControlClient, SessionOptions, SubscriptionItem,
 };
+use crate::controller::ContainerLauncher;
 use crate::jobs::TaskPhase;
 use crate::log::{Command, ContainerId, Epoch, TaskId};
 
@@ -234,4 +238,71 @@ pub async fn run_simulated_container(
     };
     worker.stop_all();
     result
+}
+
+/// A container running as a task: how to ask it to stop, and the task.
+type Running = (oneshot::Sender<()>, JoinHandle<()>);
+
+/// Runs simulated containers as tasks in this process.
+pub struct InProcessLauncher {
+    seeds: Vec<String>,
+    options: SimOptions,
+    running: Mutex<BTreeMap<ContainerId, Running>>,
+}
+
+impl InProcessLauncher {
+    pub fn new(seeds: Vec<String>, options: SimOptions) -> InProcessLauncher {
+        InProcessLauncher {
+            seeds,
+            options,
+            running: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Kills a container without a word, like a crashed process: its heartbeats stop.
+    pub fn crash(&self, container: &ContainerId) {
+        if let Some((_, task)) = self.lock().remove(container) {
+            task.abort();
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<ContainerId, Running>> {
+        self.running.lock().expect("never poisoned")
+    }
+}
+
+impl ContainerLauncher for InProcessLauncher {
+    fn launch(&self, container: &ContainerId) -> Result<(), String> {
+        let (stop, stopped) = oneshot::channel();
+        let run = run_simulated_container(
+            self.seeds.clone(),
+            container.clone(),
+            self.options.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+        );
+        let name = container.clone();
+        let task = tokio::spawn(async move {
+            if let Err(error) = run.await {
+                tracing::warn!(container = %name, %error, "simulated container ended");
+            }
+        });
+        self.lock().insert(container.clone(), (stop, task));
+        Ok(())
+    }
+
+    fn stop(&self, container: &ContainerId) {
+        if let Some((stop, _)) = self.lock().remove(container) {
+            let _ = stop.send(());
+        }
+    }
+}
+
+impl Drop for InProcessLauncher {
+    fn drop(&mut self) {
+        for (_, (_, task)) in std::mem::take(&mut *self.lock()) {
+            task.abort();
+        }
+    }
 }

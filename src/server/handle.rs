@@ -1,49 +1,32 @@
-//! A replica: storage, Raft, the peer and client listeners and the proposer, wired together.
+//! [`ReplicaHandle`]: the library API of a running replica, what the client port, the
+//! observability port and an embedding program call. Every request path goes through here,
+//! so each rule is spelled once: who leads ([`ReplicaHandle::is_leader`]), what a redirect
+//! says (`raft::types::not_leader`), what a write refused by Raft means to the caller, and
+//! the [`ControlPlane`] the controller reaches the replica through.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::error::{ClientWriteError, RaftError};
-use openraft::{ServerState, SnapshotPolicy};
-use tokio::task::JoinHandle;
+use openraft::ServerState;
 
-use super::auth::Authenticator;
-use super::config::{ConfigError, ReplicaConfig};
-use super::http::{bind_http, serve_http, Telemetry};
-use super::log_store::LogStore;
-use super::meta_store::{Closed, MetaStore};
-use super::network::{bind_peers, serve_peers, PeerNetwork};
-use super::proposer::{Proposer, BATCH_BYTES_MAX};
-use super::service::{bind_clients, serve_clients};
-use super::state_machine::{entry_commands, log_entry, StateMachineStore};
-use super::tls::ReplicaTls;
-use super::types::{Raft, RaftMetrics};
+use super::replica::StartError;
+use super::telemetry::Telemetry;
 use crate::client::{
-    AnswerSlot, ApiError, AppendAck, FetchRequest, FetchResponse, HeartbeatAck, Member,
-    MemberStatus, StateAt, Status,
+    ApiError, AppendAck, FetchRequest, FetchResponse, HeartbeatAck, Member, MemberStatus, StateAt,
+    Status,
 };
-use crate::jobs::{Liveness, Outcome, Rejection, Session};
+use crate::controller::ControlPlane;
+use crate::jobs::{JobState, Liveness, Outcome, Rejection, Session};
 use crate::log::vocabulary::{kinds, LEVEL_MAX};
 use crate::log::{Command, ContainerId, Epoch, Filter, Offset, Proposal, Target, TaskId};
+use crate::raft::log_store::LogStore;
+use crate::raft::proposer::{Proposer, BATCH_BYTES_MAX};
+use crate::raft::reader::read_committed;
+use crate::raft::state_machine::{Applied, SnapshotStats, StateMachineStore};
+use crate::raft::types::{not_leader_from, Raft, RaftError, RaftMetrics};
 use crate::NodeId;
-
-/// Entries per AppendEntries message. With batches of up to [`BATCH_BYTES_MAX`] plus one
-/// command, this keeps a message well inside the peer frame limit.
-pub const RAFT_PAYLOAD_ENTRIES_MAX: u64 = 64;
-
-/// Raft entries one fetch reads at most, whatever its filter skips: bounds the work of one
-/// request (a container filtering for itself may skip thousands of commands per entry read).
-pub const FETCH_ENTRIES_SCANNED_MAX: usize = 64;
-
-/// The most command bytes one fetch answer carries, whatever the request asks (beyond one
-/// command, which is always returned whole): bounds the memory an answer pins while its
-/// reader is slow.
-pub const FETCH_ANSWER_BYTES_MAX: usize = 4 << 20;
-
-/// How long `Replica::shutdown` lets its listeners end their connections before aborting them.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// How long `snapshot` waits for the snapshot it triggered.
 const SNAPSHOT_WAIT_MAX: Duration = Duration::from_secs(30);
@@ -55,280 +38,25 @@ pub const MEMBER_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
 /// leader keeps appending, so demanding exact equality could wait forever.
 const MEMBER_CATCH_UP_ENTRIES_MAX: u64 = 64;
 
-/// Why a replica did not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    #[error("storage: {0}")]
-    Storage(#[from] std::io::Error),
-    #[error("raft: {0}")]
-    Raft(String),
-    #[error("tls: {0}")]
-    Tls(String),
-    #[error("auth: {0}")]
-    Auth(String),
-}
-
-struct Inner {
-    id: NodeId,
-    raft: Raft,
-    log: LogStore,
-    state_machine: StateMachineStore,
-    proposer: Proposer,
-    peer_addr: SocketAddr,
-    client_addr: SocketAddr,
-    command_bytes_max: usize,
+pub(super) struct Inner {
+    pub(super) id: NodeId,
+    pub(super) raft: Raft,
+    pub(super) log: LogStore,
+    pub(super) state_machine: StateMachineStore,
+    pub(super) proposer: Proposer,
+    pub(super) peer_addr: SocketAddr,
+    pub(super) client_addr: SocketAddr,
+    pub(super) command_bytes_max: usize,
     /// Heartbeats heard while this replica leads (reset when a new term begins).
-    liveness: std::sync::Mutex<Liveness>,
-    telemetry: Telemetry,
-    http_addr: Option<SocketAddr>,
+    pub(super) liveness: std::sync::Mutex<Liveness>,
+    pub(super) telemetry: Telemetry,
+    pub(super) http_addr: Option<SocketAddr>,
 }
 
 /// A cheap, cloneable handle to a running replica: the library API.
 #[derive(Clone)]
 pub struct ReplicaHandle {
-    inner: Arc<Inner>,
-}
-
-/// A running replica. Prefer [`Replica::shutdown`]; dropping it also stops it (see `Drop`).
-pub struct Replica {
-    handle: ReplicaHandle,
-    tasks: Vec<JoinHandle<()>>,
-    /// Tells the listeners to stop (they then end their connections and return).
-    stop: tokio::sync::watch::Sender<bool>,
-    /// Set by [`Replica::shutdown`], so that dropping afterwards does not stop Raft twice.
-    stopped: bool,
-    /// Fires when the storage is closed; taken by [`Replica::shutdown`] to wait for it.
-    storage_closed: Option<Closed>,
-}
-
-impl std::ops::Deref for Replica {
-    type Target = ReplicaHandle;
-    fn deref(&self) -> &ReplicaHandle {
-        &self.handle
-    }
-}
-
-/// Dropping a replica without [`Replica::shutdown`] still stops it: the listeners at once, and
-/// Raft's core on the runtime, if one is running, rather than leaving it to run unreachable.
-impl Drop for Replica {
-    fn drop(&mut self) {
-        self.stop.send_replace(true);
-        for task in &self.tasks {
-            task.abort();
-        }
-        if self.stopped {
-            return;
-        }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let raft = self.handle.inner.raft.clone();
-            runtime.spawn(async move {
-                let _ = raft.shutdown().await;
-            });
-        }
-    }
-}
-
-/// Where a replica keeps sled (metadata and snapshots) inside its data directory.
-pub(super) fn meta_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
-    data_dir.join("meta")
-}
-
-/// Opens the metadata and the log (the WAL) of the replica whose data is in `data_dir`.
-pub(super) fn open_log(data_dir: &std::path::Path) -> std::io::Result<(Arc<MetaStore>, LogStore)> {
-    let meta = Arc::new(MetaStore::open(&meta_dir(data_dir))?);
-    let log = LogStore::open(&data_dir.join("log"), meta.clone())?;
-    Ok((meta, log))
-}
-
-/// Opens a replica's storage in `data_dir`: its metadata and log, and the state machine
-/// restored from its latest snapshot.
-fn open_storage(
-    data_dir: &std::path::Path,
-) -> std::io::Result<(LogStore, StateMachineStore, Closed)> {
-    let (meta, log) = open_log(data_dir)?;
-    let closed = meta.closed();
-    let state_machine = StateMachineStore::open(meta, log.clone())?;
-    log.guard_with_snapshots(state_machine.stored_snapshot_last()?);
-    Ok((log, state_machine, closed))
-}
-
-fn raft_config(config: &ReplicaConfig) -> Result<openraft::Config, StartError> {
-    openraft::Config {
-        cluster_name: "ctrlog".into(),
-        heartbeat_interval: config.heartbeat_interval_ms,
-        election_timeout_min: config.election_timeout_min_ms,
-        election_timeout_max: config.election_timeout_max_ms,
-        // A chunk is applied with an fsync of sled on the receiver; give it time.
-        install_snapshot_timeout: 10_000,
-        max_payload_entries: RAFT_PAYLOAD_ENTRIES_MAX,
-        snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_logs_since_last),
-        max_in_snapshot_log_to_keep: config.snapshot_logs_to_keep,
-        ..Default::default()
-    }
-    .validate()
-    .map_err(|e| StartError::Raft(e.to_string()))
-}
-
-impl Replica {
-    /// Opens storage, binds both ports and starts Raft. Initialises the cluster when this is
-    /// the lowest initial member and its log is empty (never on a restart).
-    pub async fn start(config: ReplicaConfig) -> Result<Replica, StartError> {
-        config.validate()?;
-        let data_dir = config.data_dir.clone();
-        // Recovery reads the whole retained log, and opening may wait for the directory's lock:
-        // blocking work, kept off the runtime's workers.
-        let (log, state_machine, storage_closed) =
-            tokio::task::spawn_blocking(move || open_storage(&data_dir))
-                .await
-                .map_err(std::io::Error::other)??;
-        let tls = config
-            .tls
-            .as_ref()
-            .map(ReplicaTls::load)
-            .transpose()
-            .map_err(|e| StartError::Tls(e.to_string()))?;
-        let authenticator = config
-            .auth
-            .as_ref()
-            .map(Authenticator::load)
-            .transpose()
-            .map_err(StartError::Auth)?
-            .map(Arc::new);
-        let raft = Raft::new(
-            config.id,
-            Arc::new(raft_config(&config)?),
-            PeerNetwork {
-                tls: tls.as_ref().map(|t| t.to_peers.clone()),
-            },
-            log.clone(),
-            state_machine.clone(),
-        )
-        .await
-        .map_err(|e| StartError::Raft(e.to_string()))?;
-
-        let peer_listener = bind_peers(config.peer_addr).await?;
-        let client_listener =
-            bind_clients(config.client_addr, config.client_frame_bytes_max).await?;
-        let (peer_addr, client_addr) = (peer_listener.local_addr()?, client_listener.local_addr()?);
-        let http_listener = match config.http_addr {
-            Some(addr) => Some(bind_http(addr).await?),
-            None => None,
-        };
-        let http_addr = http_listener.as_ref().map(|l| l.local_addr()).transpose()?;
-        let handle = ReplicaHandle {
-            inner: Arc::new(Inner {
-                id: config.id,
-                raft: raft.clone(),
-                log,
-                state_machine,
-                proposer: Proposer::start(raft.clone()),
-                peer_addr,
-                client_addr,
-                command_bytes_max: config.command_bytes_max,
-                liveness: std::sync::Mutex::new(Liveness::new(0, std::time::Instant::now())),
-                telemetry: Telemetry::default(),
-                http_addr,
-            }),
-        };
-        let (stop, stopping) = tokio::sync::watch::channel(false);
-        let mut tasks = vec![
-            tokio::spawn(serve_peers(
-                peer_listener,
-                raft.clone(),
-                tls.as_ref().map(|t| t.peers.clone()),
-                stopping.clone(),
-            )),
-            tokio::spawn(serve_clients(
-                client_listener,
-                handle.clone(),
-                config.client_requests_in_flight_max,
-                tls.as_ref().map(|t| t.clients.clone()),
-                authenticator,
-                stopping.clone(),
-            )),
-        ];
-        if let Some(listener) = http_listener {
-            tasks.push(tokio::spawn(serve_http(listener, handle.clone(), stopping)));
-        }
-        let replica = Replica {
-            stopped: false,
-            storage_closed: Some(storage_closed),
-            tasks,
-            stop,
-            handle,
-        };
-        tracing::info!(id = config.id, %peer_addr, %client_addr, ?http_addr, "replica started");
-
-        let lowest = config.initial_members.keys().next().copied();
-        let initialized = raft
-            .is_initialized()
-            .await
-            .map_err(|e| StartError::Raft(e.to_string()))?;
-        if lowest == Some(config.id) && !initialized {
-            replica.initialize(config.initial_members.clone()).await?;
-        }
-        Ok(replica)
-    }
-
-    /// Stops Raft and the listeners, then waits (up to a grace period) for the storage to
-    /// close, so that the data directory can be reopened at once. Storage closes when the last
-    /// handle is gone: Raft's own tasks that outlive its core (its state-machine worker, a
-    /// snapshot build) hold it briefly, and a [`ReplicaHandle`] kept elsewhere holds it until
-    /// dropped (then there is nothing to wait for here).
-    pub async fn shutdown(mut self) {
-        self.stop.send_replace(true);
-        for mut task in self.tasks.drain(..) {
-            // The listeners end their connections and return; one that does not within the
-            // grace period is aborted.
-            if tokio::time::timeout(SHUTDOWN_GRACE, &mut task)
-                .await
-                .is_err()
-            {
-                task.abort();
-                let _ = task.await;
-            }
-        }
-        self.stopped = true;
-        if let Err(error) = self.handle.inner.raft.shutdown().await {
-            tracing::warn!(%error, "raft did not shut down cleanly");
-        }
-        // Handles held elsewhere keep the storage open for as long as their holders like; only
-        // Raft's leftover tasks are worth waiting for.
-        let handles_held_elsewhere = Arc::strong_count(&self.handle.inner) > 1;
-        let (id, storage_closed) = (self.handle.id(), self.storage_closed.take());
-        drop(self);
-        if let (Some(closed), false) = (storage_closed, handles_held_elsewhere) {
-            if tokio::time::timeout(SHUTDOWN_GRACE, closed.wait())
-                .await
-                .is_err()
-            {
-                tracing::warn!(id, "storage still open after shutdown");
-            }
-        }
-    }
-}
-
-/// Maps a failed Raft write (append, membership change) to what the caller can act on.
-fn write_error(error: RaftError<NodeId, ClientWriteError<NodeId, Member>>) -> ApiError {
-    match error {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => ApiError::NotLeader {
-            leader_id: forward.leader_id,
-            leader_client_addr: forward.leader_node.map(|m| m.client_addr),
-        },
-        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
-            ApiError::Rejected(e.to_string())
-        }
-        RaftError::Fatal(e) => ApiError::Unavailable(e.to_string()),
-    }
-}
-
-impl Replica {
-    /// A handle that outlives this borrow (it does not keep the listeners alive).
-    pub fn clone_handle(&self) -> ReplicaHandle {
-        self.handle.clone()
-    }
+    pub(super) inner: Arc<Inner>,
 }
 
 impl ReplicaHandle {
@@ -378,12 +106,23 @@ impl ReplicaHandle {
             .read(|state| state.rejections.total)
     }
 
-    pub fn snapshot_stats(&self) -> super::state_machine::SnapshotStats {
+    pub fn snapshot_stats(&self) -> SnapshotStats {
         self.inner.state_machine.snapshot_stats()
     }
 
     pub fn metrics(&self) -> RaftMetrics {
         self.inner.raft.metrics().borrow().clone()
+    }
+
+    /// Whether this replica leads now, by its own metrics: its Raft core runs, it is in the
+    /// leader state and it names itself leader. The one answer to "am I the leader" that the
+    /// controller, the observability port and the tools all use.
+    pub fn is_leader(&self) -> bool {
+        let metrics = self.inner.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics.running_state.is_ok()
+            && metrics.state == ServerState::Leader
+            && metrics.current_leader == Some(self.inner.id)
     }
 
     /// Initialises a new cluster with these members. Refused if this replica already has state.
@@ -490,7 +229,8 @@ impl ReplicaHandle {
         // Offsets start at 1; a fetch from 0 means "from the beginning".
         let mut from = request.from.max(1);
         loop {
-            let response = self.read_committed(from, request)?;
+            let response =
+                read_committed(&self.inner.log, &self.inner.state_machine, from, request)?;
             if !response.entries.is_empty() || response.next_offset <= response.applied_offset {
                 // Entries, or a scan that stopped at its bound: the caller continues.
                 return Ok(response);
@@ -520,106 +260,11 @@ impl ReplicaHandle {
         }
     }
 
-    /// One bounded scan of the applied log from `from` (see [`FETCH_ENTRIES_SCANNED_MAX`]).
-    fn read_committed(
-        &self,
-        from: Offset,
-        request: &FetchRequest,
-    ) -> Result<FetchResponse, ApiError> {
-        // Spans of purged entries linger until the next apply prunes them; skip them here.
-        let first_log_index = self.inner.log.first_index();
-        let (applied_offset, first_offset, spans) = self.inner.state_machine.read(|state| {
-            let applied = state.job.last_offset();
-            let first_offset = state.first_retained_offset(first_log_index);
-            let from_span = state
-                .offset_index
-                .range(..=from)
-                .next_back()
-                .map_or(from, |(first, _)| *first);
-            let spans: Vec<_> = state
-                .offset_index
-                .range(from_span.max(first_offset)..)
-                .take(FETCH_ENTRIES_SCANNED_MAX.min(request.entries_max as usize))
-                .map(|(first, span)| (*first, span.clone()))
-                .collect();
-            (applied, first_offset, spans)
-        });
-        let mut response = FetchResponse {
-            entries: Vec::new(),
-            next_offset: from,
-            applied_offset,
-            slot: AnswerSlot::default(),
-        };
-        if from > applied_offset {
-            return Ok(response);
-        }
-        let compacted = ApiError::Compacted {
-            first_offset,
-            snapshot_offset: self.inner.state_machine.snapshot_offset(),
-        };
-        if from < first_offset {
-            return Err(compacted);
-        }
-        let mut bytes = 0usize;
-        for (span_offset, span) in spans {
-            let Some(raft_entry) = self
-                .inner
-                .state_machine
-                .applied_entry(span.log_index)
-                .map_err(|e| ApiError::Unavailable(e.to_string()))?
-            else {
-                // Purged while we read: what was read so far stands.
-                if response.next_offset == from {
-                    return Err(compacted);
-                }
-                break;
-            };
-            for (offset, proposal) in entry_commands(span_offset, &span, &raft_entry) {
-                if offset < from {
-                    continue;
-                }
-                if offset > applied_offset {
-                    return Ok(response);
-                }
-                if request.filter.matches(&proposal.target) {
-                    let size = proposal.frame.body.len();
-                    let bytes_max = (request.bytes_max as usize).min(FETCH_ANSWER_BYTES_MAX);
-                    let full = response.entries.len() >= request.entries_max as usize
-                        || (!response.entries.is_empty() && bytes + size > bytes_max);
-                    if full {
-                        return Ok(response);
-                    }
-                    bytes += size;
-                    response
-                        .entries
-                        .push(log_entry(offset, proposal, &raft_entry));
-                }
-                response.next_offset = offset + 1;
-            }
-        }
-        Ok(response)
-    }
-
-    /// `NotLeader`, naming the leader this replica knows of.
-    fn not_leader(&self, metrics: &RaftMetrics) -> ApiError {
-        let leader_client_addr = metrics.current_leader.and_then(|leader| {
-            metrics
-                .membership_config
-                .membership()
-                .get_node(&leader)
-                .map(|m| m.client_addr.clone())
-        });
-        ApiError::NotLeader {
-            leader_id: metrics.current_leader,
-            leader_client_addr,
-        }
-    }
-
     /// Runs `f` on the heartbeat table of the current term. Only the leader keeps one.
     fn with_liveness<T>(&self, f: impl FnOnce(&mut Liveness) -> T) -> Result<T, ApiError> {
         let metrics = self.metrics();
         if metrics.current_leader != Some(self.inner.id) {
-            return Err(self.not_leader(&metrics));
+            return Err(not_leader_from(&metrics));
         }
         let mut table = self
             .inner
@@ -743,12 +388,12 @@ impl ReplicaHandle {
     }
 
     /// Watches the applied position (log index and offset).
-    pub fn applied(&self) -> tokio::sync::watch::Receiver<super::state_machine::Applied> {
+    pub fn applied(&self) -> tokio::sync::watch::Receiver<Applied> {
         self.inner.state_machine.applied()
     }
 
     /// Reads the JobState as of the applied offset.
-    pub fn read_state<T>(&self, f: impl FnOnce(&crate::jobs::JobState) -> T) -> T {
+    pub fn read_state<T>(&self, f: impl FnOnce(&JobState) -> T) -> T {
         self.inner.state_machine.read(|state| f(&state.job))
     }
 
@@ -762,7 +407,7 @@ impl ReplicaHandle {
         let raft = &self.inner.raft;
         raft.add_learner(id, member, true)
             .await
-            .map_err(write_error)?;
+            .map_err(ApiError::from)?;
         let mut metrics = raft.metrics();
         let deadline = tokio::time::Instant::now() + MEMBER_CATCH_UP_TIMEOUT;
         loop {
@@ -800,7 +445,7 @@ impl ReplicaHandle {
         voters.insert(id);
         raft.change_membership(voters, false)
             .await
-            .map_err(write_error)?;
+            .map_err(ApiError::from)?;
         tracing::info!(member = id, "promoted to voter");
         Ok(())
     }
@@ -819,7 +464,7 @@ impl ReplicaHandle {
             .raft
             .change_membership(voters, false)
             .await
-            .map_err(write_error)?;
+            .map_err(ApiError::from)?;
         tracing::info!(member = id, "removed");
         Ok(())
     }
@@ -859,23 +504,35 @@ impl ReplicaHandle {
     }
 }
 
-/// Runs one replica until `shutdown` resolves: what `ctrlog serve` does.
-pub async fn serve(
-    config: ReplicaConfig,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> Result<(), StartError> {
-    let replica = Replica::start(config).await?;
-    // A replica whose Raft core stopped on a fatal (storage) error must not linger as a
-    // zombie: exit, so that a supervisor restarts it and recovery runs.
-    let mut metrics = replica.raft().metrics();
-    let fatal = async move {
-        let _ = metrics.wait_for(|m| m.running_state.is_err()).await;
-    };
-    let result = tokio::select! {
-        _ = shutdown => Ok(()),
-        _ = fatal => Err(StartError::Raft("the Raft core stopped on a fatal error".into())),
-    };
-    tracing::info!(id = replica.id(), "shutting down");
-    replica.shutdown().await;
-    result
+/// The controller reaches its replica through this, and nothing else: it leads while
+/// [`ReplicaHandle::is_leader`] says so, and writes only through the proposer.
+impl ControlPlane for ReplicaHandle {
+    fn is_leader(&self) -> bool {
+        ReplicaHandle::is_leader(self)
+    }
+
+    fn job_state(&self) -> JobState {
+        self.read_state(JobState::clone)
+    }
+
+    fn overdue_sessions(&self, timeout: Duration) -> Vec<Session> {
+        ReplicaHandle::overdue_sessions(self, timeout).unwrap_or_default()
+    }
+
+    fn reported_lag(&self) -> BTreeMap<ContainerId, u64> {
+        ReplicaHandle::reported_lag(self).unwrap_or_default()
+    }
+
+    async fn append(&self, command: Command) -> Result<AppendAck, ApiError> {
+        let target = command.target().unwrap_or(Target::All);
+        ReplicaHandle::append(
+            self,
+            Proposal {
+                producer: None,
+                target,
+                frame: command.into_frame(),
+            },
+        )
+        .await
+    }
 }

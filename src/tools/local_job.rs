@@ -8,10 +8,11 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-use super::{Controller, ControllerReport};
+use super::local_cluster::LocalCluster;
+use super::wait::WaitError;
+use crate::controller::{Controller, ControllerReport};
 use crate::jobs::JobState;
-use crate::raft::local_cluster::WaitError;
-use crate::raft::{LocalCluster, ReplicaHandle, StartError};
+use crate::server::{ReplicaHandle, StartError};
 use crate::NodeId;
 
 /// Builds the controller for one replica.

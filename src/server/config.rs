@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -76,6 +76,133 @@ impl Default for ReplicaConfig {
             client_requests_in_flight_max: 1024,
         }
     }
+}
+
+impl ReplicaConfig {
+    /// This replica's address pair as the membership records it.
+    pub fn member(&self) -> Member {
+        Member {
+            peer_addr: self.peer_addr.to_string(),
+            client_addr: self.client_addr.to_string(),
+        }
+    }
+
+    /// Reads a TOML file; fields it does not state keep their defaults.
+    pub fn from_file(path: &Path) -> Result<ReplicaConfig, LoadError> {
+        let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| LoadError::Parse {
+            path: path.to_owned(),
+            source,
+        })
+    }
+}
+
+/// The options of `ctrlog serve` (and `force-new-cluster`): a TOML file, and flags that
+/// override what it says. Every flag is optional so that the file can say it instead.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ServeFlags {
+    /// A TOML file with any of the options; flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[arg(long)]
+    pub id: Option<NodeId>,
+    #[arg(long)]
+    pub peer_addr: Option<SocketAddr>,
+    #[arg(long)]
+    pub client_addr: Option<SocketAddr>,
+    /// Serve /metrics, /healthz, /readyz and the status page here (HTTP).
+    #[arg(long)]
+    pub http_addr: Option<SocketAddr>,
+    /// TLS on both ports: the CA (PEM); with --tls-cert and --tls-key.
+    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+    pub tls_ca: Option<PathBuf>,
+    /// This replica's certificate (PEM), naming it `node-<id>`.
+    #[arg(long, requires = "tls_ca")]
+    pub tls_cert: Option<PathBuf>,
+    /// This replica's private key (PEM).
+    #[arg(long, requires = "tls_ca")]
+    pub tls_key: Option<PathBuf>,
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// The founding members: 1=PEER/CLIENT,2=PEER/CLIENT,3=PEER/CLIENT.
+    #[arg(long)]
+    pub initial_members: Option<String>,
+    #[arg(long)]
+    pub snapshot_logs_since_last: Option<u64>,
+    #[arg(long)]
+    pub snapshot_logs_to_keep: Option<u64>,
+}
+
+impl ServeFlags {
+    /// The configuration these flags ask for: the file's (or the defaults), each flag given
+    /// laid over it, then validated.
+    pub fn load(self) -> Result<ReplicaConfig, LoadError> {
+        let mut config = match &self.config {
+            Some(path) => ReplicaConfig::from_file(path)?,
+            None => ReplicaConfig::default(),
+        };
+        let no_id = self.id.is_none() && self.config.is_none();
+        if let Some(id) = self.id {
+            config.id = id;
+        }
+        if let Some(addr) = self.peer_addr {
+            config.peer_addr = addr;
+        }
+        if let Some(addr) = self.client_addr {
+            config.client_addr = addr;
+        }
+        if let Some(addr) = self.http_addr {
+            config.http_addr = Some(addr);
+        }
+        if let (Some(ca_file), Some(cert_file), Some(key_file)) =
+            (self.tls_ca, self.tls_cert, self.tls_key)
+        {
+            config.tls = Some(TlsFiles {
+                ca_file,
+                cert_file,
+                key_file,
+            });
+        }
+        if let Some(dir) = self.data {
+            config.data_dir = dir;
+        }
+        if let Some(members) = self.initial_members {
+            config.initial_members = parse_members(&members)?;
+        }
+        if let Some(n) = self.snapshot_logs_since_last {
+            config.snapshot_logs_since_last = n;
+        }
+        if let Some(n) = self.snapshot_logs_to_keep {
+            config.snapshot_logs_to_keep = n;
+        }
+        if no_id {
+            return Err(LoadError::NoId);
+        }
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+/// Why a replica's configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("reading {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("parsing {}: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        source: toml::de::Error,
+    },
+    #[error("--id is required (or give it in --config)")]
+    NoId,
+    #[error(transparent)]
+    Invalid(#[from] ConfigError),
 }
 
 /// A configuration that cannot work, with the field at fault.

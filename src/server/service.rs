@@ -18,7 +18,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::auth::{authorize, Action, Authenticator, Principal};
 use super::connections::serve_each_connection;
-use super::node::ReplicaHandle;
+use super::handle::ReplicaHandle;
 use crate::client::tls::framed;
 use crate::client::{
     AnswerSlot, ApiError, AppendAck, ControlLog, ControlLogRequest, ControlLogResponse,

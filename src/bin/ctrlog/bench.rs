@@ -1,0 +1,211 @@
+//! `ctrlog bench` and `ctrlog chaos`: their arguments, and a call each into
+//! `ctrlog::tools::bench` and `ctrlog::tools::chaos`.
+
+use std::io::Write;
+use std::time::Duration;
+
+use clap::Subcommand;
+use ctrlog::tools::bench::{self, BenchTarget, ProcessCluster, OWN_CLUSTER_REPLICAS};
+use ctrlog::tools::chaos::{self, ChaosOptions};
+use ctrlog::tools::cli::{self, ClientFlags};
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    workload: BenchCmd,
+    /// One JSON object per line instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// Clients each appending sequentially, every append durable.
+    Append {
+        /// Client counts to run one after the other, e.g. 1,16,64,256.
+        #[arg(long, value_delimiter = ',', default_value = "1,64,256")]
+        clients: Vec<usize>,
+        /// Connections the clients share, each still with its own producer id and each
+        /// waiting for its previous append (etcd's benchmark `--conns`). Default: one per
+        /// client.
+        #[arg(long)]
+        connections: Option<usize>,
+        #[arg(long, default_value_t = 5)]
+        duration_s: u64,
+        #[arg(long, default_value_t = 1)]
+        warmup_s: u64,
+        #[arg(long, default_value_t = 256)]
+        payload_bytes: usize,
+        /// Also draw commits/s and p99 latency against the client count into this SVG file.
+        #[arg(long)]
+        plot: Option<std::path::PathBuf>,
+    },
+    /// Subscribers each receiving every command while appends arrive at a fixed rate.
+    Fanout {
+        #[arg(long, default_value_t = 100)]
+        subscribers: usize,
+        #[arg(long, default_value_t = 1000)]
+        rate: u64,
+        #[arg(long, default_value_t = 5)]
+        duration_s: u64,
+        #[arg(long, default_value_t = 256)]
+        payload_bytes: usize,
+        /// How long a subscriber's fetch lingers after its first entry to collect more
+        /// (the client's `subscription_linger`).
+        #[arg(long, default_value_t = 5)]
+        linger_ms: u64,
+    },
+    /// Draw `bench append --json` results saved earlier (one JSON object per line, e.g. the
+    /// medians of several runs) into an SVG, as `append --plot` does.
+    Plot {
+        /// The JSON lines to read.
+        #[arg(long)]
+        input: std::path::PathBuf,
+        /// The SVG file to write.
+        #[arg(long)]
+        output: std::path::PathBuf,
+    },
+    /// Restart a follower behind N commands, with and without snapshots (always its own
+    /// cluster).
+    Recovery {
+        #[arg(long, default_value_t = 100_000)]
+        commands: u64,
+        #[arg(long, default_value_t = 256)]
+        payload_bytes: usize,
+    },
+}
+
+#[derive(clap::Args)]
+pub struct ChaosArgs {
+    #[arg(long, default_value_t = 10)]
+    rounds: u32,
+    /// Seeds the fault schedule (random by default; printed either way).
+    #[arg(long)]
+    seed: Option<u64>,
+    #[arg(long, default_value_t = 4)]
+    producers: usize,
+    /// Connections the producers share, their appends batched (default: one each).
+    #[arg(long)]
+    connections: Option<usize>,
+    #[arg(long, default_value_t = 2)]
+    subscribers: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+/// An append bench that runs its own replicas shares the machine with them as a light client:
+/// it takes an equal share of the cores, as they do (`bench::worker_threads_each`). The
+/// fan-out bench hosts a thousand readers, the heaviest load on the machine, and keeps
+/// tokio's default (one thread each measured no better for it: BENCHMARKS.md).
+pub fn worker_threads(args: &BenchArgs, flags: &ClientFlags) -> Option<usize> {
+    let own_cluster = flags.cluster.is_empty();
+    (matches!(args.workload, BenchCmd::Append { .. }) && own_cluster)
+        .then(|| bench::worker_threads_each(OWN_CLUSTER_REPLICAS as usize))
+}
+
+pub async fn bench(
+    args: BenchArgs,
+    flags: &ClientFlags,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let json = args.json;
+    let mut print = |result: &serde_json::Value| -> std::io::Result<()> {
+        if json {
+            writeln!(out, "{result}")
+        } else {
+            writeln!(out, "{}", cli::bench_line(result))
+        }
+    };
+    let needs_cluster = matches!(
+        args.workload,
+        BenchCmd::Append { .. } | BenchCmd::Fanout { .. }
+    );
+    // Our own cluster lives for the whole run; it is removed when dropped.
+    let own = if needs_cluster && flags.cluster.is_empty() {
+        Some(ProcessCluster::start(OWN_CLUSTER_REPLICAS, &[]).await?)
+    } else {
+        None
+    };
+    let target = match &own {
+        Some(cluster) => BenchTarget::plain(cluster.client_addrs()),
+        None => BenchTarget {
+            seeds: flags.cluster.clone(),
+            options: flags.options()?,
+        },
+    };
+    match args.workload {
+        BenchCmd::Append {
+            clients,
+            connections,
+            duration_s,
+            warmup_s,
+            payload_bytes,
+            plot,
+        } => {
+            let mut results = Vec::new();
+            for n in clients {
+                let result = bench::append(
+                    &target,
+                    n,
+                    connections,
+                    Duration::from_secs(duration_s),
+                    Duration::from_secs(warmup_s),
+                    payload_bytes,
+                )
+                .await?;
+                print(&result)?;
+                results.push(result);
+            }
+            if let Some(path) = plot {
+                bench::plot_append(&results, &path)?;
+            }
+        }
+        BenchCmd::Fanout {
+            subscribers,
+            rate,
+            duration_s,
+            payload_bytes,
+            linger_ms,
+        } => {
+            let result = bench::fanout(
+                &target,
+                subscribers,
+                rate,
+                Duration::from_secs(duration_s),
+                payload_bytes,
+                Duration::from_millis(linger_ms),
+            )
+            .await?;
+            print(&result)?;
+        }
+        BenchCmd::Plot { input, output } => bench::plot_file(&input, &output)?,
+        BenchCmd::Recovery {
+            commands,
+            payload_bytes,
+        } => {
+            for snapshots in [true, false] {
+                print(&bench::recovery(commands, snapshots, payload_bytes).await?)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn chaos(args: ChaosArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let seed = args.seed.unwrap_or_else(chaos::seed_from_clock);
+    eprintln!("chaos: seed {seed} ({} rounds)", args.rounds);
+    let figures = chaos::run(ChaosOptions {
+        rounds: args.rounds,
+        seed,
+        producers: args.producers,
+        connections: args.connections,
+        subscribers: args.subscribers,
+    })
+    .await?;
+    if args.json {
+        writeln!(out, "{figures}")?;
+    } else {
+        writeln!(out, "{}", cli::chaos_text(&figures))?;
+    }
+    Ok(())
+}

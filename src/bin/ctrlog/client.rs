@@ -1,0 +1,245 @@
+//! The client subcommands (`append`, `tail`, `status`, `state`, `snapshot`, `vocabulary`,
+//! `members`) and `container`: their arguments, and a call each into `ctrlog::tools::cli`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Subcommand;
+use ctrlog::client::Member;
+use ctrlog::log::{ContainerId, Filter, Frame, ProducerSeq, Target};
+use ctrlog::tools::cli::{self, ClientFlags};
+use ctrlog::tools::container::{run_simulated_container, SimOptions};
+
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("body").required(true).args(["payload", "payload_file"])))]
+pub struct AppendArgs {
+    /// The command kind: a number as stored, or `custom:N` for user kind N.
+    #[arg(long, value_parser = cli::parse_kind)]
+    kind: u32,
+    #[arg(long, default_value_t = 1)]
+    version: u16,
+    /// `all`, `coordinator` or `container:ID`.
+    #[arg(long, default_value = "all")]
+    target: Target,
+    /// The payload as text.
+    #[arg(long)]
+    payload: Option<String>,
+    /// The payload from a file, as bytes.
+    #[arg(long)]
+    payload_file: Option<PathBuf>,
+    /// An idempotent producer id; with `--seq`, running the same command twice appends once.
+    #[arg(long, requires = "seq")]
+    producer: Option<u64>,
+    #[arg(long, requires = "producer")]
+    seq: Option<u64>,
+    /// Print `{"offset":N,"duplicate":false}`.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct TailArgs {
+    /// The first offset to print.
+    #[arg(long, default_value_t = 1)]
+    from: u64,
+    /// Keep printing new commands as they commit.
+    #[arg(long)]
+    follow: bool,
+    /// Stop after this many commands.
+    #[arg(long)]
+    max: Option<u64>,
+    /// `everything`, or `container:ID` for one container's commands plus broadcasts.
+    #[arg(long, default_value = "everything")]
+    filter: Filter,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+pub enum VocabularyCmd {
+    /// The built-in kinds, and which the recorded level allows.
+    Show,
+    /// Raise the recorded level (every replica must support it; this is checked first).
+    Raise {
+        #[arg(long)]
+        level: u16,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum MembersCmd {
+    List,
+    /// Add a replica: it joins as a learner and is promoted once caught up.
+    Add {
+        #[arg(long)]
+        id: u64,
+        #[arg(long)]
+        peer_addr: String,
+        #[arg(long)]
+        client_addr: String,
+    },
+    Remove {
+        #[arg(long)]
+        id: u64,
+    },
+}
+
+#[derive(clap::Args)]
+pub struct ContainerArgs {
+    /// This container's name.
+    #[arg(long)]
+    id: String,
+    #[arg(long, default_value_t = 500)]
+    heartbeat_ms: u64,
+    /// Stop work after this long without an accepted heartbeat (keep it below the
+    /// controller's session timeout).
+    #[arg(long, default_value_t = 3000)]
+    lease_ms: u64,
+    /// A file with the lag each running task reports (one number).
+    #[arg(long)]
+    lag_file: Option<PathBuf>,
+    /// Append a JSON line per task started or stopped here.
+    #[arg(long)]
+    report_file: Option<PathBuf>,
+    /// How long a stopping task flushes its state before the stop is acknowledged.
+    #[arg(long, default_value_t = 0)]
+    stop_delay_ms: u64,
+}
+
+pub async fn append(
+    args: AppendArgs,
+    flags: &ClientFlags,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let body = match (args.payload, args.payload_file) {
+        (Some(text), _) => text.into_bytes(),
+        (None, Some(path)) => {
+            std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?
+        }
+        (None, None) => unreachable!("clap requires one of them"),
+    };
+    let frame = Frame {
+        kind: args.kind,
+        version: args.version,
+        body,
+    };
+    let producer = args
+        .producer
+        .zip(args.seq)
+        .map(|(producer, seq)| ProducerSeq { producer, seq });
+    let ack = cli::append(&flags.connect().await?, args.target, frame, producer).await?;
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string(&ack)?)?;
+    } else if ack.duplicate {
+        writeln!(out, "{} (already appended)", ack.offset)?;
+    } else {
+        writeln!(out, "{}", ack.offset)?;
+    }
+    Ok(())
+}
+
+pub async fn tail(args: TailArgs, flags: &ClientFlags, out: &mut impl Write) -> anyhow::Result<()> {
+    let options = cli::TailOptions {
+        from: args.from,
+        follow: args.follow,
+        max: args.max,
+        filter: args.filter,
+        json: args.json,
+    };
+    cli::tail(&flags.connect().await?, &options, out).await
+}
+
+pub async fn status(json: bool, flags: &ClientFlags, out: &mut impl Write) -> anyhow::Result<()> {
+    let status = flags.connect().await?.status().await?;
+    if json {
+        writeln!(out, "{}", cli::status_json(&status))?;
+    } else {
+        write!(out, "{}", cli::status_text(&status))?;
+    }
+    Ok(())
+}
+
+pub async fn state(json: bool, flags: &ClientFlags, out: &mut impl Write) -> anyhow::Result<()> {
+    let at = flags.connect().await?.state(0).await?;
+    if json {
+        writeln!(out, "{}", cli::state_json(&at))?;
+    } else {
+        write!(out, "{}", cli::state_text(&at))?;
+    }
+    Ok(())
+}
+
+pub async fn snapshot(flags: &ClientFlags, out: &mut impl Write) -> anyhow::Result<()> {
+    let offset = flags.connect().await?.snapshot().await?;
+    writeln!(out, "snapshot taken; it covers offsets up to {offset}")?;
+    Ok(())
+}
+
+pub async fn vocabulary(
+    command: VocabularyCmd,
+    flags: &ClientFlags,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let client = flags.connect().await?;
+    match command {
+        VocabularyCmd::Show => {
+            let level = client.leader_status().await?.vocabulary_level;
+            write!(out, "{}", cli::vocabulary_text(level))?;
+        }
+        VocabularyCmd::Raise { level } => {
+            let ack = cli::raise_level(&client, level).await?;
+            writeln!(
+                out,
+                "vocabulary level {level} recorded at offset {}",
+                ack.offset
+            )?;
+        }
+    }
+    Ok(())
+}
+
+pub async fn members(
+    command: MembersCmd,
+    flags: &ClientFlags,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let client = flags.connect().await?;
+    match command {
+        MembersCmd::List => write!(out, "{}", cli::status_text(&client.leader_status().await?))?,
+        MembersCmd::Add {
+            id,
+            peer_addr,
+            client_addr,
+        } => {
+            let member = Member {
+                peer_addr,
+                client_addr,
+            };
+            client.add_member(id, member).await?;
+            writeln!(out, "replica {id} added and promoted to voter")?;
+        }
+        MembersCmd::Remove { id } => {
+            client.remove_member(id).await?;
+            writeln!(out, "replica {id} removed")?;
+        }
+    }
+    Ok(())
+}
+
+pub async fn container(args: ContainerArgs, flags: ClientFlags) -> anyhow::Result<()> {
+    let options = SimOptions {
+        heartbeat_interval: Duration::from_millis(args.heartbeat_ms),
+        lease: Duration::from_millis(args.lease_ms),
+        lag_file: args.lag_file,
+        report_file: args.report_file,
+        stop_delay: Duration::from_millis(args.stop_delay_ms),
+        client: flags.options()?,
+    };
+    let id = ContainerId::new(args.id)?;
+    let seeds = flags.seeds()?.to_vec();
+    run_simulated_container(seeds, id, options, crate::shutdown_signal()).await?;
+    Ok(())
+}

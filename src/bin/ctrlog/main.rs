@@ -1,0 +1,226 @@
+//! The `ctrlog` binary: parses arguments and calls the library. Each group of subcommands
+//! has its own file: `client.rs` (the client subcommands and `container`) and `bench.rs`
+//! (`bench` and `chaos`); serving, recovery, certificates and the demo are a call each.
+
+mod bench;
+mod client;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use ctrlog::server::ServeFlags;
+use ctrlog::tools::cli::ClientFlags;
+
+// Serving a subscriber allocates and frees a buffer per entry on both sides of the wire, a
+// million times a second at 1,000 subscribers; mimalloc's per-thread free lists cut the
+// fan-out's delivery lag by about a fifth against glibc's malloc (BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+#[command(
+    name = "ctrlog",
+    version,
+    about = "A replicated job control log on Raft"
+)]
+struct Cli {
+    #[command(flatten)]
+    client: ClientFlags,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run one replica until SIGINT or SIGTERM.
+    Serve(ServeFlags),
+    /// Disaster recovery, with the replica stopped: make its data the only member of a new
+    /// cluster, keeping every command it holds (etcd's --force-new-cluster). Takes the same
+    /// options as `serve`; start it with `serve` afterwards and add new replicas with
+    /// `members add`. Never start the other old replicas' directories again.
+    ForceNewCluster(ServeFlags),
+    /// Append one command and print its offset.
+    Append(client::AppendArgs),
+    /// Print committed commands, one per line.
+    Tail(client::TailArgs),
+    /// Show a replica's view of the cluster.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the job state folded from the log.
+    State {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Take a snapshot on the leader now (and purge what retention allows).
+    Snapshot,
+    /// Show the command vocabulary, or raise its level after an upgrade.
+    Vocabulary {
+        #[command(subcommand)]
+        command: client::VocabularyCmd,
+    },
+    /// List, add or remove replicas.
+    Members {
+        #[command(subcommand)]
+        command: client::MembersCmd,
+    },
+    /// Measure command throughput, fan-out lag or recovery (starts its own 3-replica cluster
+    /// of `ctrlog serve` processes unless --cluster is given).
+    Bench(bench::BenchArgs),
+    /// Kill, pause and restart replicas of a three-process cluster under load, then verify
+    /// the history (lost, duplicated, reordered or skipped commands).
+    Chaos(bench::ChaosArgs),
+    /// Run a simulated container: join the job, run what it is assigned, report lag, obey.
+    Container(client::ContainerArgs),
+    /// Run a three-replica cluster in this process and show the control log at work.
+    Demo {
+        /// Where the replicas keep their data (a fresh temporary directory by default).
+        #[arg(long)]
+        data: Option<PathBuf>,
+    },
+    /// Certificates for TLS.
+    Certs {
+        #[command(subcommand)]
+        action: CertsCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum CertsCmd {
+    /// A CA plus a certificate per replica (`node-<id>`) and per client, for a test or a small
+    /// deployment.
+    Generate {
+        #[arg(long)]
+        out: PathBuf,
+        /// Replica ids, e.g. 1,2,3.
+        #[arg(long, value_delimiter = ',', required = true)]
+        nodes: Vec<u64>,
+        /// Host names and IP addresses the replicas are dialled at (every replica's
+        /// certificate carries them all).
+        #[arg(long, value_delimiter = ',', default_value = "127.0.0.1,localhost")]
+        hosts: Vec<String>,
+        /// Client certificates to issue, by name.
+        #[arg(long, value_delimiter = ',')]
+        clients: Vec<String>,
+        #[arg(long, default_value_t = 365)]
+        days: i64,
+    },
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub(crate) async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    // Not locked for the whole command: the demo prints from several tasks.
+    let mut out = std::io::stdout();
+    let flags = cli.client;
+    match cli.command {
+        Cmd::Serve(serve) => ctrlog::server::serve(serve.load()?, shutdown_signal()).await?,
+        Cmd::ForceNewCluster(serve) => {
+            let config = serve.load()?;
+            let forced = ctrlog::server::force_new_cluster(&config).with_context(|| {
+                format!("forcing a new cluster from {}", config.data_dir.display())
+            })?;
+            writeln!(
+                out,
+                "replica {} is now the only member of its cluster: its log ended at index {} \
+                 (term {}), and the membership entry at index {} (term {}) commits when it \
+                 starts. Start it with `ctrlog serve`, then add replicas with `ctrlog members add`.",
+                config.id,
+                forced.previous_last.index,
+                forced.previous_last.leader_id.term,
+                forced.entry.index,
+                forced.entry.leader_id.term,
+            )?;
+        }
+        Cmd::Append(args) => client::append(args, &flags, &mut out).await?,
+        Cmd::Tail(args) => client::tail(args, &flags, &mut out).await?,
+        Cmd::Status { json } => client::status(json, &flags, &mut out).await?,
+        Cmd::State { json } => client::state(json, &flags, &mut out).await?,
+        Cmd::Snapshot => client::snapshot(&flags, &mut out).await?,
+        Cmd::Vocabulary { command } => client::vocabulary(command, &flags, &mut out).await?,
+        Cmd::Members { command } => client::members(command, &flags, &mut out).await?,
+        Cmd::Container(args) => client::container(args, flags).await?,
+        Cmd::Bench(args) => bench::bench(args, &flags, &mut out).await?,
+        Cmd::Chaos(args) => bench::chaos(args, &mut out).await?,
+        Cmd::Demo { data } => ctrlog::tools::demo::run(data).await?,
+        Cmd::Certs {
+            action:
+                CertsCmd::Generate {
+                    out: dir,
+                    nodes,
+                    hosts,
+                    clients,
+                    days,
+                },
+        } => {
+            for path in ctrlog::tools::certs::generate(&dir, &nodes, &hosts, &clients, days)? {
+                writeln!(out, "{}", path.display())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error
+        .downcast_ref::<std::io::Error>()
+        .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if let Cmd::Bench(args) = &cli.command {
+        if let Some(threads) = bench::worker_threads(args, &cli.client) {
+            runtime.worker_threads(threads);
+        }
+    }
+    match runtime.build() {
+        Ok(runtime) => runtime.block_on(run_main(cli)),
+        Err(error) => {
+            eprintln!("ctrlog: starting the async runtime: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run_main(cli: Cli) -> ExitCode {
+    // The demo kills a leader on purpose; its story is the timeline, not the replicas' logs.
+    let default_filter = match cli.command {
+        Cmd::Demo { .. } => "error,openraft=off,tarpc=off",
+        // Faults are the point: show them, not every replica's complaint about them.
+        Cmd::Chaos { .. } => "error,ctrlog::tools::chaos=info,openraft=off,tarpc=off",
+        // tarpc opens an info-level span per request; formatting its fields cost the bench
+        // client about a tenth of its CPU (perf), so tarpc speaks only of problems.
+        _ => "info,openraft=warn,tarpc=warn",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_filter.into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        // `ctrlog tail | head` closing the pipe is not an error.
+        Err(error) if is_broken_pipe(&error) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("ctrlog: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! Reading the control log by offset: the offset index of the state machine leads to the Raft
+//! entries in the WAL (or the window of recent entries), and their commands become
+//! [`LogEntry`](crate::log::LogEntry)s. No second copy of the log exists.
+//!
+//! Invariants of every answer:
+//!
+//! * nothing beyond the applied offset is returned;
+//! * a `from` below the first retained offset is `Compacted`, never a silent skip;
+//! * `next_offset` passes only offsets that were returned or did not match the filter;
+//! * one answer reads at most [`FETCH_ENTRIES_SCANNED_MAX`] Raft entries and carries at most
+//!   [`FETCH_ANSWER_BYTES_MAX`] command bytes (beyond its first command, always returned whole).
+
+use super::log_store::LogStore;
+use super::state_machine::{entry_commands, log_entry, StateMachineStore};
+use crate::client::{AnswerSlot, ApiError, FetchRequest, FetchResponse};
+use crate::log::Offset;
+
+/// Raft entries one fetch reads at most, whatever its filter skips: bounds the work of one
+/// request (a container filtering for itself may skip thousands of commands per entry read).
+pub const FETCH_ENTRIES_SCANNED_MAX: usize = 64;
+
+/// The most command bytes one fetch answer carries, whatever the request asks (beyond one
+/// command, which is always returned whole): bounds the memory an answer pins while its
+/// reader is slow.
+pub const FETCH_ANSWER_BYTES_MAX: usize = 4 << 20;
+
+/// One bounded scan of the applied log from `from` for the commands `request` asks for.
+pub fn read_committed(
+    log: &LogStore,
+    state_machine: &StateMachineStore,
+    from: Offset,
+    request: &FetchRequest,
+) -> Result<FetchResponse, ApiError> {
+    // Spans of purged entries linger until the next apply prunes them; skip them here.
+    let first_log_index = log.first_index();
+    let (applied_offset, first_offset, spans) = state_machine.read(|state| {
+        let applied = state.job.last_offset();
+        let first_offset = state.first_retained_offset(first_log_index);
+        let from_span = state
+            .offset_index
+            .range(..=from)
+            .next_back()
+            .map_or(from, |(first, _)| *first);
+        let spans: Vec<_> = state
+            .offset_index
+            .range(from_span.max(first_offset)..)
+            .take(FETCH_ENTRIES_SCANNED_MAX.min(request.entries_max as usize))
+            .map(|(first, span)| (*first, span.clone()))
+            .collect();
+        (applied, first_offset, spans)
+    });
+    let mut response = FetchResponse {
+        entries: Vec::new(),
+        next_offset: from,
+        applied_offset,
+        slot: AnswerSlot::default(),
+    };
+    if from > applied_offset {
+        return Ok(response);
+    }
+    let compacted = ApiError::Compacted {
+        first_offset,
+        snapshot_offset: state_machine.snapshot_offset(),
+    };
+    if from < first_offset {
+        return Err(compacted);
+    }
+    let bytes_max = (request.bytes_max as usize).min(FETCH_ANSWER_BYTES_MAX);
+    let mut bytes = 0usize;
+    for (span_offset, span) in spans {
+        let Some(raft_entry) = state_machine
+            .applied_entry(span.log_index)
+            .map_err(|e| ApiError::Unavailable(e.to_string()))?
+        else {
+            // Purged while we read: what was read so far stands.
+            if response.next_offset == from {
+                return Err(compacted);
+            }
+            break;
+        };
+        for (offset, proposal) in entry_commands(span_offset, &span, &raft_entry) {
+            if offset < from {
+                continue;
+            }
+            if offset > applied_offset {
+                return Ok(response);
+            }
+            if request.filter.matches(&proposal.target) {
+                let size = proposal.frame.body.len();
+                let full = response.entries.len() >= request.entries_max as usize
+                    || (!response.entries.is_empty() && bytes + size > bytes_max);
+                if full {
+                    return Ok(response);
+                }
+                bytes += size;
+                response
+                    .entries
+                    .push(log_entry(offset, proposal, &raft_entry));
+            }
+            response.next_offset = offset + 1;
+        }
+    }
+    Ok(response)
+}

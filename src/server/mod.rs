@@ -1,0 +1,37 @@
+//! The replica process around consensus: it opens the storage, starts Raft, and serves the
+//! client port ([`service`], tarpc), the peer port ([`peers`]) and the observability port
+//! ([`http`]), all through one accept loop ([`connections`]) with TLS ([`tls`]) and
+//! credentials ([`auth`]) checked before anything reaches the replica.
+//!
+//! [`Replica`] is a running replica (start, shutdown, [`serve`]); [`ReplicaHandle`] is its
+//! library API and the [`ControlPlane`](crate::controller::ControlPlane) its controller
+//! drives; [`ReplicaConfig`] is what `ctrlog serve` reads, flags over a TOML file.
+//!
+//! Invariants:
+//!
+//! * Every connection is served on its own task: a malformed frame, a failed or stalled TLS
+//!   handshake or a panic in a decoder ends that connection only.
+//! * Every client request is authorized against its connection's principal before it reaches
+//!   the [`ReplicaHandle`]; every peer request comes from the node its certificate names.
+//! * `server` may use `raft`; `raft` never uses `server`.
+
+// openraft's errors are large by contract (see `raft`).
+#![allow(clippy::result_large_err)]
+
+pub mod auth;
+pub mod config;
+mod connections;
+pub mod handle;
+pub mod http;
+pub mod json;
+pub mod peers;
+pub mod replica;
+pub mod service;
+mod telemetry;
+pub mod tls;
+
+pub use config::{
+    parse_members, AuthConfig, ConfigError, LoadError, ReplicaConfig, ServeFlags, TlsFiles,
+};
+pub use handle::ReplicaHandle;
+pub use replica::{force_new_cluster, serve, Replica, StartError};

@@ -1,0 +1,279 @@
+//! A replica: storage, Raft, the peer and client listeners and the proposer, wired together.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::SnapshotPolicy;
+use tokio::task::JoinHandle;
+
+use super::auth::Authenticator;
+use super::config::{ConfigError, ReplicaConfig};
+use super::handle::{Inner, ReplicaHandle};
+use super::http::{bind_http, serve_http};
+use super::peers::{bind_peers, serve_peers};
+use super::service::{bind_clients, serve_clients};
+use super::telemetry::Telemetry;
+use super::tls::ReplicaTls;
+use crate::jobs::Liveness;
+use crate::raft::meta_store::Closed;
+use crate::raft::network::PeerNetwork;
+use crate::raft::proposer::Proposer;
+use crate::raft::recover::ForcedMembership;
+use crate::raft::storage::{open_storage, Storage};
+use crate::raft::types::Raft;
+
+/// Entries per AppendEntries message. With batches of up to
+/// [`BATCH_BYTES_MAX`](crate::raft::proposer::BATCH_BYTES_MAX) plus one
+/// command, this keeps a message well inside the peer frame limit.
+pub const RAFT_PAYLOAD_ENTRIES_MAX: u64 = 64;
+
+/// How long `Replica::shutdown` lets its listeners end their connections before aborting them.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Why a replica did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("storage: {0}")]
+    Storage(#[from] std::io::Error),
+    #[error("raft: {0}")]
+    Raft(String),
+    #[error("tls: {0}")]
+    Tls(String),
+    #[error("auth: {0}")]
+    Auth(String),
+}
+
+/// A running replica. Prefer [`Replica::shutdown`]; dropping it also stops it (see `Drop`).
+pub struct Replica {
+    handle: ReplicaHandle,
+    tasks: Vec<JoinHandle<()>>,
+    /// Tells the listeners to stop (they then end their connections and return).
+    stop: tokio::sync::watch::Sender<bool>,
+    /// Set by [`Replica::shutdown`], so that dropping afterwards does not stop Raft twice.
+    stopped: bool,
+    /// Fires when the storage is closed; taken by [`Replica::shutdown`] to wait for it.
+    storage_closed: Option<Closed>,
+}
+
+impl std::ops::Deref for Replica {
+    type Target = ReplicaHandle;
+    fn deref(&self) -> &ReplicaHandle {
+        &self.handle
+    }
+}
+
+/// Dropping a replica without [`Replica::shutdown`] still stops it: the listeners at once, and
+/// Raft's core on the runtime, if one is running, rather than leaving it to run unreachable.
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+        for task in &self.tasks {
+            task.abort();
+        }
+        if self.stopped {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let raft = self.handle.inner.raft.clone();
+            runtime.spawn(async move {
+                let _ = raft.shutdown().await;
+            });
+        }
+    }
+}
+
+fn raft_config(config: &ReplicaConfig) -> Result<openraft::Config, StartError> {
+    openraft::Config {
+        cluster_name: "ctrlog".into(),
+        heartbeat_interval: config.heartbeat_interval_ms,
+        election_timeout_min: config.election_timeout_min_ms,
+        election_timeout_max: config.election_timeout_max_ms,
+        // A chunk is applied with an fsync of sled on the receiver; give it time.
+        install_snapshot_timeout: 10_000,
+        max_payload_entries: RAFT_PAYLOAD_ENTRIES_MAX,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_logs_since_last),
+        max_in_snapshot_log_to_keep: config.snapshot_logs_to_keep,
+        ..Default::default()
+    }
+    .validate()
+    .map_err(|e| StartError::Raft(e.to_string()))
+}
+
+impl Replica {
+    /// Opens storage, binds both ports and starts Raft. Initialises the cluster when this is
+    /// the lowest initial member and its log is empty (never on a restart).
+    pub async fn start(config: ReplicaConfig) -> Result<Replica, StartError> {
+        config.validate()?;
+        let data_dir = config.data_dir.clone();
+        // Recovery reads the whole retained log, and opening may wait for the directory's lock:
+        // blocking work, kept off the runtime's workers.
+        let Storage {
+            log,
+            state_machine,
+            closed: storage_closed,
+        } = tokio::task::spawn_blocking(move || open_storage(&data_dir))
+            .await
+            .map_err(std::io::Error::other)??;
+        let tls = config
+            .tls
+            .as_ref()
+            .map(ReplicaTls::load)
+            .transpose()
+            .map_err(|e| StartError::Tls(e.to_string()))?;
+        let authenticator = config
+            .auth
+            .as_ref()
+            .map(Authenticator::load)
+            .transpose()
+            .map_err(StartError::Auth)?
+            .map(Arc::new);
+        let raft = Raft::new(
+            config.id,
+            Arc::new(raft_config(&config)?),
+            PeerNetwork {
+                tls: tls.as_ref().map(|t| t.to_peers.clone()),
+            },
+            log.clone(),
+            state_machine.clone(),
+        )
+        .await
+        .map_err(|e| StartError::Raft(e.to_string()))?;
+
+        let peer_listener = bind_peers(config.peer_addr).await?;
+        let client_listener =
+            bind_clients(config.client_addr, config.client_frame_bytes_max).await?;
+        let (peer_addr, client_addr) = (peer_listener.local_addr()?, client_listener.local_addr()?);
+        let http_listener = match config.http_addr {
+            Some(addr) => Some(bind_http(addr).await?),
+            None => None,
+        };
+        let http_addr = http_listener.as_ref().map(|l| l.local_addr()).transpose()?;
+        let handle = ReplicaHandle {
+            inner: Arc::new(Inner {
+                id: config.id,
+                raft: raft.clone(),
+                log,
+                state_machine,
+                proposer: Proposer::start(raft.clone()),
+                peer_addr,
+                client_addr,
+                command_bytes_max: config.command_bytes_max,
+                liveness: std::sync::Mutex::new(Liveness::new(0, std::time::Instant::now())),
+                telemetry: Telemetry::default(),
+                http_addr,
+            }),
+        };
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let mut tasks = vec![
+            tokio::spawn(serve_peers(
+                peer_listener,
+                raft.clone(),
+                tls.as_ref().map(|t| t.peers.clone()),
+                stopping.clone(),
+            )),
+            tokio::spawn(serve_clients(
+                client_listener,
+                handle.clone(),
+                config.client_requests_in_flight_max,
+                tls.as_ref().map(|t| t.clients.clone()),
+                authenticator,
+                stopping.clone(),
+            )),
+        ];
+        if let Some(listener) = http_listener {
+            tasks.push(tokio::spawn(serve_http(listener, handle.clone(), stopping)));
+        }
+        let replica = Replica {
+            stopped: false,
+            storage_closed: Some(storage_closed),
+            tasks,
+            stop,
+            handle,
+        };
+        tracing::info!(id = config.id, %peer_addr, %client_addr, ?http_addr, "replica started");
+
+        let lowest = config.initial_members.keys().next().copied();
+        let initialized = raft
+            .is_initialized()
+            .await
+            .map_err(|e| StartError::Raft(e.to_string()))?;
+        if lowest == Some(config.id) && !initialized {
+            replica.initialize(config.initial_members.clone()).await?;
+        }
+        Ok(replica)
+    }
+
+    /// Stops Raft and the listeners, then waits (up to a grace period) for the storage to
+    /// close, so that the data directory can be reopened at once. Storage closes when the last
+    /// handle is gone: Raft's own tasks that outlive its core (its state-machine worker, a
+    /// snapshot build) hold it briefly, and a [`ReplicaHandle`] kept elsewhere holds it until
+    /// dropped (then there is nothing to wait for here).
+    pub async fn shutdown(mut self) {
+        self.stop.send_replace(true);
+        for mut task in self.tasks.drain(..) {
+            // The listeners end their connections and return; one that does not within the
+            // grace period is aborted.
+            if tokio::time::timeout(SHUTDOWN_GRACE, &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+                let _ = task.await;
+            }
+        }
+        self.stopped = true;
+        if let Err(error) = self.handle.inner.raft.shutdown().await {
+            tracing::warn!(%error, "raft did not shut down cleanly");
+        }
+        // Handles held elsewhere keep the storage open for as long as their holders like; only
+        // Raft's leftover tasks are worth waiting for.
+        let handles_held_elsewhere = Arc::strong_count(&self.handle.inner) > 1;
+        let (id, storage_closed) = (self.handle.id(), self.storage_closed.take());
+        drop(self);
+        if let (Some(closed), false) = (storage_closed, handles_held_elsewhere) {
+            if tokio::time::timeout(SHUTDOWN_GRACE, closed.wait())
+                .await
+                .is_err()
+            {
+                tracing::warn!(id, "storage still open after shutdown");
+            }
+        }
+    }
+}
+
+impl Replica {
+    /// A handle that outlives this borrow (it does not keep the listeners alive).
+    pub fn clone_handle(&self) -> ReplicaHandle {
+        self.handle.clone()
+    }
+}
+
+/// Runs one replica until `shutdown` resolves: what `ctrlog serve` does.
+pub async fn serve(
+    config: ReplicaConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), StartError> {
+    let replica = Replica::start(config).await?;
+    // A replica whose Raft core stopped on a fatal (storage) error must not linger as a
+    // zombie: exit, so that a supervisor restarts it and recovery runs.
+    let mut metrics = replica.raft().metrics();
+    let fatal = async move {
+        let _ = metrics.wait_for(|m| m.running_state.is_err()).await;
+    };
+    let result = tokio::select! {
+        _ = shutdown => Ok(()),
+        _ = fatal => Err(StartError::Raft("the Raft core stopped on a fatal error".into())),
+    };
+    tracing::info!(id = replica.id(), "shutting down");
+    replica.shutdown().await;
+    result
+}
+
+/// `ctrlog force-new-cluster`: makes the stopped replica that `config` describes the only
+/// member of its cluster, reachable at its configured addresses (see
+/// [`raft::recover`](crate::raft::recover)).
+pub fn force_new_cluster(config: &ReplicaConfig) -> std::io::Result<ForcedMembership> {
+    crate::raft::recover::force_new_cluster(&config.data_dir, config.id, config.member())
+}
