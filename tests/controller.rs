@@ -16,7 +16,7 @@ use ctrlog::log::*;
 use ctrlog::tools::checker::{double_runs, read_reports, TaskEvent};
 use ctrlog::tools::container::{InProcessLauncher, SimOptions};
 use ctrlog::tools::local_job::{ControllerFactory, LocalJob};
-use ctrlog::tools::LocalCluster;
+use ctrlog::tools::{poll_until, LocalCluster, POLL_INTERVAL};
 
 const WAIT: Duration = Duration::from_secs(40);
 
@@ -310,21 +310,19 @@ impl ContainerLauncher for Dud {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_launch_that_never_registers_is_retried_then_reported() {
     let (job, _inputs, _lag, _reports, _dir) = harness(2, |_, _| Arc::new(Dud)).await;
-    let deadline = Instant::now() + WAIT;
-    loop {
+    poll_until("two launch failures reported", WAIT, POLL_INTERVAL, || {
         let report = job.active_report();
-        if report
+        let reported = report
             .as_ref()
-            .is_some_and(|r| r.failed_launches.len() == 2)
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no launch failure reported: {report:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+            .is_some_and(|r| r.failed_launches.len() == 2);
+        std::future::ready(if reported {
+            Ok(())
+        } else {
+            Err(format!("{report:?}"))
+        })
+    })
+    .await
+    .unwrap();
     // Two slots, each tried twice: four launches, the two last attempts reported.
     let report = job.active_report().unwrap();
     assert!(report

@@ -3,12 +3,10 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
 use common::{http_get as get, metric_sample as sample, WAIT};
 use ctrlog::client::ControlClient;
 use ctrlog::log::{Command, ContainerId, RegisterContainer, Target};
-use ctrlog::tools::LocalCluster;
+use ctrlog::tools::{poll_until, LocalCluster, POLL_INTERVAL};
 use serde_json::Value;
 
 /// Goal: each replica's HTTP port reports its state truthfully: metrics that follow the log,
@@ -101,16 +99,15 @@ async fn metrics_probes_and_the_status_page_follow_the_cluster() {
             cluster.stop(id).await;
         }
     }
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let (code, why) = get(last_http, "/readyz").await;
-        if code == 503 {
-            assert!(why.contains("no leader"), "{why}");
-            break;
+    let why = poll_until("readiness to drop", WAIT, POLL_INTERVAL, || async move {
+        match get(last_http, "/readyz").await {
+            (503, why) => Ok(why),
+            (code, _) => Err(format!("/readyz answers {code}")),
         }
-        assert!(Instant::now() < deadline, "readiness never dropped");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
+    .unwrap();
+    assert!(why.contains("no leader"), "{why}");
     assert_eq!(get(last_http, "/healthz").await.0, 200);
     cluster.shutdown().await;
 }

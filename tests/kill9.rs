@@ -8,6 +8,7 @@ use std::time::Duration;
 use ctrlog::client::{ApiError, AppendAck, ClientError, ControlClient, FetchRequest};
 use ctrlog::log::{Command, LogEntry, ProducerSeq, Proposal, Target};
 use ctrlog::tools::bench::ProcessCluster;
+use ctrlog::tools::{poll_until, POLL_INTERVAL};
 
 const WAIT: Duration = Duration::from_secs(60);
 const KILL_ROUNDS: usize = 6;
@@ -107,15 +108,23 @@ async fn sigkill_loop_never_loses_an_acknowledged_append() {
     let status_client = ControlClient::connect(&client_addrs).await.unwrap();
     for round in 0..KILL_ROUNDS {
         let target = progress(&acked) + APPENDS_MIN / KILL_ROUNDS;
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while progress(&acked) < target {
-            if tokio::time::Instant::now() >= deadline {
-                let tails: Vec<String> = (0..3)
-                    .map(|i| format!("replica {}:\n{}", i + 1, cluster.log_tail(i, 15)))
-                    .collect();
-                panic!("writers stalled in round {round}\n{}", tails.join("\n"));
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        let progressed = poll_until("the writers' progress", WAIT, POLL_INTERVAL, || {
+            let done = progress(&acked);
+            std::future::ready(if done >= target {
+                Ok(())
+            } else {
+                Err(format!("{done} of {target} appends"))
+            })
+        })
+        .await;
+        if let Err(stalled) = progressed {
+            let tails: Vec<String> = (0..3)
+                .map(|i| format!("replica {}:\n{}", i + 1, cluster.log_tail(i, 15)))
+                .collect();
+            panic!(
+                "writers stalled in round {round}: {stalled}\n{}",
+                tails.join("\n")
+            );
         }
         let victim = if round % 2 == 0 {
             status_client.leader_status().await.unwrap().id as usize - 1
@@ -137,19 +146,19 @@ async fn sigkill_loop_never_loses_an_acknowledged_append() {
     );
     let last = acked.iter().map(|(_, offset)| *offset).max().unwrap();
     // Every replica applies at least everything acknowledged.
-    let deadline = tokio::time::Instant::now() + WAIT;
     for (i, addr) in client_addrs.iter().enumerate() {
         let client = ControlClient::connect(std::slice::from_ref(addr))
             .await
             .unwrap();
-        while client.status().await.unwrap().applied_offset < last {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "replica {} did not catch up",
-                i + 1
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let what = format!("replica {} to catch up", i + 1);
+        poll_until(&what, WAIT, POLL_INTERVAL, || async {
+            match client.status().await.unwrap().applied_offset {
+                applied if applied >= last => Ok(()),
+                applied => Err(format!("applied {applied} of {last}")),
+            }
+        })
+        .await
+        .unwrap();
     }
     let logs = futures::future::join_all(client_addrs.iter().map(|addr| read_retained(addr))).await;
     // Replicas purge at different points, so compare where their retained ranges overlap. A

@@ -69,6 +69,18 @@ impl MachineState {
             .map_or(self.job.next_offset(), |(first, _)| *first)
     }
 
+    /// Forgets the spans of entries below `first_log_index`: they were purged, or (after a
+    /// snapshot install) this replica never had them, so their offsets are compacted here.
+    /// Every way the log loses a prefix goes through this.
+    pub fn forget_spans_before(&mut self, first_log_index: u64) {
+        while let Some(span) = self.offset_index.first_entry() {
+            if span.get().log_index >= first_log_index {
+                break;
+            }
+            span.remove();
+        }
+    }
+
     /// Applies one committed entry: the whole transition, with no I/O. The replica's store and
     /// the deterministic simulation's in-memory store both apply through here.
     pub fn apply(&mut self, entry: &Entry) -> Vec<Outcome> {
@@ -326,16 +338,6 @@ impl StateMachineStore {
         }
         Ok(())
     }
-
-    /// Forgets the spans of purged entries; they can no longer be read anyway.
-    fn prune_offset_index(state: &mut MachineState, first_log_index: u64) {
-        while let Some(entry) = state.offset_index.first_entry() {
-            if entry.get().log_index >= first_log_index {
-                break;
-            }
-            entry.remove();
-        }
-    }
 }
 
 fn read_header(tree: &sled::Tree) -> io::Result<Option<StoredSnapshotHeader>> {
@@ -434,7 +436,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 outcomes
             })
             .collect();
-        Self::prune_offset_index(&mut state, first_log_index);
+        state.forget_spans_before(first_log_index);
         // After the state changed, before anyone hears of it: a crash between the two.
         fail::fail_point!("applied", |_| Err(StorageIOError::write_state_machine(
             &io::Error::other("injected: applied")
@@ -487,10 +489,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             .store(new_state.job.last_offset(), Ordering::Release);
         // This replica's log does not hold what the snapshot covers (it was behind, which is
         // why it installs a snapshot), so those offsets are compacted here.
-        let covered = meta.last_log_id.map_or(0, |l| l.index + 1);
-        new_state
-            .offset_index
-            .retain(|_, span| span.log_index >= covered);
+        new_state.forget_spans_before(meta.last_log_id.map_or(0, |l| l.index + 1));
         *self.shared.state.write().expect("state lock poisoned") = new_state;
         self.shared.recent.clear();
         self.shared.applied.send_replace(applied);

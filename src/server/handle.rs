@@ -263,7 +263,7 @@ impl ReplicaHandle {
     /// Runs `f` on the heartbeat table of the current term. Only the leader keeps one.
     fn with_liveness<T>(&self, f: impl FnOnce(&mut Liveness) -> T) -> Result<T, ApiError> {
         let metrics = self.metrics();
-        if metrics.current_leader != Some(self.inner.id) {
+        if !self.is_leader() {
             return Err(not_leader_from(&metrics));
         }
         let mut table = self

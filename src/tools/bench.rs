@@ -10,12 +10,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use futures::StreamExt;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
+use super::wait::poll_until;
 use crate::client::{ClientOptions, ControlClient, SubscriptionItem};
 use crate::log::{Command, Filter, Target};
 
@@ -613,12 +614,21 @@ pub async fn recovery(
     )
     .await?;
     let answering = started.elapsed();
-    while probe.status().await?.applied_offset < applied {
-        if started.elapsed() > Duration::from_secs(120) {
-            bail!("the restarted replica did not catch up within 120 s");
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let timeout = Duration::from_secs(120).saturating_sub(started.elapsed());
+    let every = Duration::from_millis(5);
+    poll_until(
+        "the restarted replica to catch up",
+        timeout,
+        every,
+        || async {
+            match probe.status().await {
+                Ok(status) if status.applied_offset >= applied => Ok(()),
+                Ok(status) => Err(format!("applied {} of {applied}", status.applied_offset)),
+                Err(error) => Err(error.to_string()),
+            }
+        },
+    )
+    .await?;
     let caught_up = started.elapsed();
     Ok(json!({
         "workload": "recovery",

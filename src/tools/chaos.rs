@@ -16,6 +16,7 @@ use serde_json::json;
 
 use super::bench::{BenchTarget, ProcessCluster};
 use super::checker::{check, Acked, Delivery, History, SubscriptionRecord, Violation};
+use super::wait::{poll_until, POLL_INTERVAL};
 use crate::client::{
     ApiError, ClientError, ClientOptions, ControlClient, FetchRequest, SubscriptionItem,
 };
@@ -207,15 +208,24 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
     }
     let last = admin.leader_status().await?.applied_offset;
     let caught_up_started = Instant::now();
-    while delivered_upto
-        .iter()
-        .any(|u| u.load(Ordering::Relaxed) < last)
-    {
-        if caught_up_started.elapsed() > Duration::from_secs(60) {
-            anyhow::bail!("subscribers did not reach offset {last} within 60 s");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let subscribers_reached = format!("every subscriber to reach offset {last}");
+    poll_until(
+        &subscribers_reached,
+        Duration::from_secs(60),
+        POLL_INTERVAL,
+        || {
+            let behind = delivered_upto
+                .iter()
+                .filter(|u| u.load(Ordering::Relaxed) < last)
+                .count();
+            std::future::ready(if behind == 0 {
+                Ok(())
+            } else {
+                Err(format!("{behind} behind"))
+            })
+        },
+    )
+    .await?;
     let catch_up = caught_up_started.elapsed();
     for subscriber in subscribers {
         subscriber.abort();
@@ -288,17 +298,22 @@ async fn first_commit_under_new_leader(
     before: Offset,
     since: Instant,
 ) -> anyhow::Result<Duration> {
-    loop {
-        if since.elapsed() > Duration::from_secs(60) {
-            anyhow::bail!("no commit under a new leader within 60 s");
-        }
-        if let Ok(status) = admin.leader_status().await {
-            if status.id as usize - 1 != old && status.applied_offset > before {
-                return Ok(since.elapsed());
+    let timeout = Duration::from_secs(60).saturating_sub(since.elapsed());
+    let every = Duration::from_millis(10);
+    poll_until("a commit under a new leader", timeout, every, || async {
+        match admin.leader_status().await {
+            Ok(status) if status.id as usize - 1 != old && status.applied_offset > before => {
+                Ok(since.elapsed())
             }
+            Ok(status) => Err(format!(
+                "leader {} at offset {}",
+                status.id, status.applied_offset
+            )),
+            Err(error) => Err(error.to_string()),
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await
+    .map_err(Into::into)
 }
 
 /// Everything one replica retains, up to `last`.

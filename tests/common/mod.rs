@@ -9,7 +9,7 @@ use std::time::Duration;
 use ctrlog::client::{AppendAck, FetchRequest};
 use ctrlog::log::{Command, LogEntry, Proposal, Target};
 use ctrlog::server::ReplicaHandle;
-use ctrlog::tools::LocalCluster;
+use ctrlog::tools::{poll_until, LocalCluster, POLL_INTERVAL};
 
 /// Generous: CI machines are shared and slow, and a deadline only bounds a failure.
 pub const WAIT: Duration = Duration::from_secs(30);
@@ -18,17 +18,11 @@ pub const WAIT: Duration = Duration::from_secs(30);
 /// conditions nothing signals (replica metrics, the leader's heartbeat table); JobState
 /// conditions wait on applies instead (`LocalJob::wait_for_state`).
 pub async fn eventually<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        if let Some(value) = probe() {
-            return value;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll_until(what, WAIT, POLL_INTERVAL, || {
+        std::future::ready(probe().ok_or("not yet"))
+    })
+    .await
+    .unwrap_or_else(|timed_out| panic!("{timed_out}"))
 }
 
 pub fn command(i: u64, size: usize) -> Proposal {

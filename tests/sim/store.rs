@@ -309,10 +309,7 @@ impl RaftStateMachine<TypeConfig> for Storage {
             "snapshot matches its meta"
         );
         // As in the real store: what the snapshot covers is compacted on this replica.
-        let covered = meta.last_log_id.map_or(0, |l| l.index + 1);
-        state
-            .offset_index
-            .retain(|_, span| span.log_index >= covered);
+        state.forget_spans_before(meta.last_log_id.map_or(0, |l| l.index + 1));
         lock(&self.disk).snapshot = Some((meta.clone(), bytes));
         *lock(&self.machine) = state;
         Ok(())
