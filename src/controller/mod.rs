@@ -10,6 +10,8 @@
 
 mod inputs;
 mod launcher;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -144,24 +146,29 @@ impl<P: ControlPlane> Controller<P> {
                 _ = &mut shutdown => return,
                 _ = ticker.tick() => {}
             }
-            if !self.plane.is_leader() {
-                if self.report.borrow().leading {
-                    tracing::info!("controller stands down: leadership lost");
-                    // Launches by this leader are the next leader's to notice (or retry).
-                    self.launching.clear();
-                    self.report.send_modify(|r| {
-                        r.leading = false;
-                        r.launching.clear();
-                    });
-                }
-                continue;
-            }
-            if !self.report.borrow().leading {
-                tracing::info!("controller active: this replica leads");
-                self.report.send_modify(|r| r.leading = true);
-            }
-            self.reconcile().await;
+            self.tick().await;
         }
+    }
+
+    /// One tick: stand down if this replica no longer leads, else reconcile once.
+    async fn tick(&mut self) {
+        if !self.plane.is_leader() {
+            if self.report.borrow().leading {
+                tracing::info!("controller stands down: leadership lost");
+                // Launches by this leader are the next leader's to notice (or retry).
+                self.launching.clear();
+                self.report.send_modify(|r| {
+                    r.leading = false;
+                    r.launching.clear();
+                });
+            }
+            return;
+        }
+        if !self.report.borrow().leading {
+            tracing::info!("controller active: this replica leads");
+            self.report.send_modify(|r| r.leading = true);
+        }
+        self.reconcile().await;
     }
 
     /// One round: launch bookkeeping and the report, the desired count, then the plan. It

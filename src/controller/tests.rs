@@ -1,0 +1,492 @@
+//! The controller driven tick by tick against a fake [`ControlPlane`]: a JobState folded in
+//! memory, a leadership flag, and the heartbeat observations a leader would have. The tests
+//! play the containers themselves, writing their registrations and answers into the same
+//! state, so each scenario reads as the log it produces. The real cluster runs the same
+//! controller in `tests/controller.rs`; the deterministic simulation runs it too.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::jobs::plan::GroupByPartition;
+use crate::jobs::{Outcome, TaskPhase};
+use crate::log::*;
+
+/// What the fake replica holds: the folded log, whether it leads, what its heartbeat table
+/// would say, and every command it accepted, in order.
+#[derive(Default)]
+struct Replica {
+    job: JobState,
+    leading: bool,
+    overdue: Vec<Session>,
+    lag: BTreeMap<ContainerId, u64>,
+    log: Vec<Command>,
+}
+
+/// A [`ControlPlane`] over an in-memory JobState. Clones share the replica, so a second
+/// controller on the same plane plays the next leader reading the same log.
+#[derive(Clone, Default)]
+struct FakePlane(Arc<Mutex<Replica>>);
+
+impl FakePlane {
+    fn leading() -> FakePlane {
+        let plane = FakePlane::default();
+        plane.lock().leading = true;
+        plane
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Replica> {
+        self.0.lock().expect("never poisoned")
+    }
+
+    /// Appends as any writer would; the job model decides.
+    fn write(&self, command: Command) -> Outcome {
+        let mut replica = self.lock();
+        let target = command.target().unwrap_or(Target::All);
+        let outcome = replica
+            .job
+            .apply(None, &target, &command.clone().into_frame(), 0);
+        if matches!(outcome, Outcome::Appended { .. }) {
+            replica.log.push(command);
+        }
+        outcome
+    }
+
+    /// A container's own command, which must be accepted; returns its offset.
+    #[track_caller]
+    fn container_says(&self, command: Command) -> Offset {
+        match self.write(command) {
+            Outcome::Appended { offset } => offset,
+            other => panic!("a container's command was refused: {other:?}"),
+        }
+    }
+
+    fn register(&self, name: &str) -> Session {
+        let epoch = self.container_says(Command::RegisterContainer(RegisterContainer {
+            container: c(name),
+            location: "test".into(),
+        }));
+        self.lock().lag.insert(c(name), 0);
+        Session {
+            container: c(name),
+            epoch,
+        }
+    }
+
+    /// Every container answers what it was asked: started for each assignment, stopped for
+    /// each stop, as containers that obey at once would.
+    fn containers_answer(&self) {
+        let owed: Vec<Command> = self
+            .lock()
+            .job
+            .tasks()
+            .iter()
+            .filter_map(|(task, record)| match &record.phase {
+                TaskPhase::Starting { owner, .. } => Some(Command::TaskStarted(TaskStarted {
+                    task: task.clone(),
+                    container: owner.container.clone(),
+                    epoch: owner.epoch,
+                })),
+                TaskPhase::Stopping { owner, .. } => Some(Command::TaskStopped(TaskStopped {
+                    task: task.clone(),
+                    container: owner.container.clone(),
+                    epoch: owner.epoch,
+                    checkpoint: None,
+                })),
+                _ => None,
+            })
+            .collect();
+        for answer in owed {
+            self.container_says(answer);
+        }
+    }
+
+    fn job(&self) -> JobState {
+        self.lock().job.clone()
+    }
+
+    /// The commands accepted from `from` on (an index into the log), as the controller wrote
+    /// them and the containers answered.
+    fn log_since(&self, from: usize) -> Vec<Command> {
+        self.lock().log[from..].to_vec()
+    }
+
+    fn log_len(&self) -> usize {
+        self.lock().log.len()
+    }
+}
+
+impl ControlPlane for FakePlane {
+    fn is_leader(&self) -> bool {
+        self.lock().leading
+    }
+
+    fn job_state(&self) -> JobState {
+        self.job()
+    }
+
+    fn overdue_sessions(&self, _timeout: Duration) -> Vec<Session> {
+        let replica = self.lock();
+        if replica.leading {
+            replica.overdue.clone()
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn reported_lag(&self) -> BTreeMap<ContainerId, u64> {
+        let replica = self.lock();
+        if replica.leading {
+            replica.lag.clone()
+        } else {
+            BTreeMap::new()
+        }
+    }
+
+    async fn append(&self, command: Command) -> Result<AppendAck, ApiError> {
+        if !self.is_leader() {
+            return Err(ApiError::NotLeader {
+                leader_id: None,
+                leader_client_addr: None,
+            });
+        }
+        match self.write(command) {
+            Outcome::Appended { offset } => Ok(AppendAck {
+                offset,
+                duplicate: false,
+            }),
+            Outcome::Rejected(rejection) => Err(rejection.into()),
+            other => panic!("no producer pairs here: {other:?}"),
+        }
+    }
+}
+
+/// A container count the test sets by hand.
+#[derive(Clone, Default)]
+struct Wanted(Arc<AtomicU32>);
+
+impl Wanted {
+    fn set(&self, count: u32) {
+        self.0.store(count, Ordering::Relaxed);
+    }
+}
+
+impl ScalingPolicy for Wanted {
+    fn desired(&mut self, _current: u32, _total_lag: u64, _now: Instant) -> u32 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Remembers what it was asked to launch and stop; the test registers the containers.
+#[derive(Default)]
+struct Launches {
+    launched: Mutex<Vec<ContainerId>>,
+    stopped: Mutex<Vec<ContainerId>>,
+}
+
+impl ContainerLauncher for Launches {
+    fn launch(&self, container: &ContainerId) -> Result<(), String> {
+        self.launched.lock().unwrap().push(container.clone());
+        Ok(())
+    }
+
+    fn stop(&self, container: &ContainerId) {
+        self.stopped.lock().unwrap().push(container.clone());
+    }
+}
+
+fn c(name: &str) -> ContainerId {
+    ContainerId::new(name).unwrap()
+}
+
+fn inputs(partitions: std::ops::Range<u32>) -> BTreeSet<Input> {
+    partitions
+        .map(|p| Input::new("kafka", "events", p).unwrap())
+        .collect()
+}
+
+fn controller(
+    plane: &FakePlane,
+    partitions: u32,
+    wanted: &Wanted,
+    launches: &Arc<Launches>,
+) -> Controller<FakePlane> {
+    Controller::new(
+        plane.clone(),
+        JobDriver {
+            inputs: Box::new(StaticInputs(inputs(0..partitions))),
+            grouper: Box::new(GroupByPartition),
+            policy: Box::new(wanted.clone()),
+            launcher: launches.clone(),
+        },
+        ControllerConfig::default(),
+    )
+}
+
+/// The tasks each container owns, by name.
+fn owners(job: &JobState) -> BTreeMap<String, Vec<String>> {
+    let mut owners: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (task, record) in job.tasks() {
+        if let Some(owner) = record.phase.owner() {
+            owners
+                .entry(owner.container.to_string())
+                .or_default()
+                .push(task.to_string());
+        }
+    }
+    owners
+}
+
+fn count(commands: &[Command], kind: fn(&Command) -> bool) -> usize {
+    commands.iter().filter(|c| kind(c)).count()
+}
+
+/// Ticks, with the containers answering after each, until the controller writes nothing
+/// more; returns how many ticks that took. Bounded: a controller that never settles fails.
+async fn settle(controller: &mut Controller<FakePlane>, plane: &FakePlane) -> usize {
+    for ticks in 1..=50 {
+        let before = plane.log_len();
+        controller.tick().await;
+        plane.containers_answer();
+        if plane.log_len() == before {
+            return ticks;
+        }
+    }
+    panic!("the controller never settled: {:?}", plane.log_since(0));
+}
+
+/// Goal: a job that starts empty records its container count, adds its inputs, launches the
+/// containers, and once they register gives every task an owner, evenly.
+/// Steps: 4 inputs, 2 containers wanted; tick; register what was launched; settle.
+#[tokio::test]
+async fn an_empty_job_records_its_count_launches_and_assigns_every_input() {
+    let (plane, wanted, launches) = (FakePlane::leading(), Wanted::default(), Arc::default());
+    wanted.set(2);
+    let mut controller = controller(&plane, 4, &wanted, &launches);
+
+    settle(&mut controller, &plane).await;
+    let job = plane.job();
+    assert_eq!(job.desired_containers().map(|d| d.count), Some(2));
+    assert_eq!(job.inputs().len(), 4);
+    assert_eq!(
+        *launches.launched.lock().unwrap(),
+        vec![c("container-1"), c("container-2")]
+    );
+    assert!(owners(&job).is_empty(), "nobody to assign to yet");
+
+    plane.register("container-1");
+    plane.register("container-2");
+    settle(&mut controller, &plane).await;
+    let owners = owners(&plane.job());
+    assert_eq!(owners.len(), 2, "{owners:?}");
+    assert!(owners.values().all(|tasks| tasks.len() == 2), "{owners:?}");
+    assert!(controller.report().borrow().leading);
+}
+
+/// Goal: scaling out moves work with the handshake in the log: stop, the old owner's
+/// acknowledgement, then start on the new container, and never an assignment before the stop
+/// was acknowledged.
+/// Steps: 4 tasks on 2 containers; want 3; register the launched one; tick with the
+/// containers silent, check the task waits; let them answer; settle; check the order.
+#[tokio::test]
+async fn scaling_out_moves_a_task_only_after_its_stop_is_acknowledged() {
+    let (plane, wanted, launches) = (FakePlane::leading(), Wanted::default(), Arc::default());
+    wanted.set(2);
+    plane.register("container-1");
+    plane.register("container-2");
+    let mut controller = controller(&plane, 4, &wanted, &launches);
+    settle(&mut controller, &plane).await;
+
+    wanted.set(3);
+    controller.tick().await; // records 3
+    controller.tick().await; // launches one
+    assert_eq!(*launches.launched.lock().unwrap(), vec![c("container-3")]);
+    plane.register("container-3");
+    let mark = plane.log_len();
+    controller.tick().await; // asks one container to stop a task
+    let stops: Vec<StopTask> = plane
+        .log_since(mark)
+        .into_iter()
+        .filter_map(|c| match c {
+            Command::StopTask(stop) => Some(stop),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        stops.len(),
+        1,
+        "one move at a time: {:?}",
+        plane.log_since(mark)
+    );
+    let moved = stops[0].task.clone();
+
+    // Until the old owner answers, the task is assigned to nobody else.
+    for _ in 0..3 {
+        controller.tick().await;
+    }
+    assert!(
+        !plane
+            .log_since(mark)
+            .iter()
+            .any(|c| matches!(c, Command::AssignTask(a) if a.task == moved)),
+        "assigned before the stop was acknowledged"
+    );
+
+    settle(&mut controller, &plane).await;
+    let log = plane.log_since(mark);
+    let position = |wanted: fn(&Command, &TaskId) -> bool| {
+        log.iter()
+            .position(|c| wanted(c, &moved))
+            .unwrap_or_else(|| panic!("missing from {log:?}"))
+    };
+    let stopped = position(|c, t| matches!(c, Command::TaskStopped(s) if &s.task == t));
+    let assigned = position(
+        |c, t| matches!(c, Command::AssignTask(a) if &a.task == t && a.container.as_str() == "container-3"),
+    );
+    let started = position(|c, t| matches!(c, Command::TaskStarted(s) if &s.task == t));
+    assert!(stopped < assigned && assigned < started, "{log:?}");
+    let owners = owners(&plane.job());
+    assert_eq!(owners.len(), 3, "{owners:?}");
+}
+
+/// Goal: a container the leader has not heard from is expired, its tasks go to the
+/// survivors, and a replacement is launched, all through the log.
+#[tokio::test]
+async fn a_silent_container_is_expired_and_its_tasks_reassigned() {
+    let (plane, wanted, launches) = (FakePlane::leading(), Wanted::default(), Arc::default());
+    wanted.set(2);
+    let first = plane.register("container-1");
+    plane.register("container-2");
+    let mut controller = controller(&plane, 4, &wanted, &launches);
+    settle(&mut controller, &plane).await;
+
+    plane.lock().overdue = vec![first.clone()];
+    plane.lock().lag.remove(&first.container);
+    let mark = plane.log_len();
+    controller.tick().await;
+    assert_eq!(
+        plane.log_since(mark),
+        vec![Command::ExpireContainer(ExpireContainer {
+            container: first.container.clone(),
+            epoch: first.epoch,
+        })]
+    );
+    plane.lock().overdue.clear();
+    settle(&mut controller, &plane).await;
+
+    let owners = owners(&plane.job());
+    assert_eq!(owners.keys().collect::<Vec<_>>(), vec!["container-2"]);
+    assert_eq!(owners["container-2"].len(), 4);
+    assert_eq!(
+        *launches.launched.lock().unwrap(),
+        vec![c("container-3")],
+        "a replacement for the expired container"
+    );
+}
+
+/// Goal: the controller reports which containers still owe an acknowledgement of a
+/// broadcast, until every one has answered.
+#[tokio::test]
+async fn a_broadcast_is_reported_open_until_every_container_acks() {
+    let (plane, wanted, launches) = (FakePlane::leading(), Wanted::default(), Arc::default());
+    wanted.set(2);
+    let one = plane.register("container-1");
+    let two = plane.register("container-2");
+    let mut controller = controller(&plane, 2, &wanted, &launches);
+    settle(&mut controller, &plane).await;
+
+    let schema = plane.container_says(Command::SchemaChange(SchemaChange {
+        subject: "events".into(),
+        schema: b"v2".to_vec(),
+    }));
+    controller.tick().await;
+    let owed = |controller: &Controller<FakePlane>| controller.report().borrow().owed_acks.clone();
+    assert_eq!(
+        owed(&controller),
+        BTreeMap::from([(schema, vec![one.container.clone(), two.container.clone()])])
+    );
+
+    let ack = |session: &Session| {
+        Command::Ack(Ack {
+            container: session.container.clone(),
+            epoch: session.epoch,
+            offset: schema,
+        })
+    };
+    plane.container_says(ack(&one));
+    controller.tick().await;
+    assert_eq!(
+        owed(&controller),
+        BTreeMap::from([(schema, vec![two.container.clone()])])
+    );
+    plane.container_says(ack(&two));
+    controller.tick().await;
+    assert!(owed(&controller).is_empty());
+}
+
+/// Goal: a controller that loses leadership in the middle of a move writes nothing more and
+/// stands down; the next leader's controller, reading the same log, finishes the move from
+/// the handshake recorded there, repeating nothing that committed.
+/// Steps: scale 2 → 3 until a stop is written; leadership moves to a second controller on the
+/// same log; the old owner acknowledges; the new controller assigns, the old one stays quiet.
+#[tokio::test]
+async fn leadership_lost_mid_move_the_next_leader_completes_it() {
+    let (plane, wanted, launches) = (FakePlane::leading(), Wanted::default(), Arc::default());
+    wanted.set(2);
+    plane.register("container-1");
+    plane.register("container-2");
+    let mut old = controller(&plane, 4, &wanted, &launches);
+    settle(&mut old, &plane).await;
+    wanted.set(3);
+    old.tick().await;
+    old.tick().await;
+    plane.register("container-3");
+    let mark = plane.log_len();
+    old.tick().await;
+    let moved = match plane.log_since(mark).as_slice() {
+        [Command::StopTask(stop)] => stop.task.clone(),
+        other => panic!("expected one stop, got {other:?}"),
+    };
+
+    plane.lock().leading = false;
+    old.tick().await;
+    assert!(
+        !old.report().borrow().leading,
+        "the old controller stood down"
+    );
+    plane.containers_answer(); // the old owner acknowledges the stop
+    let after_ack = plane.log_len();
+    old.tick().await;
+    assert_eq!(
+        plane.log_len(),
+        after_ack,
+        "a controller that does not lead writes nothing"
+    );
+
+    // The next leader: a fresh controller on the same log.
+    let mut new = controller(&plane, 4, &wanted, &launches);
+    plane.lock().leading = true;
+    settle(&mut new, &plane).await;
+    let log = plane.log_since(after_ack);
+    assert_eq!(
+        count(&log, |c| matches!(c, Command::AssignTask(_))),
+        1,
+        "only the moved task is assigned again: {log:?}"
+    );
+    assert!(log
+        .iter()
+        .any(|c| matches!(c, Command::AssignTask(a) if a.task == moved && a.container.as_str() == "container-3")));
+    assert_eq!(
+        count(&log, |c| matches!(c, Command::StopTask(_))),
+        0,
+        "the stop that committed is not repeated: {log:?}"
+    );
+    assert_eq!(
+        launches.launched.lock().unwrap().len(),
+        1,
+        "the launch that registered is not repeated"
+    );
+    assert_eq!(owners(&plane.job()).len(), 3);
+}
