@@ -1,7 +1,7 @@
 //! Deterministic simulation of a ctrlog cluster: 3 or 5 openraft replicas running the product's
 //! state machine ([`MachineState::apply`](ctrlog::raft::state_machine::MachineState::apply))
 //! over in-memory storage, producers, subscribers, containers and a coordinator that runs the
-//! product's planner, all on one thread with tokio's paused clock and a simulated network.
+//! product's controller, all on one thread with tokio's paused clock and a simulated network.
 //!
 //! A fault schedule drawn from the seed crashes and restarts replicas (the leader among them),
 //! isolates the leader, cuts links one way, partitions a minority, and loses and delays
@@ -23,9 +23,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ctrlog::client::Member;
-use ctrlog::jobs::plan::{plan, Action, GroupByPartition, Observed};
-use ctrlog::jobs::{JobState, Outcome, TaskPhase};
+use ctrlog::client::{ApiError, AppendAck, Member};
+use ctrlog::controller::{
+    ContainerLauncher, ControlPlane, Controller, ControllerConfig, JobDriver, StaticInputs,
+};
+use ctrlog::jobs::plan::{GroupByPartition, ScalingPolicy};
+use ctrlog::jobs::{JobState, Outcome, Session, TaskPhase};
 use ctrlog::log::{
     Batch, Command, ContainerId, Epoch, Filter, Input, LogEntry, Offset, ProducerSeq, Proposal,
     RegisterContainer, Target, TaskId, TaskStarted, TaskStopped,
@@ -481,59 +484,39 @@ impl Sim {
         container.stop_all();
     }
 
-    /// The coordinator: runs beside whichever replica leads, reads that replica's JobState and
-    /// carries out the product's plan, like `Controller` does.
+    /// The coordinator: the product's [`Controller`], beside whichever replica leads, reading
+    /// that replica's JobState and writing through its Raft ([`SimPlane`]). It scales in for
+    /// the last third of the run, so one container is drained and stopped.
     async fn coordinator(self: Arc<Self>) {
-        let me = 400;
         let inputs: BTreeSet<Input> = (0..PARTITIONS)
             .map(|p| Input::new("sim", "clicks", p).expect("a valid input"))
             .collect();
-        let mut seq = 0;
-        while !self.stopping.load(Ordering::Acquire) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            let Some((_, raft, storage)) = self.leader() else {
-                continue;
-            };
-            // Scale in for the last third of the run: one container is drained and stopped.
-            let desired = if self.started.elapsed() < self.config.duration * 2 / 3 {
-                CONTAINERS as u32
-            } else {
-                CONTAINERS as u32 - 1
-            };
-            let observed = Observed {
-                inputs: inputs.clone(),
-                overdue: Vec::new(),
-                launching: 0,
-                desired_containers: desired,
-            };
-            for action in plan(&storage.job_state(), &observed, &GroupByPartition) {
-                match action {
-                    Action::Append(command) => {
-                        seq += 1;
-                        let pair = ProducerSeq { producer: me, seq };
-                        self.record().attempted.insert(pair);
-                        let batch = Batch {
-                            appended_at_ms: self.started.elapsed().as_millis() as u64,
-                            proposals: vec![proposal(Some(pair), command)],
-                        };
-                        // In process, beside the leader: no network hop.
-                        let written =
-                            tokio::time::timeout(CLIENT_TIMEOUT, raft.client_write(batch)).await;
-                        let appended = matches!(
-                            written.as_ref().map(|w| w.as_ref().map(|r| &r.data[..])),
-                            Ok(Ok([Outcome::Appended { .. }]))
-                        );
-                        if !appended {
-                            break;
-                        }
-                    }
-                    Action::Stop(container) => {
-                        self.stopped_containers.lock().unwrap().insert(container);
-                    }
-                    Action::Launch(_) => {}
-                }
+        let controller = Controller::new(
+            SimPlane {
+                sim: self.clone(),
+                seq: AtomicU64::new(0),
+            },
+            JobDriver {
+                inputs: Box::new(StaticInputs(inputs)),
+                grouper: Box::new(GroupByPartition),
+                policy: Box::new(ScaleInLate {
+                    started: self.started,
+                    after: self.config.duration * 2 / 3,
+                }),
+                launcher: Arc::new(SimLauncher(self.clone())),
+            },
+            ControllerConfig {
+                tick: Duration::from_millis(50),
+                ..ControllerConfig::default()
+            },
+        );
+        let sim = self.clone();
+        let stopping = async move {
+            while !sim.stopping.load(Ordering::Acquire) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-        }
+        };
+        controller.run(stopping).await;
     }
 
     // ---- faults ------------------------------------------------------------------------------
@@ -941,5 +924,106 @@ impl Container<'_> {
             self.stop(&task);
         }
         Some(answers)
+    }
+}
+
+/// The controller's view of the simulated cluster: it leads while some replica does, reads
+/// that leader's JobState, and appends straight into its Raft (in process, beside the leader:
+/// no network hop), each append with the coordinator's own producer pair so that the
+/// checker accounts for it.
+struct SimPlane {
+    sim: Arc<Sim>,
+    seq: AtomicU64,
+}
+
+/// The coordinator's producer id.
+const COORDINATOR_PRODUCER: u64 = 400;
+
+impl ControlPlane for SimPlane {
+    fn is_leader(&self) -> bool {
+        self.sim.leader().is_some()
+    }
+
+    fn job_state(&self) -> JobState {
+        self.sim
+            .leader()
+            .map(|(_, _, storage)| storage.job_state())
+            .unwrap_or_default()
+    }
+
+    /// The simulation's containers are never expired by silence: faults hit the replicas.
+    fn overdue_sessions(&self, _timeout: Duration) -> Vec<Session> {
+        Vec::new()
+    }
+
+    /// Every live container reports no lag: the scaling policy decides by the clock.
+    fn reported_lag(&self) -> BTreeMap<ContainerId, u64> {
+        self.job_state()
+            .live_sessions()
+            .map(|session| (session.container, 0))
+            .collect()
+    }
+
+    async fn append(&self, command: Command) -> Result<AppendAck, ApiError> {
+        let Some((_, raft, _)) = self.sim.leader() else {
+            return Err(ApiError::Unavailable("no leader".into()));
+        };
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let pair = ProducerSeq {
+            producer: COORDINATOR_PRODUCER,
+            seq,
+        };
+        self.sim.record().attempted.insert(pair);
+        let batch = Batch {
+            appended_at_ms: self.sim.started.elapsed().as_millis() as u64,
+            proposals: vec![proposal(Some(pair), command)],
+        };
+        let written = tokio::time::timeout(CLIENT_TIMEOUT, raft.client_write(batch)).await;
+        let outcome = match written {
+            Ok(Ok(mut response)) => response.data.pop(),
+            Ok(Err(error)) => return Err(ApiError::Unavailable(error.to_string())),
+            Err(_) => return Err(ApiError::Unavailable("timed out".into())),
+        };
+        match outcome {
+            Some(Outcome::Appended { offset }) => Ok(AppendAck {
+                offset,
+                duplicate: false,
+            }),
+            Some(Outcome::Rejected(rejection)) => Err(rejection.into()),
+            other => Err(ApiError::Unavailable(format!("{other:?}"))),
+        }
+    }
+}
+
+/// All containers for the first two thirds of the run, one fewer after.
+struct ScaleInLate {
+    started: Instant,
+    after: Duration,
+}
+
+impl ScalingPolicy for ScaleInLate {
+    fn desired(&mut self, _current: u32, _total_lag: u64, _now: std::time::Instant) -> u32 {
+        if self.started.elapsed() < self.after {
+            CONTAINERS as u32
+        } else {
+            CONTAINERS as u32 - 1
+        }
+    }
+}
+
+/// The simulation's containers are started by the simulation; a stop tells one to leave.
+struct SimLauncher(Arc<Sim>);
+
+impl ContainerLauncher for SimLauncher {
+    fn launch(&self, _container: &ContainerId) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn stop(&self, container: &ContainerId) {
+        self.0
+            .stopped_containers
+            .lock()
+            .unwrap()
+            .insert(container.clone());
     }
 }
