@@ -11,10 +11,9 @@ use tokio::sync::{mpsc, oneshot, Mutex, Semaphore};
 
 use super::protocol::*;
 use super::sequences::Sequences;
-use super::subscription::Subscription;
 use super::tls::{dial, framed};
 use crate::log::{
-    Command, ContainerId, Epoch, Filter, Offset, ProducerId, ProducerSeq, Proposal, Target, TaskId,
+    Command, ContainerId, Epoch, Offset, ProducerId, ProducerSeq, Proposal, Target, TaskId,
 };
 use crate::NodeId;
 
@@ -437,12 +436,12 @@ async fn send_appends(connector: Weak<Connector>, mut queued: mpsc::Receiver<Que
 /// ```
 pub struct ControlClient {
     /// Shared by the producers made with [`ControlClient::new_producer`].
-    connector: Arc<Connector>,
+    pub(super) connector: Arc<Connector>,
     producer: ProducerId,
     sequences: Sequences,
     /// The highest offset this client's appends were acknowledged at; its subscriptions'
     /// resets read at least this far (read your writes).
-    own_writes: Arc<AtomicU64>,
+    pub(super) own_writes: Arc<AtomicU64>,
 }
 
 impl ControlClient {
@@ -553,17 +552,6 @@ impl ControlClient {
                 async move { rpc.fetch(ctx, request).await }
             })
             .await
-    }
-
-    /// Every committed command matching `filter` from offset `from` on, in offset order,
-    /// exactly once, across reconnects and leader changes. See [`Subscription`].
-    pub fn subscribe(&self, from: Offset, filter: Filter) -> Subscription {
-        Subscription::new(
-            Connector::new(self.connector.settings().clone()),
-            self.own_writes.clone(),
-            from,
-            filter,
-        )
     }
 
     /// The JobState as of an offset of at least `min_offset`, from any replica.

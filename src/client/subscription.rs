@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures::stream::BoxStream;
 use futures::Stream;
 
-use super::connection::{state_at, ClientError, Connector};
+use super::connection::{state_at, ClientError, Connector, ControlClient};
 use super::protocol::{ApiError, FetchRequest, FetchResponse};
 use crate::jobs::JobState;
 use crate::log::{Filter, LogEntry, Offset};
@@ -175,6 +175,21 @@ fn check_response(request: &FetchRequest, response: &FetchResponse) -> Result<()
         ));
     }
     Ok(())
+}
+
+/// Subscribing lives beside the subscription, so that the connection (`connection.rs`) does
+/// not depend on the stream built on top of it.
+impl ControlClient {
+    /// Every committed command matching `filter` from offset `from` on, in offset order,
+    /// exactly once, across reconnects and leader changes. See [`Subscription`].
+    pub fn subscribe(&self, from: Offset, filter: Filter) -> Subscription {
+        Subscription::new(
+            Connector::new(self.connector.settings().clone()),
+            self.own_writes.clone(),
+            from,
+            filter,
+        )
+    }
 }
 
 #[cfg(test)]

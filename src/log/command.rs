@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::kinds;
 use super::names::{Input, TaskId};
-use super::vocabulary::{kinds, Vocabulary};
 use super::{ContainerId, Offset, Target};
 
 /// A command kind number. Built-in kinds live below [`CUSTOM_KIND_MIN`]; the space above it
@@ -193,11 +193,6 @@ pub enum Command {
 }
 
 impl Command {
-    /// Decodes a frame against this build's vocabulary. Total: an unknown frame is `Unknown`.
-    pub fn from_frame(frame: Frame) -> Command {
-        Vocabulary::CURRENT.decode(frame)
-    }
-
     /// The frame's `(kind, version)`.
     pub fn kind_version(&self) -> (Kind, u16) {
         use kinds::*;

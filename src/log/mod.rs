@@ -22,6 +22,7 @@
 mod codec;
 mod command;
 mod entry;
+pub mod kinds;
 mod names;
 mod target;
 pub mod vocabulary;

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use openraft::ServerState;
 
-use super::replica::StartError;
 use super::telemetry::Telemetry;
 use crate::client::{
     ApiError, AppendAck, FetchRequest, FetchResponse, HeartbeatAck, Member, MemberStatus, StateAt,
@@ -25,7 +24,7 @@ use crate::raft::log_store::LogStore;
 use crate::raft::proposer::{Proposer, BATCH_BYTES_MAX};
 use crate::raft::reader::read_committed;
 use crate::raft::state_machine::{Applied, SnapshotStats, StateMachineStore};
-use crate::raft::types::{not_leader_from, Raft, RaftError, RaftMetrics};
+use crate::raft::types::{not_leader_from, Raft, RaftMetrics};
 use crate::NodeId;
 
 /// How long `snapshot` waits for the snapshot it triggered.
@@ -123,15 +122,6 @@ impl ReplicaHandle {
         metrics.running_state.is_ok()
             && metrics.state == ServerState::Leader
             && metrics.current_leader == Some(self.inner.id)
-    }
-
-    /// Initialises a new cluster with these members. Refused if this replica already has state.
-    pub async fn initialize(&self, members: BTreeMap<NodeId, Member>) -> Result<(), StartError> {
-        match self.inner.raft.initialize(members).await {
-            Ok(()) => Ok(()),
-            Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => Ok(()),
-            Err(e) => Err(StartError::Raft(e.to_string())),
-        }
     }
 
     /// Appends one command through the proposer; answered once committed and applied.

@@ -3,6 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
+use openraft::error::InitializeError;
 use openraft::SnapshotPolicy;
 use tokio::task::JoinHandle;
 
@@ -14,13 +17,15 @@ use super::peers::{bind_peers, serve_peers};
 use super::service::{bind_clients, serve_clients};
 use super::telemetry::Telemetry;
 use super::tls::ReplicaTls;
+use crate::client::Member;
 use crate::jobs::Liveness;
 use crate::raft::meta_store::Closed;
 use crate::raft::network::PeerNetwork;
 use crate::raft::proposer::Proposer;
 use crate::raft::recover::ForcedMembership;
 use crate::raft::storage::{open_storage, Storage};
-use crate::raft::types::Raft;
+use crate::raft::types::{Raft, RaftError};
+use crate::NodeId;
 
 /// Entries per AppendEntries message. With batches of up to
 /// [`BATCH_BYTES_MAX`](crate::raft::proposer::BATCH_BYTES_MAX) plus one
@@ -247,6 +252,16 @@ impl Replica {
     /// A handle that outlives this borrow (it does not keep the listeners alive).
     pub fn clone_handle(&self) -> ReplicaHandle {
         self.handle.clone()
+    }
+
+    /// Initialises a new cluster with these members. Does nothing if this replica already has
+    /// state (a restart, or a cluster that another founder initialised).
+    pub async fn initialize(&self, members: BTreeMap<NodeId, Member>) -> Result<(), StartError> {
+        match self.raft().initialize(members).await {
+            Ok(()) => Ok(()),
+            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+            Err(e) => Err(StartError::Raft(e.to_string())),
+        }
     }
 }
 
