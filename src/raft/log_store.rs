@@ -44,9 +44,19 @@ struct Shared {
     syncer: Syncer,
     /// The first log index still present, for the state machine's offset index.
     first_index: AtomicU64,
-    /// The last entry the durable snapshot covers, once a replica wires the state machine in
-    /// with [`LogStore::guard_with_snapshots`]; `None` inside while there is no snapshot.
-    durable_snapshot: Mutex<Option<Option<LogId>>>,
+    /// What the durable snapshot allows purging, once a replica wires the state machine in
+    /// with [`LogStore::guard_with_snapshots`].
+    snapshots: Mutex<Option<SnapshotGuard>>,
+}
+
+/// The log's view of the durable snapshot.
+#[derive(Clone, Copy, Debug, Default)]
+struct SnapshotGuard {
+    /// The last entry the durable snapshot covers; `None` while there is no snapshot.
+    durable: Option<LogId>,
+    /// The furthest purge openraft asked for: a purge past the durable snapshot waits here
+    /// until a snapshot that covers it is stored.
+    wanted: Option<LogId>,
 }
 
 /// The Raft log store. Clones share one log; a clone is also the log reader.
@@ -91,7 +101,7 @@ impl LogStore {
                 meta,
                 syncer: Syncer::start(),
                 first_index: AtomicU64::new(first_index),
-                durable_snapshot: Mutex::new(None),
+                snapshots: Mutex::new(None),
             }),
         })
     }
@@ -105,27 +115,99 @@ impl LogStore {
 
     /// Makes the log respect the durable snapshot, whose last entry is `last` now: from here
     /// on a purge never removes an entry the durable snapshot does not cover, and the
-    /// committed point read at start is one this log and snapshot can re-apply.
+    /// committed point read at start is one this log and snapshot can re-apply. Called at
+    /// open; it also repairs a log left with a hole by a crash (see
+    /// [`LogStore::snapshot_stored`]).
     ///
     /// openraft 0.9 issues the purge that follows a snapshot install without waiting for the
     /// install to be durable; a crash in between would otherwise leave a replica with neither
     /// the entries nor the snapshot (found by the `snapshot-install` fail point).
-    pub fn guard_with_snapshots(&self, last: Option<LogId>) {
-        *self.snapshot_guard() = Some(last);
+    pub fn guard_with_snapshots(&self, last: Option<LogId>) -> io::Result<()> {
+        *self.snapshot_guard() = Some(SnapshotGuard {
+            durable: last,
+            wanted: None,
+        });
+        self.purge_behind_snapshot()
     }
 
-    /// Records that a snapshot up to `last` is durable (no effect before the guard is on).
-    pub fn snapshot_stored(&self, last: Option<LogId>) {
-        if let Some(current) = self.snapshot_guard().as_mut() {
-            *current = (*current).max(last);
+    /// Records that a snapshot up to `last` is durable (no effect before the guard is on), and
+    /// carries out what it now allows: the purge openraft asked for that had to wait for it,
+    /// and the removal of a stale prefix that a snapshot install left in front of the log.
+    ///
+    /// Invariant restored here: the log is contiguous from the purge point to its end. A
+    /// replica that installs a snapshot at `S` while its log ends at `L < S` continues at
+    /// `S + 1`; until the entries up to `S` are purged, the log would hold `..=L`, a hole, and
+    /// `S + 1..`, which openraft cannot start on.
+    pub fn snapshot_stored(&self, last: Option<LogId>) -> io::Result<()> {
+        match self.snapshot_guard().as_mut() {
+            Some(guard) => guard.durable = guard.durable.max(last),
+            None => return Ok(()),
+        }
+        self.purge_behind_snapshot()
+    }
+
+    /// Purges what the durable snapshot allows of what is wanted: the purge openraft asked
+    /// for, or everything up to the snapshot when the log has a hole before its next entry.
+    fn purge_behind_snapshot(&self) -> io::Result<()> {
+        let Some(SnapshotGuard {
+            durable: Some(snapshot),
+            wanted,
+        }) = *self.snapshot_guard()
+        else {
+            return Ok(());
+        };
+        let hole_end = self.lock().wal.hole_end();
+        let target = match (hole_end, wanted) {
+            (Some(end), _) if end <= snapshot.index + 1 => Some(snapshot),
+            (Some(end), _) => {
+                // Not something a snapshot install leaves; purging cannot mend it.
+                tracing::error!(
+                    hole_end = end,
+                    snapshot = snapshot.index,
+                    "the log has a hole past the durable snapshot"
+                );
+                None
+            }
+            (None, Some(wanted)) => Some(wanted.min(snapshot)),
+            (None, None) => None,
+        };
+        match target {
+            Some(target) => self.purge_durable(target),
+            None => Ok(()),
         }
     }
 
-    fn snapshot_guard(&self) -> MutexGuard<'_, Option<Option<LogId>>> {
+    fn snapshot_guard(&self) -> MutexGuard<'_, Option<SnapshotGuard>> {
         self.shared
-            .durable_snapshot
+            .snapshots
             .lock()
             .expect("a panic while holding the snapshot guard is a bug")
+    }
+
+    /// Purges the log up to `log_id`, the purge point durable before any segment goes.
+    fn purge_durable(&self, log_id: LogId) -> io::Result<()> {
+        if self
+            .lock()
+            .last_purged
+            .is_some_and(|p| p.index >= log_id.index)
+        {
+            return Ok(());
+        }
+        // Durable first: a restart must not bring back what the WAL is about to delete.
+        self.shared.meta.put_durable(PURGED_KEY, &encode(&log_id))?;
+        let mut state = self.lock();
+        state.wal.purge_upto(log_id.index)?;
+        state.last_purged = Some(log_id);
+        if state
+            .last_log_id
+            .is_none_or(|last| last.index < log_id.index)
+        {
+            state.last_log_id = Some(log_id);
+        }
+        self.shared
+            .first_index
+            .store(state.wal.first_index(), Ordering::Release);
+        Ok(())
     }
 
     /// The first log index still on disk (entries before it are purged).
@@ -264,7 +346,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             Some(bytes) => decode(&bytes, 1024).map_err(read_err)?,
             None => None,
         };
-        let (Some(committed), Some(snapshot)) = (saved, *self.snapshot_guard()) else {
+        let snapshot = self.snapshot_guard().map(|guard| guard.durable);
+        let (Some(committed), Some(snapshot)) = (saved, snapshot) else {
             return Ok(saved);
         };
         if snapshot.is_some_and(|s| s.index >= committed.index) {
@@ -322,38 +405,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        // Never past the durable snapshot (see `guard_with_snapshots`); the rest of the purge
-        // happens at the next one, after the snapshot is stored.
-        let log_id = match *self.snapshot_guard() {
-            Some(None) => return Ok(()),
-            Some(Some(snapshot)) if snapshot.index < log_id.index => snapshot,
-            _ => log_id,
+        // Never past the durable snapshot (see `guard_with_snapshots`): what goes beyond it is
+        // remembered and purged once a snapshot that covers it is stored.
+        let allowed = match self.snapshot_guard().as_mut() {
+            None => Some(log_id),
+            Some(guard) => {
+                guard.wanted = guard.wanted.max(Some(log_id));
+                guard.durable.map(|snapshot| snapshot.min(log_id))
+            }
         };
-        if self
-            .lock()
-            .last_purged
-            .is_some_and(|p| p.index >= log_id.index)
-        {
-            return Ok(());
+        match allowed {
+            Some(allowed) => self.purge_durable(allowed).map_err(write_err),
+            None => Ok(()),
         }
-        // Durable first: a restart must not bring back what the WAL is about to delete.
-        self.shared
-            .meta
-            .put_durable(PURGED_KEY, &encode(&log_id))
-            .map_err(write_err)?;
-        let mut state = self.lock();
-        state.wal.purge_upto(log_id.index).map_err(write_err)?;
-        state.last_purged = Some(log_id);
-        if state
-            .last_log_id
-            .is_none_or(|last| last.index < log_id.index)
-        {
-            state.last_log_id = Some(log_id);
-        }
-        self.shared
-            .first_index
-            .store(state.wal.first_index(), Ordering::Release);
-        Ok(())
     }
 }
 

@@ -329,7 +329,7 @@ impl StateMachineStore {
         tree.insert(CURRENT_KEY, encode(&header))
             .map_err(io::Error::other)?;
         self.shared.meta.sync()?;
-        self.shared.log.snapshot_stored(meta.last_log_id);
+        self.shared.log.snapshot_stored(meta.last_log_id)?;
         if let Some(previous) = previous {
             for chunk in 0..previous.chunks {
                 tree.remove(chunk_key(previous.storage_id, chunk))

@@ -39,7 +39,7 @@ pub fn open_storage(data_dir: &Path) -> io::Result<Storage> {
     let (meta, log) = open_log(data_dir)?;
     let closed = meta.closed();
     let state_machine = StateMachineStore::open(meta, log.clone())?;
-    log.guard_with_snapshots(state_machine.stored_snapshot_last()?);
+    log.guard_with_snapshots(state_machine.stored_snapshot_last()?)?;
     Ok(Storage {
         log,
         state_machine,

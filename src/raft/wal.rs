@@ -20,7 +20,9 @@
 //!   torn record.
 //! * `truncate_from` cuts the file and `fdatasync`s it before returning.
 //! * Recovery scans every segment, verifies each record's checksum, and cuts the last segment
-//!   at the first torn or corrupt record. A bad record in any *earlier* segment is corruption of
+//!   at the first torn or corrupt record: a short record, a checksum that does not match, a
+//!   length out of bounds, and a zero length (a zero-filled tail, which some file systems
+//!   leave after a power loss, and whose all-zero header matches its empty payload's CRC). A bad record in any *earlier* segment is corruption of
 //!   durable data and is reported, never skipped.
 
 use std::collections::BTreeMap;
@@ -91,7 +93,10 @@ fn scan_records(bytes: &[u8]) -> (Vec<RecordPos>, u64) {
         let len = u32::from_le_bytes(bytes[pos..pos + 4].try_into().unwrap()) as usize;
         let crc = u32::from_le_bytes(bytes[pos + 4..pos + 8].try_into().unwrap());
         let start = pos + RECORD_HEADER_BYTES;
-        if len > RECORD_BYTES_MAX || bytes.len() - start < len {
+        // No record is empty (each holds an encoded entry), so a zero length is a zero-filled
+        // tail, whose header would otherwise pass: the CRC32 of nothing is 0. An all-0xff
+        // header fails the length bound.
+        if len == 0 || len > RECORD_BYTES_MAX || bytes.len() - start < len {
             break;
         }
         if crc32fast::hash(&bytes[start..start + len]) != crc {
@@ -204,6 +209,25 @@ impl Wal {
             .values()
             .next_back()
             .map_or(self.first_index, Segment::end_index)
+    }
+
+    /// Where the log resumes after its last hole (a segment that does not start where the one
+    /// before it ends), if it has one. Only a snapshot install leaves one, until the purge
+    /// behind the installed snapshot removes what lies before it.
+    pub fn hole_end(&self) -> Option<u64> {
+        let mut ends = self
+            .segments
+            .values()
+            .map(|s| (s.first_index, s.end_index()));
+        let mut hole_end = None;
+        let (_, mut previous_end) = ends.next()?;
+        for (first, end) in ends {
+            if first > previous_end {
+                hole_end = Some(first);
+            }
+            previous_end = end;
+        }
+        hole_end
     }
 
     /// True when no unpurged record is present.
@@ -494,6 +518,41 @@ mod tests {
         assert_eq!(wal.read(4).unwrap(), Some(payload(4)));
         fill(&mut wal, 5, 6);
         assert_eq!(wal.read(6).unwrap(), Some(payload(6)));
+    }
+
+    /// Regression: a zero-filled tail (left by some file systems after a power loss) passed
+    /// as empty records, whose CRC is 0, and the replica could not start. Every kind of
+    /// damaged tail is cut at the last whole record, and appends continue there.
+    #[test]
+    fn zeroed_and_garbage_tails_are_cut_at_the_last_whole_record() {
+        let tails: [(&str, Vec<u8>); 5] = [
+            ("17 zero bytes", vec![0; 17]),
+            ("64 KiB of zeros", vec![0; 64 << 10]),
+            ("one zero header", vec![0; RECORD_HEADER_BYTES]),
+            ("0xff bytes", vec![0xff; 4096]),
+            (
+                "garbage",
+                (0..4096u32).map(|i| (i * 7919 % 251) as u8).collect(),
+            ),
+        ];
+        for (what, tail) in tails {
+            let dir = tempfile::tempdir().unwrap();
+            let mut wal = Wal::open(dir.path(), None, 1 << 20).unwrap();
+            fill(&mut wal, 1, 5);
+            drop(wal);
+            let path = segment_path(dir.path(), 1);
+            let len = std::fs::metadata(&path).unwrap().len();
+            let file = OpenOptions::new().write(true).open(&path).unwrap();
+            file.write_all_at(&tail, len).unwrap();
+            let mut wal = Wal::open(dir.path(), None, 1 << 20)
+                .unwrap_or_else(|e| panic!("{what}: the wal did not open: {e}"));
+            assert_eq!(wal.next_index(), 6, "{what}");
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), len, "{what}: cut");
+            fill(&mut wal, 6, 7);
+            drop(wal);
+            let wal = Wal::open(dir.path(), None, 1 << 20).unwrap();
+            assert_eq!(wal.read(7).unwrap(), Some(payload(7)), "{what}");
+        }
     }
 
     #[test]

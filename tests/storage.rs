@@ -1,0 +1,137 @@
+//! A replica's real storage (the WAL, sled and the state machine, over temporary directories)
+//! driven through openraft's storage traits in the orders openraft uses them, then closed and
+//! opened again: every catch-up path must leave a directory a replica can start on.
+
+use std::path::Path;
+
+use ctrlog::log::{Batch, Command, Proposal, Target};
+use ctrlog::raft::storage::{open_storage, Storage};
+use ctrlog::raft::types::{Entry, LogId, Snapshot};
+use openraft::storage::{RaftLogReader, RaftLogStorage, RaftSnapshotBuilder, RaftStateMachine};
+use openraft::{CommittedLeaderId, EntryPayload};
+
+fn entry(index: u64) -> Entry {
+    Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+        payload: EntryPayload::Normal(Batch {
+            appended_at_ms: 0,
+            proposals: vec![Proposal {
+                producer: None,
+                target: Target::All,
+                frame: Command::custom(1, 1, format!("command {index}").into_bytes()).into_frame(),
+            }],
+        }),
+    }
+}
+
+/// Appends (durably) and applies entries `from..=to`, as a replica that committed them.
+async fn append_and_apply(storage: &mut Storage, from: u64, to: u64) {
+    for index in from..=to {
+        storage.log.append_durable(&entry(index)).unwrap();
+    }
+    let entries: Vec<Entry> = (from..=to).map(entry).collect();
+    storage.state_machine.apply(entries).await.unwrap();
+}
+
+/// Closes the storage (waiting until sled has released the directory) and opens it again.
+async fn reopen(storage: Storage, dir: &Path) -> Storage {
+    let Storage {
+        log,
+        state_machine,
+        closed,
+    } = storage;
+    drop((log, state_machine));
+    closed.wait().await;
+    open_storage(dir).unwrap()
+}
+
+/// What openraft checks when it starts: every entry from the purge point to the last one is
+/// there. Returns the log's `(last purged, last)` indexes.
+async fn assert_contiguous_log(storage: &mut Storage) -> (u64, u64) {
+    let state = storage.log.get_log_state().await.unwrap();
+    let purged = state.last_purged_log_id.map_or(0, |l| l.index);
+    let last = state.last_log_id.map_or(0, |l| l.index);
+    let indexes: Vec<u64> = storage
+        .log
+        .try_get_log_entries(purged + 1..=last)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.log_id.index)
+        .collect();
+    assert_eq!(
+        indexes,
+        (purged + 1..=last).collect::<Vec<_>>(),
+        "the log from its purge point ({purged}) to its end ({last}) has a hole"
+    );
+    (purged, last)
+}
+
+/// A snapshot of 50 applied entries, built by a replica of its own (the leader's).
+async fn leaders_snapshot(dir: &Path) -> Snapshot {
+    let mut leader = open_storage(dir).unwrap();
+    append_and_apply(&mut leader, 1, 50).await;
+    let mut builder = leader.state_machine.get_snapshot_builder().await;
+    builder.build_snapshot().await.unwrap()
+}
+
+/// Regression (a follower that caught up by snapshot install could not start again): openraft
+/// asks for the purge behind an installed snapshot before the install is durable. The store
+/// may not purge past its durable snapshot then, and it used to drop that purge for good, so
+/// the log kept its old prefix and continued after the snapshot with a hole in between, which
+/// openraft refuses at start ("try to get log at index N but got None").
+/// Steps: a follower holds entries 1..=5; openraft purges up to 50, then installs the leader's
+/// snapshot at 50; entry 51 arrives; the follower's storage is closed and opened again, and
+/// again after one more entry: each time its log runs without a hole from the purge point.
+#[tokio::test]
+async fn a_purge_asked_before_an_install_is_durable_leaves_no_hole_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = leaders_snapshot(&dir.path().join("leader")).await;
+    let installed = snapshot.meta.last_log_id.unwrap();
+
+    let follower_dir = dir.path().join("follower");
+    let mut follower = open_storage(&follower_dir).unwrap();
+    append_and_apply(&mut follower, 1, 5).await;
+    follower.log.purge(installed).await.unwrap();
+    follower
+        .state_machine
+        .install_snapshot(&snapshot.meta, snapshot.snapshot)
+        .await
+        .unwrap();
+    append_and_apply(&mut follower, 51, 51).await;
+    assert_contiguous_log(&mut follower).await;
+
+    let mut follower = reopen(follower, &follower_dir).await;
+    assert_eq!(assert_contiguous_log(&mut follower).await, (50, 51));
+    append_and_apply(&mut follower, 52, 52).await;
+    let mut follower = reopen(follower, &follower_dir).await;
+    assert_eq!(assert_contiguous_log(&mut follower).await, (50, 52));
+    let (applied, _) = follower.state_machine.applied_state().await.unwrap();
+    assert_eq!(
+        applied.map(|l| l.index),
+        Some(50),
+        "restored from the snapshot"
+    );
+}
+
+/// The other order openraft may use: the install is stored first and the purge follows. No
+/// hole either, and the purge is not held back.
+#[tokio::test]
+async fn a_purge_after_a_durable_install_leaves_no_hole_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = leaders_snapshot(&dir.path().join("leader")).await;
+    let installed = snapshot.meta.last_log_id.unwrap();
+
+    let follower_dir = dir.path().join("follower");
+    let mut follower = open_storage(&follower_dir).unwrap();
+    append_and_apply(&mut follower, 1, 5).await;
+    follower
+        .state_machine
+        .install_snapshot(&snapshot.meta, snapshot.snapshot)
+        .await
+        .unwrap();
+    follower.log.purge(installed).await.unwrap();
+    append_and_apply(&mut follower, 51, 53).await;
+    let mut follower = reopen(follower, &follower_dir).await;
+    assert_eq!(assert_contiguous_log(&mut follower).await, (50, 53));
+}
