@@ -236,14 +236,15 @@ impl StateMachineStore {
     /// Opens the state machine, restoring it from the current snapshot if there is one.
     pub fn open(meta: Arc<MetaStore>, log: LogStore) -> io::Result<StateMachineStore> {
         let tree = meta.tree(SNAPSHOT_TREE)?;
-        let (state, next_storage_id) = match read_header(&tree)? {
+        let header = read_header(&tree)?;
+        let next_storage_id =
+            remove_orphaned_chunks(&meta, &tree, header.as_ref().map(|h| h.storage_id))?;
+        let state = match header {
             Some(header) => {
                 let bytes = read_chunks(&tree, &header)?;
-                let state: MachineState =
-                    decode(&bytes, SNAPSHOT_BYTES_MAX).map_err(io::Error::other)?;
-                (state, header.storage_id + 1)
+                decode(&bytes, SNAPSHOT_BYTES_MAX).map_err(io::Error::other)?
             }
-            None => (MachineState::default(), 1),
+            None => MachineState::default(),
         };
         let snapshot_offset = state.job.last_offset();
         let applied = Applied {
@@ -305,12 +306,32 @@ impl StateMachineStore {
         self.shared.applied.subscribe()
     }
 
-    /// Persists `bytes` as the current snapshot with `meta`, durably, replacing the previous one.
-    async fn store_snapshot(&self, meta: &SnapshotMeta, bytes: &[u8]) -> io::Result<()> {
+    /// Persists `bytes` as the current snapshot with `meta`, durably, replacing the previous one
+    /// unless that one is newer. Returns whether it was stored.
+    ///
+    /// Invariants:
+    /// * the stored snapshot's last log id never goes down: a build that encoded the state at
+    ///   `A` and finishes after an install of `B > A` was stored leaves `B` in place;
+    /// * a snapshot's chunks are written under a storage id no earlier snapshot used (ids only
+    ///   grow, and open starts past every id on disk), and only the pointer switch makes them
+    ///   current, so a crash at any point leaves the previous snapshot whole; what it orphans
+    ///   is removed at the next open ([`remove_orphaned_chunks`]).
+    async fn store_snapshot(&self, meta: &SnapshotMeta, bytes: &[u8]) -> io::Result<bool> {
         let _guard = self.shared.snapshot_lock.lock().await;
         let tree = self.shared.meta.tree(SNAPSHOT_TREE)?;
-        let storage_id = self.shared.next_storage_id.fetch_add(1, Ordering::Relaxed);
         let previous = read_header(&tree)?;
+        if let Some(newer) = previous
+            .as_ref()
+            .filter(|p| p.meta.last_log_id > meta.last_log_id)
+        {
+            tracing::info!(
+                stored = ?newer.meta.last_log_id,
+                offered = ?meta.last_log_id,
+                "a newer snapshot is stored already; keeping it"
+            );
+            return Ok(false);
+        }
+        let storage_id = self.shared.next_storage_id.fetch_add(1, Ordering::Relaxed);
         let mut chunks = 0u32;
         for chunk in bytes.chunks(VALUE_BYTES_MAX) {
             tree.insert(chunk_key(storage_id, chunks), chunk)
@@ -336,8 +357,43 @@ impl StateMachineStore {
                     .map_err(io::Error::other)?;
             }
         }
-        Ok(())
+        Ok(true)
     }
+}
+
+/// Removes the chunks of every snapshot but the current one: those a crash left behind, between
+/// writing a new snapshot's chunks and switching the pointer, or between the switch and the
+/// removal of the old chunks. Returns the storage id the next snapshot may use, past every id
+/// found, so that no id is ever used twice.
+fn remove_orphaned_chunks(
+    meta: &MetaStore,
+    tree: &sled::Tree,
+    current: Option<u64>,
+) -> io::Result<u64> {
+    let mut next_id = current.map_or(1, |id| id + 1);
+    let mut orphans = Vec::new();
+    for item in tree.iter() {
+        let (key, _) = item.map_err(io::Error::other)?;
+        let Ok(chunk_key) = <[u8; 12]>::try_from(&key[..]) else {
+            continue; // the pointer
+        };
+        let id = u64::from_be_bytes(chunk_key[..8].try_into().expect("8 bytes"));
+        next_id = next_id.max(id + 1);
+        if Some(id) != current {
+            orphans.push(key);
+        }
+    }
+    if !orphans.is_empty() {
+        tracing::warn!(
+            chunks = orphans.len(),
+            "removing snapshot chunks a crash left behind"
+        );
+        for key in orphans {
+            tree.remove(key).map_err(io::Error::other)?;
+        }
+        meta.sync()?;
+    }
+    Ok(next_id)
 }
 
 fn read_header(tree: &sled::Tree) -> io::Result<Option<StoredSnapshotHeader>> {
@@ -387,7 +443,10 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         self.store_snapshot(&meta, &bytes)
             .await
             .map_err(snapshot_write_err)?;
-        self.shared.snapshot_offset.store(offset, Ordering::Release);
+        // A build that found a newer snapshot stored leaves its offset too.
+        self.shared
+            .snapshot_offset
+            .fetch_max(offset, Ordering::AcqRel);
         let shared = &self.shared;
         shared.snapshots_built.fetch_add(1, Ordering::Relaxed);
         shared
@@ -486,7 +545,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         };
         self.shared
             .snapshot_offset
-            .store(new_state.job.last_offset(), Ordering::Release);
+            .fetch_max(new_state.job.last_offset(), Ordering::AcqRel);
         // This replica's log does not hold what the snapshot covers (it was behind, which is
         // why it installs a snapshot), so those offsets are compacted here.
         new_state.forget_spans_before(meta.last_log_id.map_or(0, |l| l.index + 1));
@@ -511,5 +570,97 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             meta: header.meta,
             snapshot: Box::new(Cursor::new(bytes)),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use openraft::CommittedLeaderId;
+
+    use super::*;
+
+    fn open(dir: &std::path::Path) -> StateMachineStore {
+        let meta = Arc::new(MetaStore::open(&dir.join("meta")).unwrap());
+        let log = LogStore::open(&dir.join("log"), meta.clone()).unwrap();
+        StateMachineStore::open(meta, log).unwrap()
+    }
+
+    /// A snapshot whose state was applied up to `index`.
+    fn snapshot_at(index: u64) -> (SnapshotMeta, Vec<u8>) {
+        let last = Some(LogId::new(CommittedLeaderId::new(1, 1), index));
+        let state = MachineState {
+            last_applied: last,
+            ..MachineState::default()
+        };
+        let meta = SnapshotMeta {
+            last_log_id: last,
+            last_membership: StoredMembership::default(),
+            snapshot_id: format!("test-{index}"),
+        };
+        (meta, encode(&state))
+    }
+
+    fn chunk_ids(store: &StateMachineStore) -> BTreeSet<u64> {
+        let tree = store.shared.meta.tree(SNAPSHOT_TREE).unwrap();
+        tree.iter()
+            .keys()
+            .map(|k| k.unwrap())
+            .filter(|k| k.len() == 12)
+            .map(|k| u64::from_be_bytes(k[..8].try_into().unwrap()))
+            .collect()
+    }
+
+    /// Regression (the stored snapshot could move backwards): a build that encoded the state
+    /// at 10 and is stored after an install of 50 leaves 50 in place, across a reopen.
+    #[tokio::test]
+    async fn an_older_snapshot_never_replaces_a_newer_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let (newer, newer_bytes) = snapshot_at(50);
+        let (older, older_bytes) = snapshot_at(10);
+        assert!(store.store_snapshot(&newer, &newer_bytes).await.unwrap());
+        assert!(!store.store_snapshot(&older, &older_bytes).await.unwrap());
+        assert_eq!(store.stored_snapshot_last().unwrap(), newer.last_log_id);
+        drop(store);
+        let store = open(dir.path());
+        assert_eq!(store.stored_snapshot_last().unwrap(), newer.last_log_id);
+        assert_eq!(
+            store.shared.state.read().unwrap().last_applied,
+            newer.last_log_id
+        );
+    }
+
+    /// Regression: chunks a crash orphaned (a new snapshot's, before the pointer switched; an
+    /// old one's, after) are removed at open, and the next snapshot's id is past every id that
+    /// was on disk, so it never shares an id with an orphan.
+    #[tokio::test]
+    async fn orphaned_chunks_are_removed_at_open_and_ids_never_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let (meta, bytes) = snapshot_at(20);
+        assert!(store.store_snapshot(&meta, &bytes).await.unwrap());
+        let current = chunk_ids(&store);
+        assert_eq!(current.len(), 1);
+        let current = *current.first().unwrap();
+        // What two crashes would leave: chunks of a snapshot never made current (a higher id)
+        // and of a replaced one never removed (a lower id).
+        let tree = store.shared.meta.tree(SNAPSHOT_TREE).unwrap();
+        tree.insert(chunk_key(current + 5, 0), &b"orphan"[..])
+            .unwrap();
+        tree.insert(chunk_key(current - 1, 3), &b"stale"[..])
+            .unwrap();
+        store.shared.meta.sync().unwrap();
+        drop((tree, store));
+
+        let store = open(dir.path());
+        assert_eq!(chunk_ids(&store), BTreeSet::from([current]));
+        assert_eq!(store.stored_snapshot_last().unwrap(), meta.last_log_id);
+        let (next, next_bytes) = snapshot_at(30);
+        assert!(store.store_snapshot(&next, &next_bytes).await.unwrap());
+        let ids = chunk_ids(&store);
+        assert_eq!(ids.len(), 1);
+        assert!(*ids.first().unwrap() > current + 5, "a fresh id: {ids:?}");
     }
 }
