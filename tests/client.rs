@@ -54,6 +54,59 @@ async fn collect_until(
     }
 }
 
+/// Regression (four commands at the size limit wedged every reader): a fetch answer could
+/// carry 4 MiB of commands while the client port's frame limit is about 2 MiB, so its encoding
+/// failed, the connection closed, and the client asked for the same offset until it gave up.
+/// Steps: with the default limits, append four commands of exactly `command_bytes_max` bytes
+/// and a small one; a subscription from offset 1 and `ctrlog tail --from 1` (the library code
+/// behind it) each read all five, in order, well before the client's retry deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_at_the_size_limit_are_read_one_answer_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    let limit = cluster.config(1).command_bytes_max;
+    let options = ClientOptions {
+        retry_deadline: Duration::from_secs(10),
+        ..ClientOptions::default()
+    };
+    let client = ControlClient::connect_with(&cluster.client_addrs(), options)
+        .await
+        .unwrap();
+    for i in 0..4u8 {
+        let body = vec![b'a' + i; limit];
+        client
+            .append_to(Target::All, Command::custom(1, 1, body))
+            .await
+            .unwrap();
+    }
+    client
+        .append_to(Target::All, Command::custom(1, 1, b"small".to_vec()))
+        .await
+        .unwrap();
+
+    let mut stream = client.subscribe(1, Filter::Everything);
+    let mut read = Vec::new();
+    collect_until(&mut stream, 5, &mut read).await;
+    let sizes: Vec<usize> = read.iter().map(|e| e.frame.body.len()).collect();
+    assert_eq!(sizes, vec![limit, limit, limit, limit, 5]);
+    assert_contiguous(&read);
+
+    let mut printed = Vec::new();
+    let options = ctrlog::tools::cli::TailOptions {
+        from: 1,
+        follow: false,
+        max: None,
+        filter: Filter::Everything,
+        json: true,
+    };
+    ctrlog::tools::cli::tail(&client, &options, &mut printed)
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8(printed).unwrap().lines().count(), 5);
+    cluster.shutdown().await;
+}
+
 /// Goal: a subscriber receives every committed command exactly once, in offset order, while
 /// the leader is killed and a new one elected, and while its own connection is dropped.
 /// Steps: the subscriber reads through proxies; 8 writers append 640 commands while the test

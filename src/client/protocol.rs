@@ -335,6 +335,12 @@ pub trait ControlLog {
     ) -> Result<Vec<Result<AppendAck, ApiError>>, ApiError>;
 }
 
+/// What an answer adds around the entries it carries: tarpc's response header, the result and
+/// enum tags, the vector length, the offsets. Generous: it only has to be an upper bound. A
+/// replica bounds a fetch answer's entries to its client frame limit less this, so that the
+/// answer always encodes within the frame limit.
+pub const ANSWER_ENVELOPE_BYTES_MAX: usize = 4 << 10;
+
 /// The most proposals one `append_many` carries.
 pub const APPEND_MANY_PROPOSALS_MAX: usize = 1024;
 

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Command, Frame, Offset, ProducerId, Seq, Target, Term};
+use super::{Command, Frame, Offset, ProducerId, Seq, Target, Term, CONTAINER_ID_BYTES_MAX};
 
 /// Identifies one append of an idempotent producer. A retry carries the same pair, and the
 /// replicated state machine answers it with the original offset instead of appending again.
@@ -65,7 +65,17 @@ pub struct LogEntry {
     pub frame: Frame,
 }
 
+/// The most an encoded [`LogEntry`] adds to its frame: offset, term and timestamp (24), the
+/// producer pair (17) and the largest target.
+pub const LOG_ENTRY_OVERHEAD_BYTES_MAX: usize = 24 + 17 + 12 + CONTAINER_ID_BYTES_MAX;
+
 impl LogEntry {
+    /// The bytes this entry takes encoded, for the size bound of a fetch answer.
+    pub fn encoded_len(&self) -> usize {
+        // Offset, term and timestamp (24), the producer pair (17), target and frame.
+        24 + 17 + self.target.encoded_len() + self.frame.encoded_len()
+    }
+
     /// The command, decoded against this build's vocabulary.
     pub fn command(&self) -> Command {
         Command::from_frame(self.frame.clone())

@@ -7,8 +7,9 @@
 //! * nothing beyond the applied offset is returned;
 //! * a `from` below the first retained offset is `Compacted`, never a silent skip;
 //! * `next_offset` passes only offsets that were returned or did not match the filter;
-//! * one answer reads at most [`FETCH_ENTRIES_SCANNED_MAX`] Raft entries and carries at most
-//!   [`FETCH_ANSWER_BYTES_MAX`] command bytes (beyond its first command, always returned whole).
+//! * one answer reads at most [`FETCH_ENTRIES_SCANNED_MAX`] Raft entries, and its entries
+//!   encode to at most [`FETCH_ANSWER_BYTES_MAX`] bytes and to what the port's frame limit
+//!   leaves (beyond its first entry, always returned whole).
 
 use super::log_store::LogStore;
 use super::state_machine::{entry_commands, log_entry, StateMachineStore};
@@ -19,17 +20,21 @@ use crate::log::Offset;
 /// request (a container filtering for itself may skip thousands of commands per entry read).
 pub const FETCH_ENTRIES_SCANNED_MAX: usize = 64;
 
-/// The most command bytes one fetch answer carries, whatever the request asks (beyond one
-/// command, which is always returned whole): bounds the memory an answer pins while its
+/// The most encoded entry bytes one fetch answer carries, whatever the request asks (beyond
+/// one entry, which is always returned whole): bounds the memory an answer pins while its
 /// reader is slow.
 pub const FETCH_ANSWER_BYTES_MAX: usize = 4 << 20;
 
-/// One bounded scan of the applied log from `from` for the commands `request` asks for.
+/// One bounded scan of the applied log from `from` for the commands `request` asks for. The
+/// entries of the answer take at most `answer_bytes_max` encoded bytes (the port's frame limit
+/// less the answer's envelope), beyond the first entry, which is always returned whole: the
+/// frame limit admits one command at the size limit, so a reader always makes progress.
 pub fn read_committed(
     log: &LogStore,
     state_machine: &StateMachineStore,
     from: Offset,
     request: &FetchRequest,
+    answer_bytes_max: usize,
 ) -> Result<FetchResponse, ApiError> {
     // Spans of purged entries linger until the next apply prunes them; skip them here.
     let first_log_index = log.first_index();
@@ -65,7 +70,9 @@ pub fn read_committed(
     if from < first_offset {
         return Err(compacted);
     }
-    let bytes_max = (request.bytes_max as usize).min(FETCH_ANSWER_BYTES_MAX);
+    let bytes_max = (request.bytes_max as usize)
+        .min(FETCH_ANSWER_BYTES_MAX)
+        .min(answer_bytes_max);
     let mut bytes = 0usize;
     for (span_offset, span) in spans {
         let Some(raft_entry) = state_machine
@@ -86,16 +93,15 @@ pub fn read_committed(
                 return Ok(response);
             }
             if request.filter.matches(&proposal.target) {
-                let size = proposal.frame.body.len();
+                let entry = log_entry(offset, proposal, &raft_entry);
+                let size = entry.encoded_len();
                 let full = response.entries.len() >= request.entries_max as usize
                     || (!response.entries.is_empty() && bytes + size > bytes_max);
                 if full {
                     return Ok(response);
                 }
                 bytes += size;
-                response
-                    .entries
-                    .push(log_entry(offset, proposal, &raft_entry));
+                response.entries.push(entry);
             }
             response.next_offset = offset + 1;
         }

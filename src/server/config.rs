@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::client::{Member, APPEND_MANY_BYTES_MAX};
-use crate::log::COMMAND_BYTES_MAX_DEFAULT;
+use crate::client::{Member, ANSWER_ENVELOPE_BYTES_MAX, APPEND_MANY_BYTES_MAX};
+use crate::log::{COMMAND_BYTES_MAX_DEFAULT, LOG_ENTRY_OVERHEAD_BYTES_MAX};
 use crate::NodeId;
 
 /// Everything a replica needs to start. Every field has a default except the identity and the
@@ -244,10 +244,16 @@ impl ReplicaConfig {
         if self.command_bytes_max == 0 {
             refuse("command_bytes_max", "must be at least 1")?;
         }
-        if self.client_frame_bytes_max <= self.command_bytes_max {
+        let one_command_answer =
+            self.command_bytes_max + LOG_ENTRY_OVERHEAD_BYTES_MAX + ANSWER_ENVELOPE_BYTES_MAX;
+        if self.client_frame_bytes_max < one_command_answer {
             refuse(
                 "client_frame_bytes_max",
-                "must exceed command_bytes_max, or a command of the full size cannot be sent",
+                format!(
+                    "must be at least command_bytes_max + {} = {one_command_answer} bytes, or a \
+                     command of the full size cannot be sent or fetched",
+                    LOG_ENTRY_OVERHEAD_BYTES_MAX + ANSWER_ENVELOPE_BYTES_MAX
+                ),
             )?;
         }
         if self.client_frame_bytes_max < 2 * APPEND_MANY_BYTES_MAX {

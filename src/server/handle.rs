@@ -46,6 +46,9 @@ pub(super) struct Inner {
     pub(super) peer_addr: SocketAddr,
     pub(super) client_addr: SocketAddr,
     pub(super) command_bytes_max: usize,
+    /// The encoded bytes a fetch answer's entries may take: the client frame limit less the
+    /// answer's envelope, so that every answer can be sent.
+    pub(super) fetch_answer_bytes_max: usize,
     /// Heartbeats heard while this replica leads (reset when a new term begins).
     pub(super) liveness: std::sync::Mutex<Liveness>,
     pub(super) telemetry: Telemetry,
@@ -219,8 +222,13 @@ impl ReplicaHandle {
         // Offsets start at 1; a fetch from 0 means "from the beginning".
         let mut from = request.from.max(1);
         loop {
-            let response =
-                read_committed(&self.inner.log, &self.inner.state_machine, from, request)?;
+            let response = read_committed(
+                &self.inner.log,
+                &self.inner.state_machine,
+                from,
+                request,
+                self.inner.fetch_answer_bytes_max,
+            )?;
             if !response.entries.is_empty() || response.next_offset <= response.applied_offset {
                 // Entries, or a scan that stopped at its bound: the caller continues.
                 return Ok(response);

@@ -17,7 +17,7 @@ use super::peers::{bind_peers, serve_peers};
 use super::service::{bind_clients, serve_clients};
 use super::telemetry::Telemetry;
 use super::tls::ReplicaTls;
-use crate::client::Member;
+use crate::client::{Member, ANSWER_ENVELOPE_BYTES_MAX};
 use crate::jobs::Liveness;
 use crate::raft::meta_store::Closed;
 use crate::raft::network::PeerNetwork;
@@ -165,6 +165,7 @@ impl Replica {
                 peer_addr,
                 client_addr,
                 command_bytes_max: config.command_bytes_max,
+                fetch_answer_bytes_max: config.client_frame_bytes_max - ANSWER_ENVELOPE_BYTES_MAX,
                 liveness: std::sync::Mutex::new(Liveness::new(0, std::time::Instant::now())),
                 telemetry: Telemetry::default(),
                 http_addr,
