@@ -3,9 +3,14 @@
 //! openraft 0.9 turns every `client_write` into its own entry and waits for each entry's flush
 //! before the next, which caps a 3-replica cluster near 2,000 entries/s (DESIGN.md §4). So
 //! appends queue here; the proposer task takes everything queued (up to
-//! [`BATCH_PROPOSALS_MAX`] proposals and [`BATCH_BYTES_MAX`] bytes), stamps the batch with the
-//! wall clock, and proposes it as one entry. While up to [`BATCHES_IN_FLIGHT_MAX`] batches are
-//! in Raft, the next one fills.
+//! [`BATCH_PROPOSALS_MAX`] proposals and [`BATCH_BYTES_MAX`] bytes, or one proposal larger than
+//! that), stamps the batch with the wall clock, and proposes it as one entry. While up to
+//! [`BATCHES_IN_FLIGHT_MAX`] batches are in Raft, the next one fills.
+//!
+//! Budgets: the queue holds at most [`QUEUE_DEPTH`] proposals and [`QUEUE_BYTES_MAX`] encoded
+//! bytes (a caller waits for room: back-pressure), and a batch never exceeds
+//! `max(BATCH_BYTES_MAX, one proposal)`, which with openraft's entries per message bounds an
+//! AppendEntries message (see `ReplicaConfig::validate`).
 //!
 //! Protocol: each [`Proposer::propose`] sends its proposal with a oneshot sender and awaits the
 //! receiver. The task answers every sender exactly once: with the proposal's outcome once the
@@ -15,7 +20,7 @@
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use super::types::Raft;
 use crate::client::ApiError;
@@ -28,24 +33,31 @@ pub type ProposalResult = Result<Outcome, ApiError>;
 /// Proposals per batch: bounds one entry's apply time and the latency of the first proposal
 /// in it.
 pub const BATCH_PROPOSALS_MAX: usize = 4096;
-/// Bytes per batch (a batch closes once past this, so one command of the full size limit still
-/// fits). Together with `RAFT_PAYLOAD_ENTRIES_MAX` it bounds an AppendEntries message.
+/// Encoded proposal bytes per batch: a batch takes the next proposal only if it still fits,
+/// so a batch is at most this, or one proposal larger than this alone. Together with
+/// `RAFT_PAYLOAD_ENTRIES_MAX` it bounds an AppendEntries message.
 pub const BATCH_BYTES_MAX: usize = 1 << 20;
 /// Batches proposed but not yet applied. More than one lets the next batch's proposal overlap
 /// with the current batch's replication and fsync.
 pub const BATCHES_IN_FLIGHT_MAX: usize = 4;
 /// Appends queued before the proposer task; beyond this, callers wait (back-pressure).
-const QUEUE_DEPTH: usize = 64 * 1024;
+pub const QUEUE_DEPTH: usize = 64 * 1024;
+/// Encoded proposal bytes queued before the proposer task; beyond this, callers wait. Without
+/// it the queue could pin `QUEUE_DEPTH` commands of the full size limit (64 GiB at 1 MiB).
+pub const QUEUE_BYTES_MAX: usize = 64 << 20;
 
 struct Pending {
     proposal: Proposal,
     reply: oneshot::Sender<ProposalResult>,
+    /// The proposal's share of [`QUEUE_BYTES_MAX`], given back when it leaves the queue.
+    _queued_bytes: OwnedSemaphorePermit,
 }
 
 /// The handle producers append through.
 #[derive(Clone)]
 pub struct Proposer {
     queue: mpsc::Sender<Pending>,
+    queue_bytes: Arc<Semaphore>,
 }
 
 impl Proposer {
@@ -53,18 +65,59 @@ impl Proposer {
     pub fn start(raft: Raft) -> Proposer {
         let (queue, incoming) = mpsc::channel(QUEUE_DEPTH);
         tokio::spawn(run(raft, incoming));
-        Proposer { queue }
+        Proposer {
+            queue,
+            queue_bytes: Arc::new(Semaphore::new(QUEUE_BYTES_MAX)),
+        }
     }
 
     /// Appends one proposal and waits until it is committed and applied.
     pub async fn propose(&self, proposal: Proposal) -> ProposalResult {
+        // A proposal larger than the whole budget (never, with a valid configuration) waits
+        // for all of it rather than forever.
+        let bytes = proposal.encoded_len().min(QUEUE_BYTES_MAX) as u32;
+        let queued_bytes = self
+            .queue_bytes
+            .clone()
+            .acquire_many_owned(bytes)
+            .await
+            .map_err(|_| ApiError::ShuttingDown)?;
         let (reply, answer) = oneshot::channel();
+        let pending = Pending {
+            proposal,
+            reply,
+            _queued_bytes: queued_bytes,
+        };
         self.queue
-            .send(Pending { proposal, reply })
+            .send(pending)
             .await
             .map_err(|_| ApiError::ShuttingDown)?;
         answer.await.map_err(|_| ApiError::ShuttingDown)?
     }
+}
+
+/// Takes the next batch: `first`, then whatever is queued while it fits within
+/// [`BATCH_PROPOSALS_MAX`] and [`BATCH_BYTES_MAX`]. A queued proposal that does not fit is
+/// returned to start the next batch.
+fn take_batch<T>(
+    first: T,
+    incoming: &mut mpsc::Receiver<T>,
+    size: impl Fn(&T) -> usize,
+) -> (Vec<T>, Option<T>) {
+    let mut bytes = size(&first);
+    let mut batch = vec![first];
+    while batch.len() < BATCH_PROPOSALS_MAX {
+        let Ok(next) = incoming.try_recv() else {
+            break;
+        };
+        let next_bytes = size(&next);
+        if bytes + next_bytes > BATCH_BYTES_MAX {
+            return (batch, Some(next));
+        }
+        bytes += next_bytes;
+        batch.push(next);
+    }
+    (batch, None)
 }
 
 fn now_ms() -> u64 {
@@ -75,22 +128,22 @@ fn now_ms() -> u64 {
 
 async fn run(raft: Raft, mut incoming: mpsc::Receiver<Pending>) {
     let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT_MAX));
-    while let Some(first) = incoming.recv().await {
+    let mut carried = None;
+    loop {
+        let first = match carried.take() {
+            Some(first) => first,
+            None => match incoming.recv().await {
+                Some(first) => first,
+                None => return,
+            },
+        };
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             return;
         };
-        // Everything that queued while we waited for a slot goes into this batch.
-        let mut bytes = first.proposal.encoded_len();
-        let mut pending = vec![first];
-        while pending.len() < BATCH_PROPOSALS_MAX && bytes < BATCH_BYTES_MAX {
-            match incoming.try_recv() {
-                Ok(next) => {
-                    bytes += next.proposal.encoded_len();
-                    pending.push(next);
-                }
-                Err(_) => break,
-            }
-        }
+        // Everything that queued while we waited for a slot goes into this batch, as far as
+        // it fits.
+        let (pending, next) = take_batch(first, &mut incoming, |p| p.proposal.encoded_len());
+        carried = next;
         let (proposals, replies): (Vec<Proposal>, Vec<oneshot::Sender<ProposalResult>>) =
             pending.into_iter().map(|p| (p.proposal, p.reply)).unzip();
         let batch = Batch {
@@ -130,5 +183,71 @@ async fn run(raft: Raft, mut incoming: mpsc::Receiver<Pending>) {
 fn answer_all(replies: Vec<oneshot::Sender<ProposalResult>>, answer: ProposalResult) {
     for reply in replies {
         let _ = reply.send(answer.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch takes what is queued while it fits, never more than `BATCH_BYTES_MAX` unless
+    /// one proposal alone is larger; what does not fit starts the next batch, in order.
+    #[tokio::test]
+    async fn a_batch_takes_what_fits_and_carries_the_rest() {
+        // (what, proposal sizes in queue order, the batches expected)
+        type Case = (&'static str, Vec<usize>, Vec<Vec<usize>>);
+        let cases: [Case; 4] = [
+            (
+                "small ones together",
+                vec![10, 20, 30],
+                vec![vec![10, 20, 30]],
+            ),
+            (
+                "three at the size limit, one each",
+                vec![BATCH_BYTES_MAX; 3],
+                vec![vec![BATCH_BYTES_MAX]; 3],
+            ),
+            (
+                "a large one alone, then the rest",
+                vec![100, BATCH_BYTES_MAX - 150, 100, 5 * BATCH_BYTES_MAX, 7],
+                vec![
+                    vec![100, BATCH_BYTES_MAX - 150],
+                    vec![100],
+                    vec![5 * BATCH_BYTES_MAX],
+                    vec![7],
+                ],
+            ),
+            (
+                "the count bound",
+                vec![1; BATCH_PROPOSALS_MAX + 1],
+                vec![vec![1; BATCH_PROPOSALS_MAX], vec![1]],
+            ),
+        ];
+        for (what, sizes, expected) in cases {
+            let (sender, mut incoming) = mpsc::channel(sizes.len());
+            for size in &sizes {
+                sender.try_send(*size).unwrap();
+            }
+            drop(sender);
+            let mut batches = Vec::new();
+            let mut carried = None;
+            loop {
+                let first = match carried.take() {
+                    Some(first) => first,
+                    None => match incoming.recv().await {
+                        Some(first) => first,
+                        None => break,
+                    },
+                };
+                let (batch, next) = take_batch(first, &mut incoming, |size| *size);
+                assert!(
+                    batch.len() == 1 || batch.iter().sum::<usize>() <= BATCH_BYTES_MAX,
+                    "{what}: {batch:?}"
+                );
+                batches.push(batch);
+                carried = next;
+            }
+            assert_eq!(batches, expected, "{what}");
+        }
     }
 }

@@ -8,6 +8,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::client::{Member, ANSWER_ENVELOPE_BYTES_MAX, APPEND_MANY_BYTES_MAX};
 use crate::log::{COMMAND_BYTES_MAX_DEFAULT, LOG_ENTRY_OVERHEAD_BYTES_MAX};
+use crate::raft::network::PEER_FRAME_BYTES_MAX;
+use crate::raft::proposer::BATCH_BYTES_MAX;
+use crate::server::replica::RAFT_PAYLOAD_ENTRIES_MAX;
 use crate::NodeId;
 
 /// Everything a replica needs to start. Every field has a default except the identity and the
@@ -53,6 +56,10 @@ pub struct ReplicaConfig {
     pub client_frame_bytes_max: usize,
     /// Requests one client connection may have in flight; more are refused until some finish.
     pub client_requests_in_flight_max: usize,
+    /// Encoded bytes of the appends one client connection may have in flight (waiting to
+    /// commit); more are refused (`Overloaded`) until some finish. Bounds what one connection
+    /// pins in bytes, where the count alone allows that many frames of the full size.
+    pub client_append_bytes_in_flight_max: usize,
 }
 
 impl Default for ReplicaConfig {
@@ -74,6 +81,7 @@ impl Default for ReplicaConfig {
             command_bytes_max: COMMAND_BYTES_MAX_DEFAULT,
             client_frame_bytes_max: 2 * COMMAND_BYTES_MAX_DEFAULT + (64 << 10),
             client_requests_in_flight_max: 1024,
+            client_append_bytes_in_flight_max: 64 << 20,
         }
     }
 }
@@ -205,6 +213,21 @@ pub enum LoadError {
     Invalid(#[from] ConfigError),
 }
 
+/// What one Raft entry adds around its commands at most: its log id and payload tags, the
+/// batch's header, and one proposal's producer pair, target and frame header.
+const RAFT_ENTRY_OVERHEAD_BYTES: usize = 1 << 10;
+
+/// The largest `command_bytes_max` a replica accepts (a little under 4 MiB). A follower that
+/// catches up receives up to [`RAFT_PAYLOAD_ENTRIES_MAX`] entries in one AppendEntries message,
+/// each one batch of at most `BATCH_BYTES_MAX` or one command alone, and the message must fit
+/// the peer port's frame limit, or replication to it could never succeed.
+pub const COMMAND_BYTES_MAX_LIMIT: usize = (PEER_FRAME_BYTES_MAX - ANSWER_ENVELOPE_BYTES_MAX)
+    / RAFT_PAYLOAD_ENTRIES_MAX as usize
+    - RAFT_ENTRY_OVERHEAD_BYTES;
+
+// A batch of the full size must fit where one command of the largest size does.
+const _: () = assert!(BATCH_BYTES_MAX <= COMMAND_BYTES_MAX_LIMIT);
+
 /// A configuration that cannot work, with the field at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid configuration: {field}: {reason}")]
@@ -254,6 +277,23 @@ impl ReplicaConfig {
                      command of the full size cannot be sent or fetched",
                     LOG_ENTRY_OVERHEAD_BYTES_MAX + ANSWER_ENVELOPE_BYTES_MAX
                 ),
+            )?;
+        }
+        if self.command_bytes_max > COMMAND_BYTES_MAX_LIMIT {
+            refuse(
+                "command_bytes_max",
+                format!(
+                    "must be at most {COMMAND_BYTES_MAX_LIMIT} bytes: a follower catching up \
+                     receives up to {RAFT_PAYLOAD_ENTRIES_MAX} entries of this size in one \
+                     message, which must fit the peer port's {PEER_FRAME_BYTES_MAX}-byte frames"
+                ),
+            )?;
+        }
+        if self.client_append_bytes_in_flight_max < self.client_frame_bytes_max {
+            refuse(
+                "client_append_bytes_in_flight_max",
+                "must be at least client_frame_bytes_max, or a request of the full size is \
+                 always refused",
             )?;
         }
         if self.client_frame_bytes_max < 2 * APPEND_MANY_BYTES_MAX {
@@ -424,6 +464,61 @@ mod tests {
             config.validate().unwrap_err().field,
             "election_timeout_min_ms"
         );
+    }
+
+    /// The byte limits are checked against each other: each case changes one field of a valid
+    /// configuration and names the field refused, or `None` where the limit is just met.
+    #[test]
+    fn byte_limits_are_checked_against_each_other() {
+        type Tune = fn(&mut ReplicaConfig);
+        let cases: [(&str, Tune, Option<&str>); 6] = [
+            ("the defaults", |_| {}, None),
+            (
+                "a command at the largest size replication allows",
+                |c| {
+                    c.command_bytes_max = COMMAND_BYTES_MAX_LIMIT;
+                    c.client_frame_bytes_max = 2 * COMMAND_BYTES_MAX_LIMIT;
+                    c.client_append_bytes_in_flight_max = 2 * COMMAND_BYTES_MAX_LIMIT;
+                },
+                None,
+            ),
+            (
+                "a command too large to replicate to a lagging follower",
+                |c| {
+                    c.command_bytes_max = COMMAND_BYTES_MAX_LIMIT + 1;
+                    c.client_frame_bytes_max = 2 * COMMAND_BYTES_MAX_LIMIT;
+                    c.client_append_bytes_in_flight_max = 2 * COMMAND_BYTES_MAX_LIMIT;
+                },
+                Some("command_bytes_max"),
+            ),
+            (
+                "a frame that admits the command but not its fetch answer",
+                |c| c.client_frame_bytes_max = c.command_bytes_max + 1,
+                Some("client_frame_bytes_max"),
+            ),
+            (
+                "a frame that admits exactly one command's answer",
+                |c| {
+                    c.client_frame_bytes_max = c.command_bytes_max
+                        + LOG_ENTRY_OVERHEAD_BYTES_MAX
+                        + ANSWER_ENVELOPE_BYTES_MAX
+                },
+                None,
+            ),
+            (
+                "an append budget below one frame",
+                |c| c.client_append_bytes_in_flight_max = c.client_frame_bytes_max - 1,
+                Some("client_append_bytes_in_flight_max"),
+            ),
+        ];
+        for (what, tune, refused) in cases {
+            let mut config = ReplicaConfig {
+                data_dir: "x".into(),
+                ..ReplicaConfig::default()
+            };
+            tune(&mut config);
+            assert_eq!(config.validate().err().map(|e| e.field), refused, "{what}");
+        }
     }
 
     #[test]

@@ -14,7 +14,7 @@ use super::config::{ConfigError, ReplicaConfig};
 use super::handle::{Inner, ReplicaHandle};
 use super::http::{bind_http, serve_http};
 use super::peers::{bind_peers, serve_peers};
-use super::service::{bind_clients, serve_clients};
+use super::service::{bind_clients, serve_clients, ConnectionBudget};
 use super::telemetry::Telemetry;
 use super::tls::ReplicaTls;
 use crate::client::{Member, ANSWER_ENVELOPE_BYTES_MAX};
@@ -182,7 +182,10 @@ impl Replica {
             tokio::spawn(serve_clients(
                 client_listener,
                 handle.clone(),
-                config.client_requests_in_flight_max,
+                ConnectionBudget {
+                    requests: config.client_requests_in_flight_max,
+                    append_bytes: config.client_append_bytes_in_flight_max,
+                },
                 tls.as_ref().map(|t| t.clients.clone()),
                 authenticator,
                 stopping.clone(),

@@ -65,16 +65,26 @@ pub const FETCHES_IN_FLIGHT_MAX: usize = 4;
 /// empty) reaches the caller before it gives up on the request.
 const DEADLINE_HEADROOM: Duration = Duration::from_millis(250);
 
+/// What one client connection may have in flight.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionBudget {
+    /// Requests, of any kind.
+    pub requests: usize,
+    /// Encoded bytes of appends waiting to commit.
+    pub append_bytes: usize,
+}
+
 /// Serves clients until `stop` fires, over TLS when `tls` is given.
 pub async fn serve_clients(
     listener: ClientListener,
     replica: ReplicaHandle,
-    requests_in_flight_max: usize,
+    budget: ConnectionBudget,
     tls: Option<TlsAcceptor>,
     auth: Option<Arc<Authenticator>>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let frame_bytes_max = listener.frame_bytes_max;
+    let requests_in_flight_max = budget.requests;
     serve_each_connection("client", listener.listener, tls, stop, move |accepted| {
         let principal = match (&auth, &accepted.peer_certificate) {
             (Some(auth), Some(cert)) => auth.by_certificate(cert),
@@ -84,6 +94,8 @@ pub async fn serve_clients(
             replica: replica.clone(),
             in_flight: Arc::new(Semaphore::new(requests_in_flight_max)),
             in_flight_max: requests_in_flight_max as u32,
+            append_bytes: Arc::new(Semaphore::new(budget.append_bytes)),
+            append_bytes_max: budget.append_bytes,
             fetches: Arc::new(Semaphore::new(FETCHES_IN_FLIGHT_MAX)),
             auth: auth.clone(),
             principal: Arc::new(std::sync::Mutex::new(principal)),
@@ -113,6 +125,9 @@ struct ControlLogServer {
     /// Requests in flight on this connection.
     in_flight: Arc<Semaphore>,
     in_flight_max: u32,
+    /// Encoded bytes of the appends in flight on this connection.
+    append_bytes: Arc<Semaphore>,
+    append_bytes_max: usize,
     /// Fetches in flight on this connection (see [`FETCHES_IN_FLIGHT_MAX`]).
     fetches: Arc<Semaphore>,
     /// The credentials this replica accepts; `None` when authentication is off.
@@ -126,6 +141,18 @@ impl ControlLogServer {
         self.in_flight
             .clone()
             .try_acquire_owned()
+            .map_err(|_| ApiError::Overloaded {
+                in_flight_max: self.in_flight_max,
+            })
+    }
+
+    /// Holds `bytes` of this connection's append budget until the permit drops; `Overloaded`
+    /// when they are not free now.
+    fn admit_bytes(&self, bytes: usize) -> Result<OwnedSemaphorePermit, ApiError> {
+        let bytes = u32::try_from(bytes.min(self.append_bytes_max)).unwrap_or(u32::MAX);
+        self.append_bytes
+            .clone()
+            .try_acquire_many_owned(bytes)
             .map_err(|_| ApiError::Overloaded {
                 in_flight_max: self.in_flight_max,
             })
@@ -164,6 +191,7 @@ fn clamp_wait(ctx: &context::Context, requested_ms: u32) -> Duration {
 impl ControlLog for ControlLogServer {
     async fn append(self, _: context::Context, proposal: Proposal) -> Result<AppendAck, ApiError> {
         let _permit = self.admit()?;
+        let _bytes = self.admit_bytes(proposal.encoded_len())?;
         self.check(Action::Append(&proposal))?;
         self.replica.append(proposal).await
     }
@@ -174,6 +202,7 @@ impl ControlLog for ControlLogServer {
         proposals: Vec<Proposal>,
     ) -> Result<Vec<Result<AppendAck, ApiError>>, ApiError> {
         let _permit = self.admit()?;
+        let _bytes = self.admit_bytes(proposals.iter().map(Proposal::encoded_len).sum())?;
         if proposals.len() > APPEND_MANY_PROPOSALS_MAX {
             return Err(ApiError::Invalid(format!(
                 "{} proposals in one append_many; at most {APPEND_MANY_PROPOSALS_MAX}",
