@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use ctrlog::raft::log_store::LogStore;
+use ctrlog::raft::log_store::{Flushing, LogStore};
 use ctrlog::raft::meta_store::MetaStore;
 use ctrlog::raft::state_machine::StateMachineStore;
 use ctrlog::raft::TypeConfig;
@@ -18,8 +18,13 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for Builder 
         let dir = TempDir::new().expect("temp dir");
         let meta = Arc::new(MetaStore::open(&dir.path().join("meta")).expect("sled"));
         // Small segments, so the suite's purges and truncations cross segment boundaries.
-        let log = LogStore::open_with_segment_bytes(&dir.path().join("log"), meta.clone(), 256)
-            .expect("wal");
+        let log = LogStore::open_with(
+            &dir.path().join("log"),
+            meta.clone(),
+            256,
+            Flushing::GroupCommit,
+        )
+        .expect("wal");
         let state_machine = StateMachineStore::open(meta, log.clone()).expect("state machine");
         Ok((dir, log, state_machine))
     }

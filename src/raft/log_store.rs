@@ -41,7 +41,8 @@ struct WalState {
 struct Shared {
     wal: Mutex<WalState>,
     meta: Arc<MetaStore>,
-    syncer: Syncer,
+    /// Who `fdatasync`s appends and acknowledges them; `None` when that is done inline.
+    syncer: Option<Syncer>,
     /// The first log index still present, for the state machine's offset index.
     first_index: AtomicU64,
     /// What the durable snapshot allows purging, once a replica wires the state machine in
@@ -57,6 +58,17 @@ struct SnapshotGuard {
     /// The furthest purge openraft asked for: a purge past the durable snapshot waits here
     /// until a snapshot that covers it is stored.
     wanted: Option<LogId>,
+}
+
+/// How appends become durable before they are acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flushing {
+    /// A thread `fdatasync`s what was appended and then acknowledges it, taking every append
+    /// that queued meanwhile in one `fdatasync` (group commit). What a replica runs.
+    GroupCommit,
+    /// `append` `fdatasync`s and acknowledges before it returns: the same files and the same
+    /// durability, with no thread, so that the seeded simulation stays deterministic.
+    Inline,
 }
 
 /// The Raft log store. Clones share one log; a clone is also the log reader.
@@ -76,13 +88,16 @@ fn write_err(e: impl std::error::Error + 'static) -> StorageError {
 impl LogStore {
     /// Opens the log in `dir` (the WAL) with its metadata in `meta`.
     pub fn open(dir: &Path, meta: Arc<MetaStore>) -> io::Result<LogStore> {
-        Self::open_with_segment_bytes(dir, meta, SEGMENT_BYTES_MAX)
+        Self::open_with(dir, meta, SEGMENT_BYTES_MAX, Flushing::GroupCommit)
     }
 
-    pub fn open_with_segment_bytes(
+    /// Opens the log with segments of `segment_bytes_max` bytes, flushing appends as
+    /// `flushing` says.
+    pub fn open_with(
         dir: &Path,
         meta: Arc<MetaStore>,
         segment_bytes_max: u64,
+        flushing: Flushing,
     ) -> io::Result<LogStore> {
         let last_purged: Option<LogId> = match meta.get(PURGED_KEY)? {
             Some(bytes) => Some(decode(&bytes, 1024).map_err(io::Error::other)?),
@@ -99,7 +114,10 @@ impl LogStore {
                     last_purged,
                 }),
                 meta,
-                syncer: Syncer::start(),
+                syncer: match flushing {
+                    Flushing::GroupCommit => Some(Syncer::start()),
+                    Flushing::Inline => None,
+                },
                 first_index: AtomicU64::new(first_index),
                 snapshots: Mutex::new(None),
             }),
@@ -393,7 +411,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             state.last_log_id = Some(last);
             state.wal.active_file()
         };
-        self.shared.syncer.sync(file, callback);
+        match &self.shared.syncer {
+            Some(syncer) => syncer.sync(file, callback),
+            None => callback.log_io_completed(sync_file(&file).map_err(io::Error::from)),
+        }
         Ok(())
     }
 

@@ -1,18 +1,22 @@
-//! Deterministic simulation of a ctrlog cluster: 3 or 5 openraft replicas running the product's
-//! state machine ([`MachineState::apply`](ctrlog::raft::state_machine::MachineState::apply))
-//! over in-memory storage, producers, subscribers, containers and a coordinator that runs the
-//! product's controller, all on one thread with tokio's paused clock and a simulated network.
+//! Deterministic simulation of a ctrlog cluster: 3 or 5 openraft replicas on the product's real
+//! storage (the WAL, sled and the state machine over temporary directories, see [`store`]),
+//! producers, subscribers, containers and the product's controller, all on one thread with
+//! tokio's paused clock and a simulated network.
 //!
 //! A fault schedule drawn from the seed crashes and restarts replicas (the leader among them),
 //! isolates the leader, cuts links one way, partitions a minority, and loses and delays
-//! messages. At the end the network heals, everything catches up, and the history goes through
-//! the same checker as `ctrlog chaos`. A monitor also checks Raft's election safety (one leader
-//! per term) every 10 ms of simulated time.
+//! messages. A crash may leave zeros or garbage after the last record of the WAL, as a power
+//! loss does. Every run first stops a follower until the leader has purged past it, lets it
+//! catch up by snapshot install, and restarts it twice right after. At the end the network
+//! heals, everything catches up, and the history goes through the same checker as
+//! `ctrlog chaos`. A monitor also checks Raft's election safety (one leader per term) every
+//! 10 ms of simulated time.
 //!
 //! Reproducibility: every random choice (faults, network, election timeouts, client pauses)
-//! comes from the seed, the clock is virtual, and the runtime is single-threaded with its own
-//! scheduler seed, so the same seed gives the same run. [`SimReport::digest`] fingerprints a run
-//! and a test holds two runs of one seed to the same digest.
+//! comes from the seed, the clock is virtual, the runtime is single-threaded with its own
+//! scheduler seed, and appends are made durable inline rather than on a thread, so the same
+//! seed gives the same run. [`SimReport::digest`] fingerprints a run and a test holds two runs
+//! of one seed to the same digest.
 
 pub mod network;
 pub mod store;
@@ -44,7 +48,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use network::{Failure, Net, Party, SimNetwork};
-use store::{Fetched, Storage};
+use store::{Disk, Fetched, Storage, Tail};
 
 /// How long a client waits for one call before it counts the call's fate as unknown.
 const CLIENT_TIMEOUT: Duration = Duration::from_millis(1_000);
@@ -99,6 +103,8 @@ pub struct SimReport {
     pub committed: Offset,
     pub terms_with_leader: usize,
     pub resets: usize,
+    /// Resets delivered to the containers' own subscriptions.
+    pub container_resets: usize,
     pub snapshots: u64,
     pub task_starts: usize,
     pub task_stops: usize,
@@ -135,7 +141,9 @@ struct Record {
 struct Sim {
     config: SimConfig,
     net: Arc<Net>,
-    disks: BTreeMap<NodeId, Storage>,
+    disks: BTreeMap<NodeId, Disk>,
+    /// Where the replicas' data directories live; removed with the simulation.
+    _data: tempfile::TempDir,
     members: BTreeMap<NodeId, Member>,
     record: Mutex<Record>,
     started: Instant,
@@ -150,9 +158,14 @@ struct Sim {
 impl Sim {
     fn new(config: SimConfig) -> Arc<Sim> {
         let ids = 1..=config.replicas;
+        let data = tempfile::tempdir().expect("a directory for the replicas' data");
         Arc::new(Sim {
             net: Net::new(config.seed),
-            disks: ids.clone().map(|id| (id, Storage::new())).collect(),
+            disks: ids
+                .clone()
+                .map(|id| (id, Disk::new(data.path().join(format!("replica-{id}")))))
+                .collect(),
+            _data: data,
             members: ids
                 .map(|id| {
                     let member = Member {
@@ -214,7 +227,14 @@ impl Sim {
         }
         .validate()
         .expect("a valid openraft config");
-        let storage = self.disks[&id].reopen();
+        let storage = match self.disks[&id].open() {
+            Ok(storage) => storage,
+            Err(error) => {
+                let anomaly = format!("replica {id}'s storage did not open: {error}");
+                self.record().anomalies.push(anomaly);
+                return;
+            }
+        };
         let started = Raft::new(
             id,
             Arc::new(config),
@@ -222,8 +242,8 @@ impl Sim {
                 net: self.net.clone(),
                 from: id,
             },
-            storage.clone(),
-            storage.clone(),
+            storage.log.clone(),
+            storage.state_machine.clone(),
         )
         .await;
         match started {
@@ -237,11 +257,26 @@ impl Sim {
     }
 
     async fn crash(&self, id: NodeId) {
-        if let Some(raft) = self.net.take_down(id) {
+        if let Some((raft, storage)) = self.net.take_down(id) {
             self.fault(format!("crash {id}"));
             let _ = raft.shutdown().await;
+            let built = storage.snapshots_built();
+            drop((raft, storage));
+            let disk = &self.disks[&id];
+            if !disk.wait_closed(built).await {
+                let anomaly = format!("replica {id}'s storage stayed open after its crash");
+                self.record().anomalies.push(anomaly);
+                return;
+            }
+            // What the crash left after the last acknowledged record, from the seed.
+            let tail = self.net.random(|rng| match rng.gen_range(0..4) {
+                0 => Tail::Zeros(rng.gen_range(1..70_000)),
+                1 => Tail::Garbage(rng.gen_range(1..5_000)),
+                _ => Tail::Clean,
+            });
+            disk.tear(tail);
             if self.config.store_acknowledges_early {
-                self.disks[&id].lose_tail(3);
+                disk.lose_acknowledged_tail(3);
             }
         }
     }
@@ -550,6 +585,13 @@ impl Sim {
         let n = self.config.replicas;
         let tolerated = ((n - 1) / 2) as usize;
         let mut restarts = tokio::task::JoinSet::new();
+        // Every run first sends a follower through the catch-up path that once kept replicas
+        // down: behind the leader's purge, so it installs a snapshot, then restarted at once,
+        // twice.
+        self.pause(1500..2500).await;
+        if self.catch_up_by_snapshot_then_restart().await {
+            *counts.entry("installs then restarts").or_default() += 1;
+        }
         while self.started.elapsed() < self.config.duration {
             self.pause(300..1500).await;
             let kind = self.net.random(|rng| rng.gen_range(0..7));
@@ -628,6 +670,64 @@ impl Sim {
             }
         }
         restarts.join_all().await;
+    }
+
+    /// Stops a follower until the leader has purged its log past the follower's end, starts
+    /// it (it catches up by installing the leader's snapshot), and restarts it right after the
+    /// install, twice. True when the install happened and both restarts came up.
+    async fn catch_up_by_snapshot_then_restart(self: &Arc<Self>) -> bool {
+        let Some((leader, leader_raft, _)) = self.leader() else {
+            return false;
+        };
+        let Some((follower, _, storage)) = self
+            .net
+            .running()
+            .into_iter()
+            .find(|(id, _, _)| *id != leader)
+        else {
+            return false;
+        };
+        let behind = storage.last_applied_index().unwrap_or(0);
+        drop(storage);
+        self.crash(follower).await;
+        let purged_past = |raft: &Raft| raft.metrics().borrow().purged.map_or(0, |l| l.index);
+        let waited = tokio::time::timeout(Duration::from_secs(15), async {
+            while purged_past(&leader_raft) <= behind {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        if waited.await.is_err() {
+            self.start_replica(follower).await;
+            return false;
+        }
+        let purged = purged_past(&leader_raft);
+        self.fault(format!("restart {follower} behind the purge at {purged}"));
+        self.start_replica(follower).await;
+        let installed = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let snapshot = self
+                    .net
+                    .running()
+                    .into_iter()
+                    .find(|(id, _, _)| *id == follower)
+                    .and_then(|(_, raft, _)| raft.metrics().borrow().snapshot);
+                if snapshot.is_some_and(|s| s.index >= purged) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        if installed.await.is_err() {
+            return false;
+        }
+        for _ in 0..2 {
+            self.crash(follower).await;
+            self.fault(format!(
+                "restart {follower} right after its snapshot install"
+            ));
+            self.start_replica(follower).await;
+        }
+        self.net.is_up(follower)
     }
 
     async fn partition(&self, a: &[NodeId], b: &[NodeId], hold: Duration) {
@@ -775,7 +875,20 @@ impl Sim {
             .flat_map(|s| &s.deliveries)
             .filter(|d| matches!(d, Delivery::Reset { .. }))
             .count();
-        report.snapshots = self.disks.values().map(Storage::snapshots_built).sum();
+        report.container_resets = record
+            .subscriptions
+            .iter()
+            .filter(|s| s.name.starts_with("container"))
+            .flat_map(|s| &s.deliveries)
+            .filter(|d| matches!(d, Delivery::Reset { .. }))
+            .count();
+        report.snapshots = self.disks.values().map(Disk::snapshots_built).sum::<u64>()
+            + self
+                .net
+                .running()
+                .iter()
+                .map(|(_, _, storage)| storage.snapshots_built())
+                .sum::<u64>();
         report.task_starts = record.task_events.iter().filter(|e| e.running).count();
         report.task_stops = record.task_events.len() - report.task_starts;
         report.simulated = self.started.elapsed();

@@ -101,9 +101,10 @@ impl Net {
         );
     }
 
-    /// Takes a replica off the network; the caller shuts its Raft down.
-    pub fn take_down(&self, id: NodeId) -> Option<Raft> {
-        self.lock().up.remove(&id).map(|i| i.raft)
+    /// Takes a replica off the network; the caller shuts its Raft down and closes its
+    /// storage.
+    pub fn take_down(&self, id: NodeId) -> Option<(Raft, Storage)> {
+        self.lock().up.remove(&id).map(|i| (i.raft, i.storage))
     }
 
     pub fn is_up(&self, id: NodeId) -> bool {

@@ -1,41 +1,42 @@
-//! In-memory storage for the simulation: openraft's two storage traits over a [`Disk`] that
-//! outlives a crash of its replica.
+//! The simulation's storage is the product's: each replica's [`Disk`] is a real data directory
+//! (the segmented WAL and sled) opened with `raft::storage`, its log store, its state machine
+//! and its read path (`raft::reader`), exactly as a replica opens and reads them.
 //!
-//! What survives a crash is what the real stores make durable before they acknowledge: the
-//! vote, every appended entry (the flush callback runs at once, as if `fdatasync` were
-//! instant), the purge point and the current snapshot. The state machine itself is volatile: a
-//! restarted replica starts from its snapshot and re-applies the log, exactly as the sled-backed
-//! store does. Transitions go through the product's own [`MachineState::apply`].
+//! One difference keeps runs deterministic: appends are `fdatasync`ed inline, before `append`
+//! returns ([`Flushing::Inline`]), instead of on the group-commit thread. What is durable is
+//! the same: a crash loses nothing that was acknowledged. A crash may still tear the end of
+//! the last segment (zeros or garbage after the last record, as a power loss leaves it), and
+//! recovery must cut it; the test that checks that the simulation catches a careless store
+//! makes a crash lose acknowledged entries too ([`Disk::lose_acknowledged_tail`]).
 
-use std::collections::BTreeMap;
-use std::fmt::Debug;
-use std::io::Cursor;
-use std::ops::RangeBounds;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
-use ctrlog::log::{decode, encode, LogEntry, Offset};
-use ctrlog::raft::state_machine::{entry_commands, log_entry, MachineState, SNAPSHOT_BYTES_MAX};
-use ctrlog::raft::types::*;
-use ctrlog::raft::TypeConfig;
-use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine};
-use openraft::{OptionalSend, RaftLogReader, RaftSnapshotBuilder};
+use ctrlog::client::{ApiError, FetchRequest};
+use ctrlog::jobs::JobState;
+use ctrlog::log::{Filter, LogEntry, Offset};
+use ctrlog::raft::log_store::{Flushing, LogStore};
+use ctrlog::raft::meta_store::Closed;
+use ctrlog::raft::reader::read_committed;
+use ctrlog::raft::state_machine::StateMachineStore;
+use ctrlog::raft::storage::{log_dir, open_storage_with};
+use ctrlog::raft::wal::Wal;
 
-/// What a replica has on stable storage.
-#[derive(Default)]
+/// One replica's data directory, which outlives each of its incarnations.
 pub struct Disk {
-    vote: Option<Vote>,
-    committed: Option<LogId>,
-    log: BTreeMap<u64, Entry>,
-    last_purged: Option<LogId>,
-    snapshot: Option<(SnapshotMeta, Vec<u8>)>,
-    snapshots_built: u64,
+    dir: PathBuf,
+    /// Fires when the running incarnation's storage is closed (every handle dropped).
+    closed: Mutex<Option<Closed>>,
+    /// Snapshots built by the incarnations before the running one.
+    snapshots_built: AtomicU64,
 }
 
-/// One replica's storage: the disk plus the volatile state machine of the running incarnation.
+/// The storage of a running replica: handles on its log store and state machine.
 #[derive(Clone)]
 pub struct Storage {
-    disk: Arc<Mutex<Disk>>,
-    machine: Arc<Mutex<MachineState>>,
+    pub log: LogStore,
+    pub state_machine: StateMachineStore,
 }
 
 /// What a subscriber's fetch from a replica returns.
@@ -44,95 +45,127 @@ pub enum Fetched {
     /// The position is no longer in this replica's log: here is the state as of `offset`.
     Compacted {
         offset: Offset,
-        state: Box<ctrlog::jobs::JobState>,
+        state: Box<JobState>,
     },
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().expect("simulation locks are never poisoned")
+/// What a crash leaves after the last whole record of the last segment.
+#[derive(Clone, Copy, Debug)]
+pub enum Tail {
+    Clean,
+    Zeros(usize),
+    Garbage(usize),
 }
 
-impl Storage {
-    pub fn new() -> Storage {
-        Storage {
-            disk: Arc::default(),
-            machine: Arc::default(),
+impl Disk {
+    pub fn new(dir: PathBuf) -> Disk {
+        Disk {
+            dir,
+            closed: Mutex::new(None),
+            snapshots_built: AtomicU64::new(0),
         }
     }
 
-    /// The storage a restarted replica opens: the same disk, the state machine rebuilt from the
-    /// stored snapshot (everything after it is re-applied by openraft).
-    pub fn reopen(&self) -> Storage {
-        let machine = match &lock(&self.disk).snapshot {
-            Some((_, bytes)) => decode(bytes, SNAPSHOT_BYTES_MAX).expect("stored snapshots decode"),
-            None => MachineState::default(),
+    /// Opens the directory as a replica starting on it does.
+    pub fn open(&self) -> std::io::Result<Storage> {
+        let storage = open_storage_with(&self.dir, Flushing::Inline)?;
+        *self.closed.lock().unwrap() = Some(storage.closed);
+        Ok(Storage {
+            log: storage.log,
+            state_machine: storage.state_machine,
+        })
+    }
+
+    /// Waits until the crashed incarnation's storage is closed, so that the directory can be
+    /// damaged and opened again. `false` if it is still held.
+    pub async fn wait_closed(&self, snapshots_built: u64) -> bool {
+        self.snapshots_built
+            .fetch_add(snapshots_built, Ordering::Relaxed);
+        let Some(closed) = self.closed.lock().unwrap().take() else {
+            return true;
         };
-        Storage {
-            disk: self.disk.clone(),
-            machine: Arc::new(Mutex::new(machine)),
-        }
+        tokio::time::timeout(std::time::Duration::from_secs(10), closed.wait())
+            .await
+            .is_ok()
+    }
+
+    /// Writes `tail` after the last record of the last segment, as a torn write would.
+    pub fn tear(&self, tail: Tail) {
+        let bytes = match tail {
+            Tail::Clean => return,
+            Tail::Zeros(n) => vec![0; n],
+            Tail::Garbage(n) => (0..n).map(|i| (i * 131 % 251) as u8 | 1).collect(),
+        };
+        let last = last_segment(&log_dir(&self.dir));
+        let mut file = std::fs::OpenOptions::new().append(true).open(last).unwrap();
+        std::io::Write::write_all(&mut file, &bytes).unwrap();
     }
 
     /// Drops the last `entries` of the log, as a crash would if appends were acknowledged
     /// before they were durable. Only the test that shows the simulation catches such a store
     /// calls this.
-    pub fn lose_tail(&self, entries: usize) {
-        let mut disk = lock(&self.disk);
-        for _ in 0..entries {
-            disk.log.pop_last();
-        }
+    pub fn lose_acknowledged_tail(&self, entries: u64) {
+        let mut wal = Wal::open(&log_dir(&self.dir), None, u64::MAX).unwrap();
+        let from = wal
+            .next_index()
+            .saturating_sub(entries)
+            .max(wal.first_index());
+        wal.truncate_from(from).unwrap();
     }
 
     pub fn snapshots_built(&self) -> u64 {
-        lock(&self.disk).snapshots_built
+        self.snapshots_built.load(Ordering::Relaxed)
+    }
+}
+
+fn last_segment(dir: &Path) -> PathBuf {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "wal"))
+        .max()
+        .expect("a wal has a segment")
+}
+
+impl Storage {
+    pub fn job_state(&self) -> JobState {
+        self.state_machine.read(|state| state.job.clone())
     }
 
-    pub fn job_state(&self) -> ctrlog::jobs::JobState {
-        lock(&self.machine).job.clone()
-    }
-
-    /// Applied commands from `from`, at most `max`, the way a replica's fetch serves them: through
-    /// the offset index into the retained log.
-    pub fn fetch(&self, from: Offset, max: usize) -> Fetched {
-        let machine = lock(&self.machine);
-        let disk = lock(&self.disk);
-        let last = machine.job.last_offset();
-        if from > last {
-            return Fetched::Entries(Vec::new());
-        }
-        let start = machine
-            .offset_index
-            .range(..=from)
-            .next_back()
-            .filter(|(_, span)| disk.log.contains_key(&span.log_index))
-            .map(|(first, _)| *first);
-        let Some(start) = start else {
-            return Fetched::Compacted {
-                offset: last,
-                state: Box::new(machine.job.clone()),
-            };
+    /// Applied commands from `from`, at most `max`, through the product's read path.
+    pub fn fetch(&self, from: Offset, max: u32) -> Fetched {
+        let request = FetchRequest {
+            entries_max: max,
+            bytes_max: u32::MAX,
+            filter: Filter::Everything,
+            ..FetchRequest::from(from)
         };
-        let mut entries = Vec::new();
-        for (first, span) in machine.offset_index.range(start..) {
-            let Some(entry) = disk.log.get(&span.log_index) else {
-                break;
-            };
-            for (offset, proposal) in entry_commands(*first, span, entry) {
-                if offset >= from && entries.len() < max {
-                    entries.push(log_entry(offset, proposal, entry));
+        match read_committed(
+            &self.log,
+            &self.state_machine,
+            from.max(1),
+            &request,
+            usize::MAX,
+        ) {
+            Ok(response) => Fetched::Entries(response.entries),
+            Err(ApiError::Compacted { .. }) => {
+                let state = self.job_state();
+                Fetched::Compacted {
+                    offset: state.last_offset(),
+                    state: Box::new(state),
                 }
             }
-            if entries.len() >= max {
-                break;
-            }
+            Err(error) => panic!("reading the log of a running replica: {error}"),
         }
-        Fetched::Entries(entries)
     }
 
     /// Every retained command, for comparing replicas at the end of a run.
     pub fn retained_log(&self) -> Vec<LogEntry> {
+        let first_index = self.log.first_index();
+        let mut from = self
+            .state_machine
+            .read(|state| state.first_retained_offset(first_index));
         let mut all = Vec::new();
-        let mut from = 1;
         loop {
             match self.fetch(from, 4096) {
                 Fetched::Entries(entries) if entries.is_empty() => return all,
@@ -140,188 +173,22 @@ impl Storage {
                     from = entries.last().map_or(from, |e| e.offset + 1);
                     all.extend(entries);
                 }
-                Fetched::Compacted { .. } => {
-                    // Start at the first retained offset instead.
-                    let machine = lock(&self.machine);
-                    let disk = lock(&self.disk);
-                    let first = machine
-                        .offset_index
-                        .iter()
-                        .find(|(_, span)| disk.log.contains_key(&span.log_index))
-                        .map(|(first, _)| *first);
-                    match first {
-                        Some(first) if first > from => from = first,
-                        _ => return all,
-                    }
-                }
+                // Purged while we read: what was read stands.
+                Fetched::Compacted { .. } => return all,
             }
         }
     }
 
+    pub fn snapshots_built(&self) -> u64 {
+        self.state_machine.snapshot_stats().built
+    }
+
     pub fn last_applied_index(&self) -> Option<u64> {
-        lock(&self.machine).last_applied.map(|l| l.index)
+        self.state_machine
+            .read(|state| state.last_applied.map(|l| l.index))
     }
 
     pub fn last_offset(&self) -> Offset {
-        lock(&self.machine).job.last_offset()
-    }
-}
-
-impl RaftLogReader<TypeConfig> for Storage {
-    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
-        &mut self,
-        range: RB,
-    ) -> Result<Vec<Entry>, StorageError> {
-        Ok(lock(&self.disk)
-            .log
-            .range(range)
-            .map(|(_, e)| e.clone())
-            .collect())
-    }
-}
-
-impl RaftLogStorage<TypeConfig> for Storage {
-    type LogReader = Storage;
-
-    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
-        let disk = lock(&self.disk);
-        let last = disk.log.values().next_back().map(|e| e.log_id);
-        Ok(LogState {
-            last_purged_log_id: disk.last_purged,
-            last_log_id: last.or(disk.last_purged),
-        })
-    }
-
-    async fn get_log_reader(&mut self) -> Self::LogReader {
-        self.clone()
-    }
-
-    async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
-        lock(&self.disk).vote = Some(*vote);
-        Ok(())
-    }
-
-    async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
-        Ok(lock(&self.disk).vote)
-    }
-
-    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        lock(&self.disk).committed = committed;
-        Ok(())
-    }
-
-    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        Ok(lock(&self.disk).committed)
-    }
-
-    async fn append<I>(
-        &mut self,
-        entries: I,
-        callback: LogFlushed<TypeConfig>,
-    ) -> Result<(), StorageError>
-    where
-        I: IntoIterator<Item = Entry> + OptionalSend,
-        I::IntoIter: OptionalSend,
-    {
-        let mut disk = lock(&self.disk);
-        for entry in entries {
-            disk.log.insert(entry.log_id.index, entry);
-        }
-        drop(disk);
-        callback.log_io_completed(Ok(()));
-        Ok(())
-    }
-
-    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        lock(&self.disk).log.split_off(&log_id.index);
-        Ok(())
-    }
-
-    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        let mut disk = lock(&self.disk);
-        let kept = disk.log.split_off(&(log_id.index + 1));
-        disk.log = kept;
-        disk.last_purged = Some(log_id);
-        Ok(())
-    }
-}
-
-impl RaftSnapshotBuilder<TypeConfig> for Storage {
-    async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
-        let (meta, bytes) = {
-            let machine = lock(&self.machine);
-            let last_index = machine.last_applied.map_or(0, |l| l.index);
-            let meta = SnapshotMeta {
-                last_log_id: machine.last_applied,
-                last_membership: machine.last_membership.clone(),
-                snapshot_id: format!("{last_index}"),
-            };
-            (meta, encode(&*machine))
-        };
-        let mut disk = lock(&self.disk);
-        disk.snapshot = Some((meta.clone(), bytes.clone()));
-        disk.snapshots_built += 1;
-        Ok(Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(bytes)),
-        })
-    }
-}
-
-impl RaftStateMachine<TypeConfig> for Storage {
-    type SnapshotBuilder = Storage;
-
-    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
-        let machine = lock(&self.machine);
-        Ok((machine.last_applied, machine.last_membership.clone()))
-    }
-
-    async fn apply<I>(
-        &mut self,
-        entries: I,
-    ) -> Result<Vec<Vec<ctrlog::jobs::Outcome>>, StorageError>
-    where
-        I: IntoIterator<Item = Entry> + OptionalSend,
-        I::IntoIter: OptionalSend,
-    {
-        let mut machine = lock(&self.machine);
-        Ok(entries.into_iter().map(|e| machine.apply(&e)).collect())
-    }
-
-    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        self.clone()
-    }
-
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        meta: &SnapshotMeta,
-        snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<(), StorageError> {
-        let bytes = snapshot.into_inner();
-        let mut state: MachineState =
-            decode(&bytes, SNAPSHOT_BYTES_MAX).expect("snapshots from a peer decode");
-        assert_eq!(
-            state.last_applied, meta.last_log_id,
-            "snapshot matches its meta"
-        );
-        // As in the real store: what the snapshot covers is compacted on this replica.
-        state.forget_spans_before(meta.last_log_id.map_or(0, |l| l.index + 1));
-        lock(&self.disk).snapshot = Some((meta.clone(), bytes));
-        *lock(&self.machine) = state;
-        Ok(())
-    }
-
-    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
-        Ok(lock(&self.disk)
-            .snapshot
-            .clone()
-            .map(|(meta, bytes)| Snapshot {
-                meta,
-                snapshot: Box::new(Cursor::new(bytes)),
-            }))
+        self.state_machine.read(|state| state.job.last_offset())
     }
 }
