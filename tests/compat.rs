@@ -1,0 +1,99 @@
+//! Data directories written by v0.1.0 (commit 7ad98d6) open in this build and serve what
+//! v0.1.0 served from them. The fixture and how it was made: `tests/fixtures/v0.1.0/`.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::WAIT;
+use ctrlog::client::{ApiError, FetchRequest};
+use ctrlog::log::{Command, Target};
+use ctrlog::server::{Replica, ReplicaConfig};
+use ctrlog::tools::cli::{entry_json, state_json};
+
+fn fixture() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v0.1.0")
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_dir(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).unwrap();
+        }
+    }
+}
+
+async fn start(data_dir: &Path) -> Replica {
+    let replica = Replica::start(ReplicaConfig {
+        id: 1,
+        data_dir: data_dir.to_path_buf(),
+        ..ReplicaConfig::default()
+    })
+    .await
+    .expect("a v0.1.0 data directory opens");
+    let mut metrics = replica.raft().metrics();
+    tokio::time::timeout(WAIT, metrics.wait_for(|m| m.current_leader == Some(1)))
+        .await
+        .expect("the single replica leads again")
+        .unwrap();
+    replica
+}
+
+/// Goal: a replica of this build starts on a copy of a v0.1.0 data directory (one replica,
+/// snapshot at offset 122, log retained from 113 to 132) and serves it as v0.1.0 did: the same
+/// retained entries, the same JobState, `Compacted` below the retained range; it appends on
+/// from offset 133 and serves all of it again after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v0_1_0_data_directory_opens_and_serves_what_v0_1_0_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("replica-1");
+    copy_dir(&fixture().join("single-replica"), &data);
+    let expected_tail: Vec<serde_json::Value> =
+        std::fs::read_to_string(fixture().join("expected-tail.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect();
+    let expected_state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture().join("expected-state.json")).unwrap(),
+    )
+    .unwrap();
+
+    let replica = start(&data).await;
+    let tail = common::read_from(&replica, 113).await;
+    let tail_json: Vec<serde_json::Value> = tail.iter().map(entry_json).collect();
+    assert_eq!(tail_json, expected_tail);
+    let state = replica.state(132, Duration::ZERO).await.unwrap();
+    assert_eq!(state_json(&state), expected_state);
+    match replica.fetch(&FetchRequest::from(1), Duration::ZERO).await {
+        Err(ApiError::Compacted {
+            first_offset: 113,
+            snapshot_offset: 122,
+        }) => {}
+        other => panic!("expected Compacted below 113, got {other:?}"),
+    }
+
+    let ack = replica
+        .append(ctrlog::log::Proposal {
+            producer: None,
+            target: Target::All,
+            frame: Command::custom(1, 1, b"written by this build".to_vec()).into_frame(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(ack.offset, 133);
+    replica.shutdown().await;
+
+    let replica = start(&data).await;
+    let after = common::read_from(&replica, 113).await;
+    assert_eq!(after.len(), 21);
+    assert_eq!(after[..20], tail[..]);
+    assert_eq!(after[20].frame.body, b"written by this build");
+    replica.shutdown().await;
+}
