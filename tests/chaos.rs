@@ -6,11 +6,14 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-/// Goal: under SIGKILLs of replicas and of the leader and a SIGSTOPped leader, every
-/// acknowledged append survives at its offset and every subscriber saw the log exactly once.
-/// Steps: `ctrlog chaos --rounds 5 --seed 11 --connections 2 --json` (a fixed fault schedule
-/// with kills and a pause; the four producers share two connections, so their appends go out
-/// in batches); it exits non-zero on any violation, and its figures must say so too.
+/// Goal: under SIGKILLs of replicas and of the leader, a SIGSTOPped leader, a follower that
+/// catches up by snapshot install and is restarted twice right after, and a WAL tail left
+/// torn by a crash, with commands at the size limit in the load, every acknowledged append
+/// survives at its offset, every subscriber saw the log exactly once, and every replica came
+/// back. Steps: `ctrlog chaos --rounds 5 --seed 14 --connections 2 --json` (a fault schedule
+/// with each kind of fault; the four producers share two connections, so their appends go out
+/// in batches); it exits non-zero on any violation or a replica that does not come back, and
+/// its figures must say so too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_chaos_run_loses_and_duplicates_nothing() {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctrlog"));
@@ -20,7 +23,7 @@ async fn a_short_chaos_run_loses_and_duplicates_nothing() {
             "--rounds",
             "5",
             "--seed",
-            "11",
+            "14",
             "--connections",
             "2",
             "--json",
@@ -45,4 +48,9 @@ async fn a_short_chaos_run_loses_and_duplicates_nothing() {
     let leader_faults =
         figures["leader_kills"].as_u64().unwrap() + figures["leader_pauses"].as_u64().unwrap();
     assert!(leader_faults > 0, "the schedule hit the leader: {figures}");
+    assert!(
+        figures["snapshot_catch_ups"].as_u64().unwrap() > 0,
+        "{figures}"
+    );
+    assert!(figures["torn_tails"].as_u64().unwrap() > 0, "{figures}");
 }

@@ -107,7 +107,7 @@ impl ProcessCluster {
 
     fn spawn(&self, i: usize) -> anyhow::Result<Child> {
         let (peer, client) = &self.addrs[i];
-        let data = self.dir.path().join(format!("replica-{}", i + 1));
+        let data = self.replica_dir(i);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -137,6 +137,16 @@ impl ProcessCluster {
 
     pub fn data_dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// Replica `i`'s (0-based) data directory.
+    pub fn replica_dir(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("replica-{}", i + 1))
+    }
+
+    /// Whether replica `i` (0-based) has exited since it was started, and how.
+    pub fn exited(&mut self, i: usize) -> Option<std::process::ExitStatus> {
+        self.children[i].as_mut()?.try_wait().ok().flatten()
     }
 
     /// The last `lines` lines replica `i` (0-based) logged, for failure reports.

@@ -1,6 +1,10 @@
 //! `ctrlog chaos`: three real `ctrlog serve` processes, producers and subscribers through the
-//! real client, and rounds of faults (SIGKILL a replica or the leader, SIGSTOP the leader past
-//! the election timeout); then the history is verified with the [`checker`](super::checker).
+//! real client (one producer writes commands of the full size limit), and rounds of faults:
+//! SIGKILL a replica or the leader; SIGSTOP the leader past the election timeout; stop a
+//! follower until the leader has purged past it, so that it catches up by snapshot install,
+//! then kill and restart it twice right after; kill a follower and leave zeros or garbage
+//! after the last record of its WAL before it restarts. Then the history is verified with the
+//! [`checker`](super::checker), and every replica must have come back.
 //!
 //! Faults are chosen by a seeded generator, so a run's fault schedule is reproducible from its
 //! seed (the timing of real processes is not).
@@ -20,7 +24,9 @@ use super::wait::{poll_until, POLL_INTERVAL};
 use crate::client::{
     ApiError, ClientError, ClientOptions, ControlClient, FetchRequest, SubscriptionItem,
 };
-use crate::log::{Command, Filter, LogEntry, Offset, ProducerSeq, Proposal, Target};
+use crate::log::{
+    Command, Filter, LogEntry, Offset, ProducerSeq, Proposal, Target, COMMAND_BYTES_MAX_DEFAULT,
+};
 
 /// How a run is shaped.
 #[derive(Clone, Debug)]
@@ -48,7 +54,22 @@ enum Fault {
     KillLeader,
     KillReplica(usize),
     PauseLeader,
+    /// Behind the leader's purge, a snapshot install, then two restarts right after it.
+    SnapshotCatchUp(usize),
+    /// Killed, with zeros (`true`) or garbage after the last record of its WAL.
+    TornTail(usize, bool),
 }
+
+/// Snapshot and purge often, so that a follower stopped for a round falls behind the purge.
+const SNAPSHOT_ARGS: [&str; 4] = [
+    "--snapshot-logs-since-last",
+    "300",
+    "--snapshot-logs-to-keep",
+    "30",
+];
+
+/// How long a replica may take to come back and answer before the run fails.
+const REPLICA_BACK_MAX: Duration = Duration::from_secs(60);
 
 /// What producers recorded.
 #[derive(Default)]
@@ -64,7 +85,8 @@ async fn leader_index(client: &ControlClient) -> anyhow::Result<usize> {
 /// Runs the chaos rounds and returns the figures as JSON; fails if the history has a violation.
 pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(options.seed);
-    let mut cluster = ProcessCluster::start(3, &[]).await?;
+    let snapshot_args: Vec<String> = SNAPSHOT_ARGS.iter().map(|a| a.to_string()).collect();
+    let mut cluster = ProcessCluster::start(3, &snapshot_args).await?;
     let seeds = cluster.client_addrs();
     // A paused leader holds requests until they time out; keep that short.
     let options_quick = ClientOptions {
@@ -124,6 +146,48 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
         }));
     }
 
+    // One more producer writes commands of the full size limit, a few a second.
+    {
+        let client = ControlClient::connect_with(&seeds, options_quick.clone()).await?;
+        let (stop, produced) = (stop.clone(), produced.clone());
+        let producer = options.seed.wrapping_mul(1_000) + 999;
+        producers.push(tokio::spawn(async move {
+            let mut seq = 0;
+            while !stop.load(Ordering::Relaxed) {
+                seq += 1;
+                let pair = ProducerSeq { producer, seq };
+                let mut body = format!("{producer}/{seq}:").into_bytes();
+                body.resize(COMMAND_BYTES_MAX_DEFAULT, b'x');
+                let frame = Command::custom(1, 1, body).into_frame();
+                produced
+                    .lock()
+                    .expect("never poisoned")
+                    .attempted
+                    .insert(pair);
+                let proposal = Proposal {
+                    producer: Some(pair),
+                    target: Target::All,
+                    frame: frame.clone(),
+                };
+                loop {
+                    match client.append_proposal(proposal.clone()).await {
+                        Ok(ack) => {
+                            produced.lock().expect("never poisoned").acked.push(Acked {
+                                pair,
+                                offset: ack.offset,
+                                frame,
+                            });
+                            break;
+                        }
+                        Err(ClientError::GaveUp { .. }) if !stop.load(Ordering::Relaxed) => {}
+                        Err(_) => return,
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }));
+    }
+
     // Subscribers: record every delivery.
     let records: Arc<Mutex<Vec<Vec<Delivery>>>> =
         Arc::new(Mutex::new(vec![Vec::new(); options.subscribers]));
@@ -158,14 +222,18 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
     // The rounds.
     let mut failovers = Vec::new();
     let (mut leader_kills, mut replica_kills, mut pauses) = (0, 0, 0);
+    let (mut snapshot_catch_ups, mut torn_tails) = (0, 0);
     for round in 0..options.rounds {
         tokio::time::sleep(Duration::from_millis(rng.gen_range(300..1_000))).await;
-        let fault = match rng.gen_range(0..3) {
+        let leader = leader_index(&admin).await?;
+        let follower = (leader + rng.gen_range(1..3)) % 3;
+        let fault = match rng.gen_range(0..5) {
             0 => Fault::KillLeader,
             1 => Fault::KillReplica(rng.gen_range(0..3)),
-            _ => Fault::PauseLeader,
+            2 => Fault::PauseLeader,
+            3 => Fault::SnapshotCatchUp(follower),
+            _ => Fault::TornTail(follower, rng.gen_bool(0.5)),
         };
-        let leader = leader_index(&admin).await?;
         let fault = match fault {
             Fault::KillReplica(i) if i == leader => Fault::KillLeader,
             other => other,
@@ -177,28 +245,39 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
             Fault::KillLeader => {
                 leader_kills += 1;
                 cluster.kill(leader);
+                failovers
+                    .push(first_commit_under_new_leader(&admin, leader, before, started).await?);
+                cluster.restart(leader)?;
             }
             Fault::KillReplica(i) => {
                 replica_kills += 1;
-                cluster.kill(i);
+                cluster.restart(i)?;
             }
             Fault::PauseLeader => {
                 pauses += 1;
                 cluster.signal(leader, libc::SIGSTOP)?;
-            }
-        }
-        if matches!(fault, Fault::KillLeader | Fault::PauseLeader) {
-            failovers.push(first_commit_under_new_leader(&admin, leader, before, started).await?);
-        }
-        match fault {
-            Fault::PauseLeader => {
+                failovers
+                    .push(first_commit_under_new_leader(&admin, leader, before, started).await?);
                 tokio::time::sleep(Duration::from_millis(2_000).saturating_sub(started.elapsed()))
                     .await;
                 cluster.signal(leader, libc::SIGCONT)?;
             }
-            Fault::KillLeader => cluster.restart(leader)?,
-            Fault::KillReplica(i) => cluster.restart(i)?,
+            Fault::SnapshotCatchUp(i) => {
+                snapshot_catch_ups += 1;
+                catch_up_by_snapshot_then_restart(&mut cluster, &admin, i, &options_quick).await?;
+            }
+            Fault::TornTail(i, zeros) => {
+                torn_tails += 1;
+                cluster.kill(i);
+                tear_wal_tail(&cluster.replica_dir(i), rng.gen_range(1..70_000), zeros)?;
+                cluster.restart(i)?;
+                wait_until_back(&mut cluster, i, &options_quick).await?;
+            }
         }
+    }
+    // Every replica came back from every fault.
+    for i in 0..3 {
+        wait_until_back(&mut cluster, i, &options_quick).await?;
     }
 
     // Quiesce: stop producing, let every subscriber reach the end, read every replica's log.
@@ -265,6 +344,8 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
         "leader_kills": leader_kills,
         "replica_kills": replica_kills,
         "leader_pauses": pauses,
+        "snapshot_catch_ups": snapshot_catch_ups,
+        "torn_tails": torn_tails,
         "acked_appends": history.acked.len(),
         "committed_offsets": last,
         "lost": count(|v| matches!(v, Violation::LostAck { .. })),
@@ -288,6 +369,118 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
         );
     }
     Ok(figures)
+}
+
+/// A client of replica `i` alone (0-based), which answers `status` itself.
+async fn client_of(
+    cluster: &ProcessCluster,
+    i: usize,
+    options: &ClientOptions,
+) -> anyhow::Result<ControlClient> {
+    let addr = cluster.client_addrs()[i].clone();
+    Ok(ControlClient::connect_with(&[addr], options.clone()).await?)
+}
+
+/// Waits until replica `i` runs and answers, failing with its log if it exited or stays
+/// silent: no fault may leave a replica unable to start.
+async fn wait_until_back(
+    cluster: &mut ProcessCluster,
+    i: usize,
+    options: &ClientOptions,
+) -> anyhow::Result<()> {
+    let what = format!("replica {} to answer after its restart", i + 1);
+    let answered = poll_until(&what, REPLICA_BACK_MAX, POLL_INTERVAL, || async {
+        match client_of(cluster, i, options).await {
+            Ok(client) => client.status().await.map_err(|e| e.to_string()),
+            Err(error) => Err(error.to_string()),
+        }
+    })
+    .await;
+    if let Some(status) = cluster.exited(i) {
+        anyhow::bail!(
+            "replica {} exited ({status}) after a restart:\n{}",
+            i + 1,
+            cluster.log_tail(i, 20)
+        );
+    }
+    answered.map(|_| ()).map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\nreplica {} logged:\n{}",
+            i + 1,
+            cluster.log_tail(i, 20)
+        )
+    })
+}
+
+/// Stops follower `i` until the leader has purged its log past the follower's end, restarts
+/// it (it catches up by installing the leader's snapshot), then kills and restarts it twice
+/// right after the install.
+async fn catch_up_by_snapshot_then_restart(
+    cluster: &mut ProcessCluster,
+    admin: &ControlClient,
+    i: usize,
+    options: &ClientOptions,
+) -> anyhow::Result<()> {
+    let behind = client_of(cluster, i, options)
+        .await?
+        .status()
+        .await?
+        .last_log_index
+        .unwrap_or(0);
+    cluster.kill(i);
+    let purged = poll_until(
+        "the leader to purge past the stopped follower",
+        REPLICA_BACK_MAX,
+        POLL_INTERVAL,
+        || async {
+            match admin.leader_status().await.map(|s| s.purged_index) {
+                Ok(Some(purged)) if purged > behind => Ok(purged),
+                other => Err(format!("purged {other:?}, follower at {behind}")),
+            }
+        },
+    )
+    .await?;
+    cluster.restart(i)?;
+    wait_until_back(cluster, i, options).await?;
+    let client = client_of(cluster, i, options).await?;
+    poll_until(
+        "the follower to install the leader's snapshot",
+        REPLICA_BACK_MAX,
+        POLL_INTERVAL,
+        || async {
+            match client.status().await.map(|s| s.snapshot_index) {
+                Ok(Some(snapshot)) if snapshot >= purged => Ok(()),
+                other => Err(format!("snapshot {other:?}, leader purged {purged}")),
+            }
+        },
+    )
+    .await?;
+    for _ in 0..2 {
+        cluster.restart(i)?;
+        wait_until_back(cluster, i, options).await?;
+    }
+    Ok(())
+}
+
+/// Writes `bytes` of zeros or garbage after the last record of the last WAL segment in a
+/// stopped replica's data directory, as a torn write at a power loss leaves it.
+fn tear_wal_tail(replica_dir: &std::path::Path, bytes: usize, zeros: bool) -> anyhow::Result<()> {
+    let log = crate::raft::storage::log_dir(replica_dir);
+    let last = std::fs::read_dir(&log)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "wal"))
+        .max()
+        .ok_or_else(|| anyhow::anyhow!("no wal segment in {}", log.display()))?;
+    let tail: Vec<u8> = if zeros {
+        vec![0; bytes]
+    } else {
+        (0..bytes).map(|i| (i * 131 % 251) as u8 | 1).collect()
+    };
+    let mut file = std::fs::OpenOptions::new().append(true).open(&last)?;
+    std::io::Write::write_all(&mut file, &tail)?;
+    Ok(())
 }
 
 /// Waits for a commit past `before` under a leader other than `old`, returning the time since
@@ -316,7 +509,7 @@ async fn first_commit_under_new_leader(
     .map_err(Into::into)
 }
 
-/// Everything one replica retains, up to `last`.
+/// Everything one replica retains, up to `last`, without a gap.
 async fn read_log(addr: &str, last: Offset) -> anyhow::Result<Vec<LogEntry>> {
     let client = ControlClient::connect(&[addr.to_string()]).await?;
     let mut entries = Vec::new();
@@ -331,9 +524,10 @@ async fn read_log(addr: &str, last: Offset) -> anyhow::Result<Vec<LogEntry>> {
                 next = response.next_offset;
                 entries.extend(response.entries.into_iter().filter(|e| e.offset <= last));
             }
-            Err(ClientError::Api(ApiError::Compacted { first_offset, .. }))
-                if entries.is_empty() =>
-            {
+            // Purged before (or, as the last snapshot lands, while) we read: the retained log
+            // starts later; read it whole from there, so that it stays contiguous.
+            Err(ClientError::Api(ApiError::Compacted { first_offset, .. })) => {
+                entries.clear();
                 next = first_offset;
             }
             Err(error) => return Err(error.into()),
