@@ -423,3 +423,53 @@ async fn restart_and_reset_reach_the_full_replay_state() {
     assert_eq!(folded, reference);
     cluster.shutdown().await;
 }
+
+/// Goal: nothing a client names can grow the replicated state beyond its stated limits (issue
+/// 14): a registration whose location exceeds `TEXT_BYTES_MAX`, or whose container id exceeds
+/// the name limit inside the command's body, is refused with `Invalid` before it reaches the
+/// log, and the same registration within the limits is appended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_and_text_beyond_their_limits_are_refused_before_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start_secure(dir.path(), 3, |_| {})
+        .await
+        .unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    let client = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
+        .await
+        .unwrap();
+    let register = |location: String| {
+        Command::RegisterContainer(RegisterContainer {
+            container: ContainerId::new("c1").unwrap(),
+            location,
+        })
+    };
+    let too_long = client
+        .append(register("x".repeat(TEXT_BYTES_MAX + 1)))
+        .await;
+    assert!(
+        matches!(&too_long, Err(ClientError::Api(ApiError::Invalid(why))) if why.contains("location")),
+        "{too_long:?}"
+    );
+    // A container id is checked inside the body too, however the client built it.
+    let mut frame = register("host-1".into()).into_frame();
+    let long_id = "c".repeat(NAME_BYTES_MAX + 1);
+    frame.body = encode(&(long_id.clone(), "host-1".to_string()));
+    let proposal = Proposal {
+        producer: None,
+        target: Target::Container(ContainerId::new("c1").unwrap()),
+        frame,
+    };
+    let long_container = client.append_proposal(proposal).await;
+    assert!(
+        matches!(&long_container, Err(ClientError::Api(ApiError::Invalid(why))) if why.contains(&long_id)),
+        "{long_container:?}"
+    );
+    let applied = cluster.replica(1).applied_offset();
+    let ack = client
+        .append(register("x".repeat(TEXT_BYTES_MAX)))
+        .await
+        .unwrap();
+    assert_eq!(ack.offset, applied + 1, "nothing refused took an offset");
+    cluster.shutdown().await;
+}

@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::kinds;
+#[cfg(test)]
+use super::names::NAME_BYTES_MAX;
 use super::names::{Input, TaskId};
 use super::{ContainerId, Offset, Target};
 
@@ -27,6 +29,14 @@ pub type Level = u16;
 
 /// The wire and disk form of every command, as KRaft frames its records.
 ///
+/// The most bytes of free text a command may carry where the job's state keeps it: a
+/// container's location, a schema's subject, a scaling reason, a config key (checked on
+/// append, [`Command::check_limits`]).
+pub const TEXT_BYTES_MAX: usize = 256;
+
+/// The most bytes of one config value (checked on append, [`Command::check_limits`]).
+pub const CONFIG_VALUE_BYTES_MAX: usize = 64 << 10;
+
 /// The frame is what is stored and replicated. Readers decode it with a [`Vocabulary`], which is
 /// what lets an old reader pass a newer kind through as [`Command::Unknown`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -246,6 +256,84 @@ impl Command {
         }
     }
 
+    /// Checks what the job's state would keep of this command against its size limits: every
+    /// name ([`ContainerId`], [`TaskId`], [`Input`]) is valid, free text (a location, a schema
+    /// subject, a scaling reason, a config key) is at most [`TEXT_BYTES_MAX`] bytes and a config
+    /// value at most [`CONFIG_VALUE_BYTES_MAX`]. A replica checks this on append, before the
+    /// command enters the log, so that nothing a client names can grow the replicated state
+    /// (or a rejection recorded in it) beyond these; it is never checked on apply, so that a
+    /// log written before the limits replays as it did.
+    pub fn check_limits(&self) -> Result<(), String> {
+        let container = |c: &ContainerId| c.validate().map_err(|e| e.to_string());
+        let task = |t: &TaskId| {
+            if t.is_valid() {
+                Ok(())
+            } else {
+                Err(TaskId::new(t.as_str()).unwrap_err().to_string())
+            }
+        };
+        let inputs = |inputs: &[Input]| match inputs.iter().find(|i| !i.is_valid()) {
+            Some(bad) => Err(format!("invalid input {bad:?}")),
+            None => Ok(()),
+        };
+        let text = |what: &str, text: &str, max: usize| {
+            if text.len() <= max {
+                Ok(())
+            } else {
+                Err(format!("{what} of {} bytes exceeds {max}", text.len()))
+            }
+        };
+        match self {
+            Command::RegisterContainer(c) => {
+                container(&c.container)?;
+                text("location", &c.location, TEXT_BYTES_MAX)
+            }
+            Command::DeregisterContainer(DeregisterContainer { container: c, .. })
+            | Command::ExpireContainer(ExpireContainer { container: c, .. })
+            | Command::Ack(Ack { container: c, .. }) => container(c),
+            Command::AddInputs(c) => inputs(&c.inputs),
+            Command::RemoveInputs(c) => inputs(&c.inputs),
+            Command::AssignTask(c) => {
+                task(&c.task)?;
+                container(&c.container)?;
+                inputs(&c.inputs)
+            }
+            Command::StopTask(StopTask {
+                task: t,
+                container: c,
+                ..
+            })
+            | Command::TaskStarted(TaskStarted {
+                task: t,
+                container: c,
+                ..
+            })
+            | Command::TaskStopped(TaskStopped {
+                task: t,
+                container: c,
+                ..
+            }) => {
+                task(t)?;
+                container(c)
+            }
+            Command::DesiredContainers(c) => text("reason", &c.reason, TEXT_BYTES_MAX),
+            Command::SchemaChange(c) => text("subject", &c.subject, TEXT_BYTES_MAX),
+            Command::ConfigChange(c) => {
+                for (key, value) in &c.set {
+                    text("config key", key, TEXT_BYTES_MAX)?;
+                    text("config value", value, CONFIG_VALUE_BYTES_MAX)?;
+                }
+                c.remove
+                    .iter()
+                    .try_for_each(|key| text("config key", key, TEXT_BYTES_MAX))
+            }
+            Command::DesiredContainersV1(_)
+            | Command::SetVocabularyLevel(_)
+            | Command::Custom { .. }
+            | Command::Unknown(_) => Ok(()),
+        }
+    }
+
     /// Who a built-in command is for; `None` for user and unknown commands, whose target the
     /// appender chooses. The replicated state machine refuses a built-in command appended with
     /// any other target, so a container filtering for itself never misses one meant for it.
@@ -287,6 +375,82 @@ impl Command {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each case puts one field at or over its limit; a name is built without its checks, as
+    /// a hostile client's bytes would decode.
+    #[test]
+    fn what_the_state_keeps_of_a_command_is_bounded() {
+        let at = |n: usize| "x".repeat(n);
+        // As a hostile client's bytes decode: the name's checks never ran.
+        fn unchecked<T: serde::de::DeserializeOwned>(name: String) -> T {
+            crate::log::decode(&crate::log::encode(&name), 1 << 20).unwrap()
+        }
+        let raw_container = |n: usize| unchecked::<ContainerId>(at(n));
+        let register = |container: ContainerId, location: String| {
+            Command::RegisterContainer(RegisterContainer {
+                container,
+                location,
+            })
+        };
+        let config = |key: String, value: String| {
+            Command::ConfigChange(ConfigChange {
+                set: [(key, value)].into(),
+                remove: Vec::new(),
+            })
+        };
+        let cases: [(&str, Command, bool); 8] = [
+            (
+                "a location at the limit",
+                register(raw_container(8), at(TEXT_BYTES_MAX)),
+                true,
+            ),
+            (
+                "a location over it",
+                register(raw_container(8), at(TEXT_BYTES_MAX + 1)),
+                false,
+            ),
+            (
+                "a container id at the limit",
+                register(raw_container(NAME_BYTES_MAX), at(1)),
+                true,
+            ),
+            (
+                "a container id over it",
+                register(raw_container(NAME_BYTES_MAX + 1), at(1)),
+                false,
+            ),
+            (
+                "a task name over the limit",
+                Command::TaskStarted(TaskStarted {
+                    task: unchecked(at(NAME_BYTES_MAX + 1)),
+                    container: raw_container(8),
+                    epoch: 1,
+                }),
+                false,
+            ),
+            (
+                "a config value at the limit",
+                config(at(8), at(CONFIG_VALUE_BYTES_MAX)),
+                true,
+            ),
+            (
+                "a config key over the limit",
+                config(at(TEXT_BYTES_MAX + 1), at(1)),
+                false,
+            ),
+            (
+                "a schema subject over the limit",
+                Command::SchemaChange(SchemaChange {
+                    subject: at(TEXT_BYTES_MAX + 1),
+                    schema: Vec::new(),
+                }),
+                false,
+            ),
+        ];
+        for (what, command, accepted) in cases {
+            assert_eq!(command.check_limits().is_ok(), accepted, "{what}");
+        }
+    }
 
     #[test]
     fn custom_round_trips_through_its_frame() {

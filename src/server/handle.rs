@@ -18,8 +18,10 @@ use crate::client::{
 };
 use crate::controller::ControlPlane;
 use crate::jobs::{JobState, Liveness, Outcome, Rejection, Session};
-use crate::log::vocabulary::{kinds, LEVEL_MAX};
-use crate::log::{Command, ContainerId, Epoch, Filter, Offset, Proposal, Target, TaskId};
+use crate::log::vocabulary::LEVEL_MAX;
+use crate::log::{
+    Command, ContainerId, Epoch, Filter, Offset, Proposal, Target, TaskId, CUSTOM_KIND_MIN,
+};
 use crate::raft::log_store::LogStore;
 use crate::raft::proposer::{Proposer, BATCH_BYTES_MAX};
 use crate::raft::reader::read_committed;
@@ -148,17 +150,21 @@ impl ReplicaHandle {
                 .map_err(|e| ApiError::Invalid(e.to_string()))?;
         }
         debug_assert!(self.inner.command_bytes_max <= BATCH_BYTES_MAX * 16);
-        // The state machine must stay deterministic across builds, so whether *this* build
-        // supports a level is checked here, before the command enters the log.
-        let level_change = (proposal.frame.kind == kinds::SET_VOCABULARY_LEVEL)
-            .then(|| Command::from_frame(proposal.frame.clone()));
-        if let Some(Command::SetVocabularyLevel(c)) = level_change {
-            if c.level > LEVEL_MAX {
-                return Err(Rejection::LevelUnsupported {
-                    requested: c.level,
-                    supported: LEVEL_MAX,
+        // Checked here, before the command enters the log, and never on apply: the state
+        // machine must stay deterministic across builds, and a log written before a check
+        // existed must replay as it did. Whether *this* build supports a level is one such
+        // check; the size of what the job's state would keep of a command is another.
+        if proposal.frame.kind < CUSTOM_KIND_MIN {
+            let command = Command::from_frame(proposal.frame.clone());
+            command.check_limits().map_err(ApiError::Invalid)?;
+            if let Command::SetVocabularyLevel(c) = &command {
+                if c.level > LEVEL_MAX {
+                    return Err(Rejection::LevelUnsupported {
+                        requested: c.level,
+                        supported: LEVEL_MAX,
+                    }
+                    .into());
                 }
-                .into());
             }
         }
         let producer = proposal.producer;
