@@ -107,6 +107,45 @@ async fn commands_at_the_size_limit_are_read_one_answer_at_a_time() {
     cluster.shutdown().await;
 }
 
+/// Regression (an answer without a byte bound closed its connection): a job state larger than
+/// the client port's frames is refused in words (`Invalid`, saying how large it is) instead of
+/// failing to encode, which closed the connection and left the client retrying until it gave
+/// up. Steps: frames of 128 KiB; three config values of 60 KB; `state` is refused at once and
+/// the connection keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_larger_than_a_frame_is_refused_in_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 3, |c| {
+        c.command_bytes_max = 100 << 10;
+        c.client_frame_bytes_max = 128 << 10;
+    })
+    .await
+    .unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    let options = ClientOptions {
+        retry_deadline: Duration::from_secs(10),
+        ..ClientOptions::default()
+    };
+    let client = ControlClient::connect_with(&cluster.client_addrs(), options)
+        .await
+        .unwrap();
+    for key in ["a", "b", "c"] {
+        let change = ctrlog::log::ConfigChange {
+            set: [(key.to_string(), "v".repeat(60_000))].into(),
+            remove: Vec::new(),
+        };
+        client.append(Command::ConfigChange(change)).await.unwrap();
+    }
+    match client.state(3).await {
+        Err(ctrlog::client::ClientError::Api(ApiError::Invalid(why))) => {
+            assert!(why.contains("encodes to"), "{why}")
+        }
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+    assert_eq!(client.leader_status().await.unwrap().applied_offset, 3);
+    cluster.shutdown().await;
+}
+
 /// Goal: a subscriber receives every committed command exactly once, in offset order, while
 /// the leader is killed and a new one elected, and while its own connection is dropped.
 /// Steps: the subscriber reads through proxies; 8 writers append 640 commands while the test

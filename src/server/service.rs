@@ -22,7 +22,8 @@ use super::handle::ReplicaHandle;
 use crate::client::tls::framed;
 use crate::client::{
     AnswerSlot, ApiError, AppendAck, ControlLog, ControlLogRequest, ControlLogResponse,
-    FetchRequest, FetchResponse, HeartbeatAck, Member, StateAt, Status, APPEND_MANY_PROPOSALS_MAX,
+    FetchRequest, FetchResponse, HeartbeatAck, Member, StateAt, Status, ANSWER_ENVELOPE_BYTES_MAX,
+    APPEND_MANY_PROPOSALS_MAX,
 };
 use crate::log::{ContainerId, Epoch, Offset, Proposal, TaskId};
 use crate::NodeId;
@@ -94,6 +95,7 @@ pub async fn serve_clients(
             replica: replica.clone(),
             in_flight: Arc::new(Semaphore::new(requests_in_flight_max)),
             in_flight_max: requests_in_flight_max as u32,
+            frame_bytes_max,
             append_bytes: Arc::new(Semaphore::new(budget.append_bytes)),
             append_bytes_max: budget.append_bytes,
             fetches: Arc::new(Semaphore::new(FETCHES_IN_FLIGHT_MAX)),
@@ -125,6 +127,8 @@ struct ControlLogServer {
     /// Requests in flight on this connection.
     in_flight: Arc<Semaphore>,
     in_flight_max: u32,
+    /// The client port's frame limit, which every answer must fit.
+    frame_bytes_max: usize,
     /// Encoded bytes of the appends in flight on this connection.
     append_bytes: Arc<Semaphore>,
     append_bytes_max: usize,
@@ -253,9 +257,23 @@ impl ControlLog for ControlLogServer {
     ) -> Result<StateAt, ApiError> {
         let _permit = self.admit()?;
         self.check(Action::Read)?;
-        self.replica
+        let at = self
+            .replica
             .state(min_offset, clamp_wait(&ctx, max_wait_ms))
-            .await
+            .await?;
+        // An answer that cannot be encoded within the frame limit would close the connection
+        // and leave the caller retrying; refuse it in words instead. (Sending a large state in
+        // chunks needs a request older clients do not know: the protocol handshake's work.)
+        let size = bincode::serialized_size(&at).unwrap_or(u64::MAX);
+        let limit = (self.frame_bytes_max - ANSWER_ENVELOPE_BYTES_MAX) as u64;
+        if size > limit {
+            return Err(ApiError::Invalid(format!(
+                "the job state as of offset {} encodes to {size} bytes, more than this port's \
+                 {limit}-byte answers; raise client_frame_bytes_max",
+                at.offset
+            )));
+        }
+        Ok(at)
     }
 
     async fn status(self, _: context::Context) -> Result<Status, ApiError> {
