@@ -108,12 +108,13 @@ async fn commands_at_the_size_limit_are_read_one_answer_at_a_time() {
 }
 
 /// Regression (an answer without a byte bound closed its connection): a job state larger than
-/// the client port's frames is refused in words (`Invalid`, saying how large it is) instead of
-/// failing to encode, which closed the connection and left the client retrying until it gave
-/// up. Steps: frames of 128 KiB; three config values of 60 KB; `state` is refused at once and
-/// the connection keeps serving.
+/// the client port's frames failed to encode, which closed the connection and left the client
+/// retrying until it gave up. Now `state` answers `AnswerTooLarge` and the state travels in
+/// chunks. Steps: frames of 128 KiB; three config values of 60 KB; a raw `state` is refused
+/// with the sizes; the client library reads the whole state in chunks; the connection keeps
+/// serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_state_larger_than_a_frame_is_refused_in_words() {
+async fn a_state_larger_than_a_frame_travels_in_chunks() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = LocalCluster::start(dir.path(), 3, |c| {
         c.command_bytes_max = 100 << 10;
@@ -121,7 +122,7 @@ async fn a_state_larger_than_a_frame_is_refused_in_words() {
     })
     .await
     .unwrap();
-    cluster.wait_for_leader(WAIT).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
     let options = ClientOptions {
         retry_deadline: Duration::from_secs(10),
         ..ClientOptions::default()
@@ -131,17 +132,27 @@ async fn a_state_larger_than_a_frame_is_refused_in_words() {
         .unwrap();
     for key in ["a", "b", "c"] {
         let change = ctrlog::log::ConfigChange {
-            set: [(key.to_string(), "v".repeat(60_000))].into(),
+            set: [(key.to_string(), key.repeat(60_000))].into(),
             remove: Vec::new(),
         };
         client.append(Command::ConfigChange(change)).await.unwrap();
     }
-    match client.state(3).await {
-        Err(ctrlog::client::ClientError::Api(ApiError::Invalid(why))) => {
-            assert!(why.contains("encodes to"), "{why}")
+    let raw = raw_client(cluster.replica(leader).client_addr()).await;
+    match raw
+        .state(deadline_context(Duration::from_secs(10)), 3, 0)
+        .await
+        .unwrap()
+    {
+        Err(ApiError::AnswerTooLarge { size, limit }) => {
+            assert!(size > 180_000 && limit < 128 << 10, "{size} / {limit}")
         }
-        other => panic!("expected Invalid, got {other:?}"),
+        other => panic!("expected AnswerTooLarge, got {other:?}"),
     }
+    let at = client.state(3).await.unwrap();
+    assert_eq!(at.offset, 3);
+    let config = at.state.config();
+    assert_eq!(config.len(), 3);
+    assert!(config.iter().all(|(k, v)| *v == k.repeat(60_000)));
     assert_eq!(client.leader_status().await.unwrap().applied_offset, 3);
     cluster.shutdown().await;
 }

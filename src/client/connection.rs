@@ -642,11 +642,67 @@ pub(crate) async fn state_at(
     connector: &Connector,
     min_offset: Offset,
 ) -> Result<StateAt, ClientError> {
-    connector
+    let whole = connector
         .call(false, |rpc, mut ctx, _| async move {
             ctx.deadline += STATE_WAIT;
             rpc.state(ctx, min_offset, STATE_WAIT.as_millis() as u32)
                 .await
         })
-        .await
+        .await;
+    match whole {
+        Err(ClientError::Api(ApiError::AnswerTooLarge { .. })) => {
+            state_in_chunks(connector, min_offset).await
+        }
+        answer => answer,
+    }
+}
+
+/// Attempts at reading a state in chunks before giving up: each restarts when the connection
+/// changed under it (the chunks of one state come from one connection).
+const STATE_CHUNK_ATTEMPTS: usize = 3;
+
+/// Reads a state too large for one answer, chunk by chunk (`state_chunk`).
+async fn state_in_chunks(
+    connector: &Connector,
+    min_offset: Offset,
+) -> Result<StateAt, ClientError> {
+    let mut last_error = None;
+    for _ in 0..STATE_CHUNK_ATTEMPTS {
+        let chunk = |offset: Offset, chunk: u32| {
+            connector.call(false, move |rpc, mut ctx, _| async move {
+                ctx.deadline += STATE_WAIT;
+                rpc.state_chunk(ctx, offset, chunk).await
+            })
+        };
+        let first = chunk(min_offset, 0).await?;
+        let mut bytes = first.bytes;
+        let mut complete = true;
+        for index in 1..first.chunks {
+            match chunk(first.offset, index).await {
+                Ok(next) => bytes.extend_from_slice(&next.bytes),
+                // The connection changed (it holds no such state): start again.
+                Err(ClientError::Api(ApiError::Invalid(why))) => {
+                    last_error = Some(why);
+                    complete = false;
+                    break;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        if complete {
+            return crate::log::decode(&bytes, bytes.len() as u64).map_err(|e| {
+                ClientError::Protocol {
+                    replica: "a replica".into(),
+                    detail: format!("a state in {} chunks does not decode: {e}", first.chunks),
+                }
+            });
+        }
+    }
+    Err(ClientError::Protocol {
+        replica: "a replica".into(),
+        detail: format!(
+            "a state in chunks kept changing connection: {}",
+            last_error.unwrap_or_default()
+        ),
+    })
 }

@@ -104,6 +104,11 @@ pub enum ApiError {
     /// The credentials are known, but their role may not do this.
     #[error("forbidden: {principal} may not {action}")]
     Forbidden { principal: String, action: String },
+    /// The answer would not fit this port's frames. A job state this large is read in pieces
+    /// with `state_chunk`, which the client library does by itself. (A replica of v0.1.0
+    /// closed the connection instead, so no older client ever receives this.)
+    #[error("the answer of {size} bytes exceeds this port's {limit}-byte answers")]
+    AnswerTooLarge { size: u64, limit: u64 },
 }
 
 impl ApiError {
@@ -333,6 +338,23 @@ pub trait ControlLog {
     async fn append_many(
         proposals: Vec<Proposal>,
     ) -> Result<Vec<Result<AppendAck, ApiError>>, ApiError>;
+    /// One piece of a job state too large for one `state` answer (`AnswerTooLarge`). Chunk 0
+    /// encodes the state as of this replica's applied offset, which must be at least
+    /// `offset`, and says how many chunks it has and which offset it is as of; ask for the
+    /// other chunks at that offset, on the same connection. `Invalid` if the connection no
+    /// longer holds that state (start again from chunk 0).
+    async fn state_chunk(offset: Offset, chunk: u32) -> Result<StateChunk, ApiError>;
+}
+
+/// A piece of an encoded [`StateAt`]: the chunks' bytes, in order, decode to it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateChunk {
+    /// The offset the state is as of.
+    pub offset: Offset,
+    pub chunk: u32,
+    pub chunks: u32,
+    #[serde(with = "serde_bytes")]
+    pub bytes: Vec<u8>,
 }
 
 /// What an answer adds around the entries it carries: tarpc's response header, the result and

@@ -22,8 +22,8 @@ use super::handle::ReplicaHandle;
 use crate::client::tls::framed;
 use crate::client::{
     AnswerSlot, ApiError, AppendAck, ControlLog, ControlLogRequest, ControlLogResponse,
-    FetchRequest, FetchResponse, HeartbeatAck, Member, StateAt, Status, ANSWER_ENVELOPE_BYTES_MAX,
-    APPEND_MANY_PROPOSALS_MAX,
+    FetchRequest, FetchResponse, HeartbeatAck, Member, StateAt, StateChunk, Status,
+    ANSWER_ENVELOPE_BYTES_MAX, APPEND_MANY_PROPOSALS_MAX,
 };
 use crate::log::{ContainerId, Epoch, Offset, Proposal, TaskId};
 use crate::NodeId;
@@ -62,6 +62,9 @@ pub const FETCH_WAIT_MAX: Duration = Duration::from_secs(60);
 /// never reads the answers from pinning more than this many answers in the replica's memory.
 pub const FETCHES_IN_FLIGHT_MAX: usize = 4;
 
+/// How long the first `state_chunk` waits for the replica to apply the offset asked for.
+const STATE_CHUNK_WAIT_MS: u32 = 5_000;
+
 /// A long poll answers this long before the request's deadline, so that the answer (possibly
 /// empty) reaches the caller before it gives up on the request.
 const DEADLINE_HEADROOM: Duration = Duration::from_millis(250);
@@ -96,6 +99,7 @@ pub async fn serve_clients(
             in_flight: Arc::new(Semaphore::new(requests_in_flight_max)),
             in_flight_max: requests_in_flight_max as u32,
             frame_bytes_max,
+            encoded_state: Arc::default(),
             append_bytes: Arc::new(Semaphore::new(budget.append_bytes)),
             append_bytes_max: budget.append_bytes,
             fetches: Arc::new(Semaphore::new(FETCHES_IN_FLIGHT_MAX)),
@@ -121,6 +125,9 @@ pub async fn serve_clients(
     .await;
 }
 
+/// A job state encoded for `state_chunk`, with the offset it is as of.
+type EncodedState = (Offset, Arc<Vec<u8>>);
+
 #[derive(Clone)]
 struct ControlLogServer {
     replica: ReplicaHandle,
@@ -129,6 +136,8 @@ struct ControlLogServer {
     in_flight_max: u32,
     /// The client port's frame limit, which every answer must fit.
     frame_bytes_max: usize,
+    /// The encoded state this connection is reading in chunks, and the offset it is as of.
+    encoded_state: Arc<std::sync::Mutex<Option<EncodedState>>>,
     /// Encoded bytes of the appends in flight on this connection.
     append_bytes: Arc<Semaphore>,
     append_bytes_max: usize,
@@ -148,6 +157,11 @@ impl ControlLogServer {
             .map_err(|_| ApiError::Overloaded {
                 in_flight_max: self.in_flight_max,
             })
+    }
+
+    /// What one answer on this port may carry: its frame limit less the envelope.
+    fn answer_bytes_max(&self) -> usize {
+        self.frame_bytes_max - ANSWER_ENVELOPE_BYTES_MAX
     }
 
     /// Holds `bytes` of this connection's append budget until the permit drops; `Overloaded`
@@ -265,15 +279,56 @@ impl ControlLog for ControlLogServer {
         // and leave the caller retrying; refuse it in words instead. (Sending a large state in
         // chunks needs a request older clients do not know: the protocol handshake's work.)
         let size = bincode::serialized_size(&at).unwrap_or(u64::MAX);
-        let limit = (self.frame_bytes_max - ANSWER_ENVELOPE_BYTES_MAX) as u64;
+        let limit = self.answer_bytes_max() as u64;
         if size > limit {
-            return Err(ApiError::Invalid(format!(
-                "the job state as of offset {} encodes to {size} bytes, more than this port's \
-                 {limit}-byte answers; raise client_frame_bytes_max",
-                at.offset
-            )));
+            return Err(ApiError::AnswerTooLarge { size, limit });
         }
         Ok(at)
+    }
+
+    async fn state_chunk(
+        self,
+        ctx: context::Context,
+        offset: Offset,
+        chunk: u32,
+    ) -> Result<StateChunk, ApiError> {
+        let _permit = self.admit()?;
+        self.check(Action::Read)?;
+        let chunk_bytes = self.answer_bytes_max();
+        let (at, encoded) = if chunk == 0 {
+            let at = self
+                .replica
+                .state(offset, clamp_wait(&ctx, STATE_CHUNK_WAIT_MS))
+                .await?;
+            let encoded = Arc::new(crate::log::encode(&at));
+            *self.encoded_state.lock().expect("never poisoned") =
+                Some((at.offset, encoded.clone()));
+            (at.offset, encoded)
+        } else {
+            match &*self.encoded_state.lock().expect("never poisoned") {
+                Some((at, encoded)) if *at == offset => (*at, encoded.clone()),
+                _ => {
+                    return Err(ApiError::Invalid(format!(
+                        "this connection holds no state as of offset {offset}; \
+                         start again from chunk 0"
+                    )))
+                }
+            }
+        };
+        let chunks = encoded.len().div_ceil(chunk_bytes).max(1) as u32;
+        if chunk >= chunks {
+            return Err(ApiError::Invalid(format!(
+                "chunk {chunk} of a state in {chunks} chunks"
+            )));
+        }
+        let start = chunk as usize * chunk_bytes;
+        let end = (start + chunk_bytes).min(encoded.len());
+        Ok(StateChunk {
+            offset: at,
+            chunk,
+            chunks,
+            bytes: encoded[start..end].to_vec(),
+        })
     }
 
     async fn status(self, _: context::Context) -> Result<Status, ApiError> {
