@@ -54,6 +54,18 @@ async fn collect_until(
     }
 }
 
+/// A client of `cluster` that gives up after 10 s: a connection that keeps closing shows as
+/// `GaveUp` long before the test's own deadline.
+async fn client_giving_up_soon(cluster: &LocalCluster) -> ControlClient {
+    let options = ClientOptions {
+        retry_deadline: Duration::from_secs(10),
+        ..ClientOptions::default()
+    };
+    ControlClient::connect_with(&cluster.client_addrs(), options)
+        .await
+        .unwrap()
+}
+
 /// Regression (four commands at the size limit wedged every reader): a fetch answer could
 /// carry 4 MiB of commands while the client port's frame limit is about 2 MiB, so its encoding
 /// failed, the connection closed, and the client asked for the same offset until it gave up.
@@ -66,13 +78,7 @@ async fn commands_at_the_size_limit_are_read_one_answer_at_a_time() {
     let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
     cluster.wait_for_leader(WAIT).await.unwrap();
     let limit = cluster.config(1).command_bytes_max;
-    let options = ClientOptions {
-        retry_deadline: Duration::from_secs(10),
-        ..ClientOptions::default()
-    };
-    let client = ControlClient::connect_with(&cluster.client_addrs(), options)
-        .await
-        .unwrap();
+    let client = client_giving_up_soon(&cluster).await;
     for i in 0..4u8 {
         let body = vec![b'a' + i; limit];
         client
@@ -123,13 +129,7 @@ async fn a_state_larger_than_a_frame_travels_in_chunks() {
     .await
     .unwrap();
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
-    let options = ClientOptions {
-        retry_deadline: Duration::from_secs(10),
-        ..ClientOptions::default()
-    };
-    let client = ControlClient::connect_with(&cluster.client_addrs(), options)
-        .await
-        .unwrap();
+    let client = client_giving_up_soon(&cluster).await;
     for key in ["a", "b", "c"] {
         let change = ctrlog::log::ConfigChange {
             set: [(key.to_string(), key.repeat(60_000))].into(),

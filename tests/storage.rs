@@ -67,12 +67,17 @@ async fn assert_contiguous_log(storage: &mut Storage) -> (u64, u64) {
     (purged, last)
 }
 
-/// A snapshot of 50 applied entries, built by a replica of its own (the leader's).
-async fn leaders_snapshot(dir: &Path) -> Snapshot {
-    let mut leader = open_storage(dir).unwrap();
+/// The leader's snapshot of 50 applied entries (built by a store of its own), and a follower
+/// whose store holds entries 1 to 5, with its directory.
+async fn a_follower_behind_a_snapshot(dir: &Path) -> (Snapshot, std::path::PathBuf, Storage) {
+    let mut leader = open_storage(&dir.join("leader")).unwrap();
     append_and_apply(&mut leader, 1, 50).await;
     let mut builder = leader.state_machine.get_snapshot_builder().await;
-    builder.build_snapshot().await.unwrap()
+    let snapshot = builder.build_snapshot().await.unwrap();
+    let follower_dir = dir.join("follower");
+    let mut follower = open_storage(&follower_dir).unwrap();
+    append_and_apply(&mut follower, 1, 5).await;
+    (snapshot, follower_dir, follower)
 }
 
 /// Regression (a follower that caught up by snapshot install could not start again): openraft
@@ -86,12 +91,8 @@ async fn leaders_snapshot(dir: &Path) -> Snapshot {
 #[tokio::test]
 async fn a_purge_asked_before_an_install_is_durable_leaves_no_hole_after_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let snapshot = leaders_snapshot(&dir.path().join("leader")).await;
+    let (snapshot, follower_dir, mut follower) = a_follower_behind_a_snapshot(dir.path()).await;
     let installed = snapshot.meta.last_log_id.unwrap();
-
-    let follower_dir = dir.path().join("follower");
-    let mut follower = open_storage(&follower_dir).unwrap();
-    append_and_apply(&mut follower, 1, 5).await;
     follower.log.purge(installed).await.unwrap();
     follower
         .state_machine
@@ -119,12 +120,8 @@ async fn a_purge_asked_before_an_install_is_durable_leaves_no_hole_after_restart
 #[tokio::test]
 async fn a_purge_after_a_durable_install_leaves_no_hole_after_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let snapshot = leaders_snapshot(&dir.path().join("leader")).await;
+    let (snapshot, follower_dir, mut follower) = a_follower_behind_a_snapshot(dir.path()).await;
     let installed = snapshot.meta.last_log_id.unwrap();
-
-    let follower_dir = dir.path().join("follower");
-    let mut follower = open_storage(&follower_dir).unwrap();
-    append_and_apply(&mut follower, 1, 5).await;
     follower
         .state_machine
         .install_snapshot(&snapshot.meta, snapshot.snapshot)

@@ -96,6 +96,15 @@ impl Proposer {
     }
 }
 
+/// The proposal the next batch starts with: the one the last batch could not take, else the
+/// next to arrive; `None` once every handle is gone and the queue is empty.
+async fn next_first<T>(carried: &mut Option<T>, incoming: &mut mpsc::Receiver<T>) -> Option<T> {
+    match carried.take() {
+        Some(first) => Some(first),
+        None => incoming.recv().await,
+    }
+}
+
 /// Takes the next batch: `first`, then whatever is queued while it fits within
 /// [`BATCH_PROPOSALS_MAX`] and [`BATCH_BYTES_MAX`]. A queued proposal that does not fit is
 /// returned to start the next batch.
@@ -129,14 +138,7 @@ fn now_ms() -> u64 {
 async fn run(raft: Raft, mut incoming: mpsc::Receiver<Pending>) {
     let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT_MAX));
     let mut carried = None;
-    loop {
-        let first = match carried.take() {
-            Some(first) => first,
-            None => match incoming.recv().await {
-                Some(first) => first,
-                None => return,
-            },
-        };
+    while let Some(first) = next_first(&mut carried, &mut incoming).await {
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             return;
         };
@@ -231,14 +233,7 @@ mod tests {
             drop(sender);
             let mut batches = Vec::new();
             let mut carried = None;
-            loop {
-                let first = match carried.take() {
-                    Some(first) => first,
-                    None => match incoming.recv().await {
-                        Some(first) => first,
-                        None => break,
-                    },
-                };
+            while let Some(first) = next_first(&mut carried, &mut incoming).await {
                 let (batch, next) = take_batch(first, &mut incoming, |size| *size);
                 assert!(
                     batch.len() == 1 || batch.iter().sum::<usize>() <= BATCH_BYTES_MAX,

@@ -109,84 +109,30 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
         .await?;
     let mut producers = Vec::new();
     for (p, client) in clients.into_iter().enumerate() {
-        let (stop, produced) = (stop.clone(), produced.clone());
         let producer = options.seed.wrapping_mul(1_000) + p as u64 + 1;
-        producers.push(tokio::spawn(async move {
-            let mut seq = 0;
-            while !stop.load(Ordering::Relaxed) {
-                seq += 1;
-                let pair = ProducerSeq { producer, seq };
-                let frame =
-                    Command::custom(1, 1, format!("{producer}/{seq}").into_bytes()).into_frame();
-                produced
-                    .lock()
-                    .expect("never poisoned")
-                    .attempted
-                    .insert(pair);
-                let proposal = Proposal {
-                    producer: Some(pair),
-                    target: Target::All,
-                    frame: frame.clone(),
-                };
-                loop {
-                    match client.append_proposal(proposal.clone()).await {
-                        Ok(ack) => {
-                            produced.lock().expect("never poisoned").acked.push(Acked {
-                                pair,
-                                offset: ack.offset,
-                                frame,
-                            });
-                            break;
-                        }
-                        Err(ClientError::GaveUp { .. }) if !stop.load(Ordering::Relaxed) => {}
-                        Err(_) => return,
-                    }
-                }
-            }
-        }));
+        let load = Load {
+            producer,
+            body_bytes: 0,
+            pause: Duration::ZERO,
+        };
+        producers.push(tokio::spawn(load.run(
+            client,
+            stop.clone(),
+            produced.clone(),
+        )));
     }
-
     // One more producer writes commands of the full size limit, a few a second.
-    {
-        let client = ControlClient::connect_with(&seeds, options_quick.clone()).await?;
-        let (stop, produced) = (stop.clone(), produced.clone());
-        let producer = options.seed.wrapping_mul(1_000) + 999;
-        producers.push(tokio::spawn(async move {
-            let mut seq = 0;
-            while !stop.load(Ordering::Relaxed) {
-                seq += 1;
-                let pair = ProducerSeq { producer, seq };
-                let mut body = format!("{producer}/{seq}:").into_bytes();
-                body.resize(COMMAND_BYTES_MAX_DEFAULT, b'x');
-                let frame = Command::custom(1, 1, body).into_frame();
-                produced
-                    .lock()
-                    .expect("never poisoned")
-                    .attempted
-                    .insert(pair);
-                let proposal = Proposal {
-                    producer: Some(pair),
-                    target: Target::All,
-                    frame: frame.clone(),
-                };
-                loop {
-                    match client.append_proposal(proposal.clone()).await {
-                        Ok(ack) => {
-                            produced.lock().expect("never poisoned").acked.push(Acked {
-                                pair,
-                                offset: ack.offset,
-                                frame,
-                            });
-                            break;
-                        }
-                        Err(ClientError::GaveUp { .. }) if !stop.load(Ordering::Relaxed) => {}
-                        Err(_) => return,
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }));
-    }
+    let large = Load {
+        producer: options.seed.wrapping_mul(1_000) + 999,
+        body_bytes: COMMAND_BYTES_MAX_DEFAULT,
+        pause: Duration::from_millis(200),
+    };
+    let client = ControlClient::connect_with(&seeds, options_quick.clone()).await?;
+    producers.push(tokio::spawn(large.run(
+        client,
+        stop.clone(),
+        produced.clone(),
+    )));
 
     // Subscribers: record every delivery.
     let records: Arc<Mutex<Vec<Vec<Delivery>>>> =
@@ -369,6 +315,64 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
         );
     }
     Ok(figures)
+}
+
+/// One producer's load: sequential appends with its own `(producer, seq)`, each retried until
+/// it is acknowledged, as a real producer must when an append's fate is unknown.
+struct Load {
+    producer: u64,
+    /// Bodies are padded to this size (the producer and sequence alone when smaller).
+    body_bytes: usize,
+    /// Between appends (none when zero).
+    pause: Duration,
+}
+
+impl Load {
+    async fn run(
+        self,
+        client: ControlClient,
+        stop: Arc<AtomicBool>,
+        produced: Arc<Mutex<Produced>>,
+    ) {
+        let producer = self.producer;
+        let mut seq = 0;
+        while !stop.load(Ordering::Relaxed) {
+            seq += 1;
+            let pair = ProducerSeq { producer, seq };
+            let mut body = format!("{producer}/{seq}").into_bytes();
+            if body.len() < self.body_bytes {
+                body.resize(self.body_bytes, b'x');
+            }
+            let frame = Command::custom(1, 1, body).into_frame();
+            produced
+                .lock()
+                .expect("never poisoned")
+                .attempted
+                .insert(pair);
+            let proposal = Proposal {
+                producer: Some(pair),
+                target: Target::All,
+                frame: frame.clone(),
+            };
+            loop {
+                match client.append_proposal(proposal.clone()).await {
+                    Ok(ack) => {
+                        produced.lock().expect("never poisoned").acked.push(Acked {
+                            pair,
+                            offset: ack.offset,
+                            frame,
+                        });
+                        break;
+                    }
+                    Err(ClientError::GaveUp { .. }) if !stop.load(Ordering::Relaxed) => {}
+                    Err(_) => return,
+                }
+            }
+            if !self.pause.is_zero() {
+                tokio::time::sleep(self.pause).await;
+            }
+        }
+    }
 }
 
 /// A client of replica `i` alone (0-based), which answers `status` itself.
