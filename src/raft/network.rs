@@ -19,8 +19,14 @@ use crate::client::Member;
 use crate::NodeId;
 
 /// The largest frame on the peer port. It must exceed the biggest AppendEntries message
-/// (`RAFT_PAYLOAD_ENTRIES_MAX` batches) and openraft's snapshot chunk.
+/// ([`RAFT_PAYLOAD_ENTRIES_MAX`] entries) and openraft's snapshot chunk.
 pub const PEER_FRAME_BYTES_MAX: usize = 256 << 20;
+
+/// Entries per AppendEntries message (openraft's `max_payload_entries`). Each is one batch of
+/// at most [`BATCH_BYTES_MAX`](super::proposer::BATCH_BYTES_MAX) or one command alone, so with
+/// `command_bytes_max` bounded by the configuration's check a message always fits
+/// [`PEER_FRAME_BYTES_MAX`].
+pub const RAFT_PAYLOAD_ENTRIES_MAX: u64 = 64;
 
 /// How long dialling a peer may take before the call counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);

@@ -8,9 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::client::{Member, ANSWER_ENVELOPE_BYTES_MAX, APPEND_MANY_BYTES_MAX};
 use crate::log::{COMMAND_BYTES_MAX_DEFAULT, LOG_ENTRY_OVERHEAD_BYTES_MAX};
-use crate::raft::network::PEER_FRAME_BYTES_MAX;
+use crate::raft::network::{PEER_FRAME_BYTES_MAX, RAFT_PAYLOAD_ENTRIES_MAX};
 use crate::raft::proposer::BATCH_BYTES_MAX;
-use crate::server::replica::RAFT_PAYLOAD_ENTRIES_MAX;
 use crate::NodeId;
 
 /// Everything a replica needs to start. Every field has a default except the identity and the

@@ -20,17 +20,12 @@ use super::tls::ReplicaTls;
 use crate::client::{Member, ANSWER_ENVELOPE_BYTES_MAX};
 use crate::jobs::Liveness;
 use crate::raft::meta_store::Closed;
-use crate::raft::network::PeerNetwork;
+use crate::raft::network::{PeerNetwork, RAFT_PAYLOAD_ENTRIES_MAX};
 use crate::raft::proposer::Proposer;
 use crate::raft::recover::ForcedMembership;
 use crate::raft::storage::{open_storage, Storage};
 use crate::raft::types::{Raft, RaftError};
 use crate::NodeId;
-
-/// Entries per AppendEntries message. With batches of up to
-/// [`BATCH_BYTES_MAX`](crate::raft::proposer::BATCH_BYTES_MAX) plus one
-/// command, this keeps a message well inside the peer frame limit.
-pub const RAFT_PAYLOAD_ENTRIES_MAX: u64 = 64;
 
 /// How long `Replica::shutdown` lets its listeners end their connections before aborting them.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
