@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use ctrlog::client::{ApiError, AppendAck, ControlClient, FetchRequest};
+use ctrlog::client::{ApiError, AppendAck, ControlClient, FetchRequest, Member};
 use ctrlog::log::{Command, LogEntry, ProducerSeq, Proposal, Target};
 use ctrlog::server::force_new_cluster;
 use ctrlog::tools::LocalCluster;
@@ -318,6 +318,71 @@ async fn a_zero_filled_wal_tail_is_cut_and_the_replica_catches_up() {
         restart_and_check_it_serves(&mut cluster, follower, last).await;
         append_many(&cluster, last + 1, 10).await;
     }
+    cluster.shutdown().await;
+}
+
+/// An address pair nobody listens at (ports just released).
+fn unreachable_member() -> Member {
+    let free = || {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().to_string()
+    };
+    Member {
+        peer_addr: free(),
+        client_addr: free(),
+    }
+}
+
+/// The ids of the voters and of the learners in replica `id`'s membership.
+fn members(cluster: &LocalCluster, id: u64) -> (BTreeSet<u64>, BTreeSet<u64>) {
+    let metrics = cluster.replica(id).metrics();
+    let membership = metrics.membership_config.membership();
+    let voters: BTreeSet<u64> = membership.voter_ids().collect();
+    let learners = membership
+        .nodes()
+        .map(|(id, _)| *id)
+        .filter(|id| !voters.contains(id))
+        .collect();
+    (voters, learners)
+}
+
+/// Regression (`ctrlog members remove` of a learner reported success and did nothing: it
+/// computed the voter set without the id, which a learner was never in, and changed nothing).
+/// Steps: a learner 4 that nobody runs is added (openraft's `add_learner`, as a `members add`
+/// that never finished leaves it); `remove_member(4)` removes it from the membership. Then
+/// `add_member` of an unreachable replica fails within its first-contact bound and leaves
+/// nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_learner_removes_it_and_an_unreachable_member_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start_secure(dir.path(), 3, |_| {})
+        .await
+        .unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let handle = cluster.replica(leader).clone_handle();
+    handle
+        .raft()
+        .add_learner(4, unreachable_member(), false)
+        .await
+        .unwrap();
+    assert_eq!(members(&cluster, leader).1, BTreeSet::from([4]));
+    handle.remove_member(4).await.unwrap();
+    assert_eq!(
+        members(&cluster, leader),
+        (BTreeSet::from([1, 2, 3]), BTreeSet::new()),
+        "the learner is gone"
+    );
+
+    match handle.add_member(5, unreachable_member()).await {
+        Err(ApiError::Unavailable(why)) => assert!(why.contains("removed"), "{why}"),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert_eq!(
+        members(&cluster, leader),
+        (BTreeSet::from([1, 2, 3]), BTreeSet::new()),
+        "nothing left behind"
+    );
+    append_many(&cluster, 1, 5).await;
     cluster.shutdown().await;
 }
 

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::ServerState;
+use openraft::{ChangeMembers, ServerState};
 
 use super::telemetry::Telemetry;
 use crate::client::{
@@ -35,6 +35,10 @@ const SNAPSHOT_WAIT_MAX: Duration = Duration::from_secs(30);
 /// How long a new learner may take to catch up before `add_member` gives up on promoting it.
 pub const MEMBER_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long a new learner may stay silent (no entry replicated to it) before `add_member`
+/// takes it for unreachable and removes it again.
+pub const LEARNER_FIRST_CONTACT_MAX: Duration = Duration::from_secs(10);
+
 /// A learner this close to the leader's last entry counts as caught up. Under traffic the
 /// leader keeps appending, so demanding exact equality could wait forever.
 const MEMBER_CATCH_UP_ENTRIES_MAX: u64 = 64;
@@ -53,6 +57,8 @@ pub(super) struct Inner {
     pub(super) fetch_answer_bytes_max: usize,
     /// Heartbeats heard while this replica leads (reset when a new term begins).
     pub(super) liveness: std::sync::Mutex<Liveness>,
+    /// Held through each membership change, so that changes run one at a time here.
+    pub(super) membership_changes: tokio::sync::Mutex<()>,
     pub(super) telemetry: Telemetry,
     pub(super) http_addr: Option<SocketAddr>,
 }
@@ -407,15 +413,23 @@ impl ReplicaHandle {
     }
 
     /// Adds a replica as a learner, waits until it has caught up, then promotes it to voter.
+    ///
+    /// A learner that never answers (nobody runs it at that address) is removed again after
+    /// [`LEARNER_FIRST_CONTACT_MAX`] and the call fails saying so, so nothing is left behind;
+    /// one that answers but does not catch up within [`MEMBER_CATCH_UP_TIMEOUT`] stays a
+    /// learner, and the error says how to remove it. Membership changes are serialised at
+    /// this replica and incremental (openraft's `AddVoterIds`), so two changes never undo
+    /// each other.
     pub async fn add_member(&self, id: NodeId, member: Member) -> Result<(), ApiError> {
+        let _serialised = self.inner.membership_changes.lock().await;
         let raft = &self.inner.raft;
-        raft.add_learner(id, member, true)
+        raft.add_learner(id, member, false)
             .await
             .map_err(ApiError::from)?;
         let mut metrics = raft.metrics();
-        let deadline = tokio::time::Instant::now() + MEMBER_CATCH_UP_TIMEOUT;
+        let started = tokio::time::Instant::now();
         loop {
-            let caught_up = {
+            let matched = {
                 let m = metrics.borrow_and_update();
                 let matched = m
                     .replication
@@ -423,50 +437,67 @@ impl ReplicaHandle {
                     .and_then(|r| r.get(&id).copied().flatten())
                     .map(|l| l.index);
                 match (matched, m.last_log_index) {
-                    (Some(matched), Some(last)) => matched + MEMBER_CATCH_UP_ENTRIES_MAX >= last,
-                    _ => false,
+                    (Some(matched), Some(last))
+                        if matched + MEMBER_CATCH_UP_ENTRIES_MAX >= last =>
+                    {
+                        break
+                    }
+                    (matched, _) => matched,
                 }
             };
-            if caught_up {
-                break;
-            }
+            let deadline = started
+                + if matched.is_some() {
+                    MEMBER_CATCH_UP_TIMEOUT
+                } else {
+                    LEARNER_FIRST_CONTACT_MAX
+                };
             match tokio::time::timeout_at(deadline, metrics.changed()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => return Err(ApiError::ShuttingDown),
+                Err(_) if matched.is_none() => {
+                    raft.change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
+                        .await
+                        .map_err(ApiError::from)?;
+                    return Err(ApiError::Unavailable(format!(
+                        "replica {id} did not answer within {LEARNER_FIRST_CONTACT_MAX:?}; \
+                         it was removed again"
+                    )));
+                }
                 Err(_) => {
                     return Err(ApiError::Unavailable(format!(
-                        "learner {id} did not catch up within {MEMBER_CATCH_UP_TIMEOUT:?}; it stays a learner"
+                        "learner {id} did not catch up within {MEMBER_CATCH_UP_TIMEOUT:?}; it \
+                         stays a learner (`ctrlog members remove --id {id}` removes it)"
                     )))
                 }
             }
         }
-        let mut voters: BTreeSet<NodeId> = self
-            .metrics()
-            .membership_config
-            .membership()
-            .voter_ids()
-            .collect();
-        voters.insert(id);
-        raft.change_membership(voters, false)
+        raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
             .await
             .map_err(ApiError::from)?;
         tracing::info!(member = id, "promoted to voter");
         Ok(())
     }
 
-    /// Removes a replica (voter or learner) from the cluster.
+    /// Removes a replica from the cluster: a voter (which leaves the membership entirely) or a
+    /// learner. Serialised with the other membership changes at this replica.
     pub async fn remove_member(&self, id: NodeId) -> Result<(), ApiError> {
+        let _serialised = self.inner.membership_changes.lock().await;
         let membership = self.metrics().membership_config.membership().clone();
-        let mut voters: BTreeSet<NodeId> = membership.voter_ids().collect();
-        if !voters.remove(&id) && membership.get_node(&id).is_none() {
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let change = if voters.contains(&id) {
+            if voters.len() == 1 {
+                return Err(ApiError::Rejected("cannot remove the last voter".into()));
+            }
+            ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+        } else if membership.get_node(&id).is_some() {
+            ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+        } else {
             return Err(ApiError::Rejected(format!("{id} is not a member")));
-        }
-        if voters.is_empty() {
-            return Err(ApiError::Rejected("cannot remove the last voter".into()));
-        }
+        };
+        // `retain: false`: a removed voter leaves the membership instead of staying a learner.
         self.inner
             .raft
-            .change_membership(voters, false)
+            .change_membership(change, false)
             .await
             .map_err(ApiError::from)?;
         tracing::info!(member = id, "removed");

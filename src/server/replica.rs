@@ -162,6 +162,7 @@ impl Replica {
                 command_bytes_max: config.command_bytes_max,
                 fetch_answer_bytes_max: config.client_frame_bytes_max - ANSWER_ENVELOPE_BYTES_MAX,
                 liveness: std::sync::Mutex::new(Liveness::new(0, std::time::Instant::now())),
+                membership_changes: tokio::sync::Mutex::new(()),
                 telemetry: Telemetry::default(),
                 http_addr,
             }),
