@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use common::*;
 use ctrlog::client::{ApiError, AppendAck, ControlClient, FetchRequest, Member};
-use ctrlog::log::{Command, LogEntry, ProducerSeq, Proposal, Target};
+use ctrlog::log::{
+    Command, ContainerId, LogEntry, ProducerSeq, Proposal, RegisterContainer, Target,
+};
 use ctrlog::server::force_new_cluster;
 use ctrlog::tools::LocalCluster;
 
@@ -383,6 +385,70 @@ async fn removing_a_learner_removes_it_and_an_unreachable_member_leaves_nothing(
         "nothing left behind"
     );
     append_many(&cluster, 1, 5).await;
+    cluster.shutdown().await;
+}
+
+/// Regression (a leader that lost its quorum kept acting as leader: openraft 0.9 does not step
+/// down, so it acknowledged container heartbeats, and appends sent to it waited for their
+/// deadline). Steps: a container registers and heartbeats; both followers stop; an append
+/// sent right then is answered `NotLeader` naming no leader instead of hanging, so is every
+/// later one at once, the heartbeat is refused `NotLeader` (the container's lease lapses, and
+/// no one else may be told it holds), and status says the leader has no quorum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_from_its_quorum_stops_acting_as_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start_secure(dir.path(), 3, |_| {})
+        .await
+        .unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let handle = cluster.replica(leader).clone_handle();
+    let container = ContainerId::new("c1").unwrap();
+    let register = Command::RegisterContainer(RegisterContainer {
+        container: container.clone(),
+        location: "test".into(),
+    });
+    let epoch = handle
+        .append(Proposal {
+            producer: None,
+            target: Target::Container(container.clone()),
+            frame: register.into_frame(),
+        })
+        .await
+        .unwrap()
+        .offset;
+    handle
+        .heartbeat(container.clone(), epoch, Default::default())
+        .unwrap();
+
+    for id in cluster.running_ids() {
+        if id != leader {
+            cluster.stop(id).await;
+        }
+    }
+    let no_leader = |answer: &Result<AppendAck, ApiError>| {
+        matches!(
+            answer,
+            Err(ApiError::NotLeader {
+                leader_id: None,
+                ..
+            })
+        )
+    };
+    // Sent before the leader knows: answered once it does, not at the client's deadline.
+    let answer = tokio::time::timeout(WAIT, handle.append(command(1, 16)))
+        .await
+        .expect("an append to a leader without a quorum is answered");
+    assert!(no_leader(&answer), "{answer:?}");
+    let answer = tokio::time::timeout(WAIT, handle.append(command(2, 16)))
+        .await
+        .expect("answered at once");
+    assert!(no_leader(&answer), "{answer:?}");
+    assert!(matches!(
+        handle.heartbeat(container, epoch, Default::default()),
+        Err(ApiError::NotLeader { .. })
+    ));
+    assert!(!handle.is_leader());
+    assert_eq!(handle.status().role, "Leader without quorum");
     cluster.shutdown().await;
 }
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use openraft::{ChangeMembers, ServerState};
 
+use super::lease::QuorumLease;
 use super::telemetry::Telemetry;
 use crate::client::{
     ApiError, AppendAck, FetchRequest, FetchResponse, HeartbeatAck, Member, MemberStatus, StateAt,
@@ -57,6 +58,8 @@ pub(super) struct Inner {
     pub(super) fetch_answer_bytes_max: usize,
     /// Heartbeats heard while this replica leads (reset when a new term begins).
     pub(super) liveness: std::sync::Mutex<Liveness>,
+    /// When a quorum last acknowledged this replica as leader (check-quorum and the lease).
+    pub(super) lease: Arc<QuorumLease>,
     /// Held through each membership change, so that changes run one at a time here.
     pub(super) membership_changes: tokio::sync::Mutex<()>,
     pub(super) telemetry: Telemetry,
@@ -124,15 +127,38 @@ impl ReplicaHandle {
         self.inner.raft.metrics().borrow().clone()
     }
 
-    /// Whether this replica leads now, by its own metrics: its Raft core runs, it is in the
-    /// leader state and it names itself leader. The one answer to "am I the leader" that the
-    /// controller, the observability port and the tools all use.
+    /// Whether this replica leads now: its Raft core runs, it is in the leader state and names
+    /// itself leader, a quorum acknowledged it within the lease ([`QuorumLease::holds`]: no
+    /// other leader can exist), and it has applied an entry of its own term (so its JobState
+    /// holds everything the previous leaders committed). The one answer to "am I the leader"
+    /// that heartbeats, the controller, the observability port and the tools all use.
     pub fn is_leader(&self) -> bool {
         let metrics = self.inner.raft.metrics();
         let metrics = metrics.borrow();
         metrics.running_state.is_ok()
             && metrics.state == ServerState::Leader
             && metrics.current_leader == Some(self.inner.id)
+            && self.inner.lease.holds(metrics.current_term)
+            && metrics
+                .last_applied
+                .is_some_and(|l| l.leader_id.term == metrics.current_term)
+    }
+
+    /// Whether this replica believes it leads but has not heard from a quorum for longer than
+    /// an election timeout (check-quorum: openraft does not step down by itself). Such a
+    /// replica answers appends and fetches at once with a retriable error.
+    fn leads_without_quorum(&self) -> bool {
+        let metrics = self.inner.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics.current_leader == Some(self.inner.id) && self.inner.lease.lost(metrics.current_term)
+    }
+
+    /// `NotLeader` naming no leader: what a leader without a quorum answers.
+    fn no_quorum(&self) -> ApiError {
+        ApiError::NotLeader {
+            leader_id: None,
+            leader_client_addr: None,
+        }
     }
 
     /// Appends one command through the proposer; answered once committed and applied.
@@ -173,8 +199,17 @@ impl ReplicaHandle {
                 }
             }
         }
+        if self.leads_without_quorum() {
+            return Err(self.no_quorum());
+        }
         let producer = proposal.producer;
-        match self.inner.proposer.propose(proposal).await? {
+        // An append waiting for a leader that loses its quorum meanwhile is answered then: its
+        // fate is unknown, and the client retries it (with its producer pair) elsewhere.
+        let decided = tokio::select! {
+            decided = self.inner.proposer.propose(proposal) => decided?,
+            _ = self.inner.lease.wait_lost() => return Err(self.no_quorum()),
+        };
+        match decided {
             Outcome::Appended { offset } => Ok(AppendAck {
                 offset,
                 duplicate: false,
@@ -228,6 +263,12 @@ impl ReplicaHandle {
         if let Filter::Container(id) = &request.filter {
             id.validate()
                 .map_err(|e| ApiError::Invalid(e.to_string()))?;
+        }
+        if self.leads_without_quorum() {
+            return Err(ApiError::Unavailable(format!(
+                "replica {} leads without a quorum; its log may be stale",
+                self.id()
+            )));
         }
         let deadline = tokio::time::Instant::now() + max_wait;
         let mut applied = self.applied();
@@ -366,6 +407,7 @@ impl ReplicaHandle {
                 )
             });
         let role = match metrics.state {
+            ServerState::Leader if self.leads_without_quorum() => "Leader without quorum",
             ServerState::Leader => "Leader",
             ServerState::Follower => "Follower",
             ServerState::Candidate => "Candidate",

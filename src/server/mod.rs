@@ -24,6 +24,7 @@ mod connections;
 pub mod handle;
 pub mod http;
 pub mod json;
+pub mod lease;
 pub mod peers;
 pub mod replica;
 pub mod service;

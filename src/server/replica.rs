@@ -13,6 +13,7 @@ use super::auth::Authenticator;
 use super::config::{ConfigError, ReplicaConfig};
 use super::handle::{Inner, ReplicaHandle};
 use super::http::{bind_http, serve_http};
+use super::lease::{self, QuorumLease};
 use super::peers::{bind_peers, serve_peers};
 use super::service::{bind_clients, serve_clients, ConnectionBudget};
 use super::telemetry::Telemetry;
@@ -150,6 +151,10 @@ impl Replica {
             None => None,
         };
         let http_addr = http_listener.as_ref().map(|l| l.local_addr()).transpose()?;
+        let lease = Arc::new(QuorumLease::new(
+            Duration::from_millis(config.election_timeout_min_ms),
+            Duration::from_millis(config.election_timeout_max_ms),
+        ));
         let handle = ReplicaHandle {
             inner: Arc::new(Inner {
                 id: config.id,
@@ -162,6 +167,7 @@ impl Replica {
                 command_bytes_max: config.command_bytes_max,
                 fetch_answer_bytes_max: config.client_frame_bytes_max - ANSWER_ENVELOPE_BYTES_MAX,
                 liveness: std::sync::Mutex::new(Liveness::new(0, std::time::Instant::now())),
+                lease: lease.clone(),
                 membership_changes: tokio::sync::Mutex::new(()),
                 telemetry: Telemetry::default(),
                 http_addr,
@@ -187,6 +193,11 @@ impl Replica {
                 stopping.clone(),
             )),
         ];
+        tasks.push(tokio::spawn(lease::track(
+            lease,
+            raft.metrics(),
+            stopping.clone(),
+        )));
         if let Some(listener) = http_listener {
             tasks.push(tokio::spawn(serve_http(listener, handle.clone(), stopping)));
         }

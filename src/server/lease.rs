@@ -1,0 +1,193 @@
+//! The leader's lease: when a quorum last acknowledged this replica as leader.
+//!
+//! openraft 0.9 does not step a leader down when it loses its quorum (no check-quorum), and a
+//! leader removed from the membership keeps its vote, so "my metrics say I lead" is not
+//! leadership (DESIGN.md §10). Each metrics report carries `millis_since_quorum_ack`, the age
+//! of the latest quorum acknowledgement at the time of the report; [`track`] turns that into the
+//! instant of the acknowledgement. A partitioned leader hears nothing, reports nothing new, and
+//! the instant stays where it was: its age grows, as it should.
+//!
+//! Two uses, two bounds:
+//! * [`QuorumLease::holds`] within `election_timeout_min`: no follower can have started an
+//!   election that long after it last heard this leader, so no other leader exists. Only then
+//!   does this replica acknowledge a container's heartbeat or let its controller act.
+//! * [`QuorumLease::lost`] past `election_timeout_max`: the cluster has surely moved on or is
+//!   unreachable; appends and fetches are answered at once with a retriable error, so clients
+//!   move to another replica instead of waiting for their deadline here (check-quorum).
+//!
+//! Clock assumption: this replica's monotonic clock and the followers' run at the same rate
+//! within a few percent over an election timeout; the lease is shorter than the shortest
+//! election timeout by design, and containers keep a further margin (`SessionOptions`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::raft::types::RaftMetrics;
+
+/// How often [`track`] re-checks the lease while nothing is reported, so that [`QuorumLease`]'s
+/// `lost` signal fires within this of the bound passing.
+const CHECK_INTERVAL: Duration = Duration::from_millis(50);
+
+/// When a quorum last acknowledged this replica as leader.
+pub struct QuorumLease {
+    /// Origin of the stored instants.
+    epoch: Instant,
+    /// Milliseconds after `epoch` of the latest quorum acknowledgement; `u64::MAX`: none yet
+    /// in this term.
+    acked_ms: AtomicU64,
+    /// The term the acknowledgement belongs to.
+    term: AtomicU64,
+    /// Within this of the acknowledgement the lease holds.
+    hold: Duration,
+    /// Past this without one the lease is lost.
+    lose: Duration,
+    /// Fires (becomes `true`) when the lease is lost; `false` again once a quorum acknowledges.
+    lost: watch::Sender<bool>,
+}
+
+impl QuorumLease {
+    pub fn new(hold: Duration, lose: Duration) -> QuorumLease {
+        QuorumLease {
+            epoch: Instant::now(),
+            acked_ms: AtomicU64::new(u64::MAX),
+            term: AtomicU64::new(0),
+            hold,
+            lose,
+            lost: watch::Sender::new(false),
+        }
+    }
+
+    /// The age of the latest quorum acknowledgement in `term`, if there is one.
+    fn age(&self, term: u64, now: Instant) -> Option<Duration> {
+        let acked = self.acked_ms.load(Ordering::Acquire);
+        if acked == u64::MAX || self.term.load(Ordering::Acquire) != term {
+            return None;
+        }
+        let at = self.epoch + Duration::from_millis(acked);
+        Some(now.saturating_duration_since(at))
+    }
+
+    /// Whether a quorum acknowledged this replica as leader of `term` recently enough that no
+    /// other leader can exist.
+    pub fn holds(&self, term: u64) -> bool {
+        self.age(term, Instant::now())
+            .is_some_and(|age| age < self.hold)
+    }
+
+    /// Whether this replica, leading in `term`, has gone so long without a quorum's
+    /// acknowledgement (or its election) that it must stop acting as leader. `false` while
+    /// nothing is known of `term` yet ([`track`] records an election within moments).
+    pub fn lost(&self, term: u64) -> bool {
+        self.age(term, Instant::now())
+            .is_some_and(|age| age >= self.lose)
+    }
+
+    /// Resolves once the lease is lost (at once if it is).
+    pub async fn wait_lost(&self) {
+        let mut lost = self.lost.subscribe();
+        let _ = lost.wait_for(|lost| *lost).await;
+    }
+
+    /// Records one metrics report, observed at `now`.
+    fn observe(&self, metrics: &RaftMetrics, now: Instant) {
+        let leading = metrics.current_leader == Some(metrics.id);
+        let at = now.saturating_duration_since(self.epoch).as_millis() as u64;
+        match (leading, metrics.millis_since_quorum_ack) {
+            (true, Some(since)) => {
+                self.term.store(metrics.current_term, Ordering::Release);
+                self.acked_ms
+                    .store(at.saturating_sub(since), Ordering::Release);
+            }
+            // Newly elected: a quorum granted its vote just now, and each voter restarted its
+            // election timer then, so the lease starts with the election.
+            (true, None) if self.term.load(Ordering::Acquire) != metrics.current_term => {
+                self.term.store(metrics.current_term, Ordering::Release);
+                self.acked_ms.store(at, Ordering::Release);
+            }
+            _ => {}
+        }
+        let lost = leading && self.lost(metrics.current_term);
+        self.lost
+            .send_if_modified(|was| std::mem::replace(was, lost) != lost);
+    }
+}
+
+/// Keeps `lease` up to date from `metrics` until `stop` fires or Raft stops reporting.
+pub async fn track(
+    lease: std::sync::Arc<QuorumLease>,
+    mut metrics: watch::Receiver<RaftMetrics>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut ticker = tokio::time::interval(CHECK_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            changed = metrics.changed() => if changed.is_err() { return },
+            _ = ticker.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let observed = metrics.borrow_and_update().clone();
+        lease.observe(&observed, Instant::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(term: u64, leading: bool, since_ms: Option<u64>) -> RaftMetrics {
+        let mut metrics = RaftMetrics::new_initial(1);
+        metrics.current_term = term;
+        metrics.current_leader = leading.then_some(1);
+        metrics.millis_since_quorum_ack = since_ms;
+        metrics
+    }
+
+    /// The lease starts with the election, holds within its bound of the acknowledgement a
+    /// report carried, is lost past the wider bound, and belongs to its term.
+    #[test]
+    fn the_lease_follows_the_latest_quorum_acknowledgement() {
+        let mut lease = QuorumLease::new(Duration::from_millis(500), Duration::from_millis(1000));
+        // Instants before the lease was made are representable.
+        lease.epoch -= Duration::from_secs(10);
+        assert!(
+            !lease.holds(3) && !lease.lost(3),
+            "nothing known before leading"
+        );
+        // Elected 1.2 s ago with no acknowledgement since: the votes were the last word.
+        lease.observe(
+            &report(3, true, None),
+            Instant::now() - Duration::from_millis(1_200),
+        );
+        assert!(
+            lease.lost(3),
+            "an election 1.2 s ago is past the lose bound"
+        );
+        assert!(*lease.lost.borrow());
+        lease.observe(&report(3, true, None), Instant::now());
+        assert!(
+            lease.lost(3),
+            "the election is counted once per term, not at every report"
+        );
+
+        lease.observe(&report(3, true, Some(100)), Instant::now());
+        assert!(lease.holds(3) && !lease.lost(3));
+        assert!(!lease.holds(4), "another term's lease is not this one");
+        assert!(!*lease.lost.borrow());
+
+        // The same acknowledgement, seen in a report 700 ms older than it: 800 ms old now.
+        let now = Instant::now();
+        lease.observe(&report(3, true, Some(800)), now);
+        assert!(!lease.holds(3), "past the hold bound");
+        assert!(!lease.lost(3), "not yet past the lose bound");
+        lease.observe(&report(3, true, Some(1_200)), Instant::now());
+        assert!(lease.lost(3));
+        assert!(*lease.lost.borrow());
+
+        // A follower's reports leave the lease alone and never say it was lost.
+        lease.observe(&report(3, false, None), Instant::now());
+        assert!(!*lease.lost.borrow());
+    }
+}
