@@ -502,6 +502,12 @@ impl ControlClient {
     /// ([`Command::target`]); user commands are broadcast (address one with
     /// [`ControlClient::append_to`]). Concurrent appends are pipelined (up to the producer
     /// window, `jobs::PRODUCER_WINDOW`, unanswered at once) and commit in any order.
+    ///
+    /// Exactly once holds within these limits (RELIABILITY.md, "Guarantees"): the client's
+    /// retries reuse the append's `(producer, seq)` until its deadline; after `GaveUp` the
+    /// append's fate is unknown, and only [`ControlClient::append_proposal`] with the same pair
+    /// retries it safely; and the replicas remember the latest 65,536 producers, so a retry
+    /// after that many others have appended since is not recognised as one.
     pub async fn append(&self, command: Command) -> Result<AppendAck, ClientError> {
         let target = command.target().unwrap_or(Target::All);
         self.append_to(target, command).await
