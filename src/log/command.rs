@@ -37,8 +37,9 @@ pub const TEXT_BYTES_MAX: usize = 256;
 /// The most bytes of one config value (checked on append, [`Command::check_limits`]).
 pub const CONFIG_VALUE_BYTES_MAX: usize = 64 << 10;
 
-/// The frame is what is stored and replicated. Readers decode it with a [`Vocabulary`](super::vocabulary::Vocabulary), which is
-/// what lets an old reader pass a newer kind through as [`Command::Unknown`].
+/// The frame is what is stored and replicated. Readers decode it with a
+/// [`Vocabulary`](super::vocabulary::Vocabulary), which is what lets an old reader pass a newer
+/// kind through as [`Command::Unknown`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Frame {
     pub kind: Kind,
