@@ -27,7 +27,7 @@ use crate::raft::log_store::LogStore;
 use crate::raft::proposer::{Proposer, BATCH_BYTES_MAX};
 use crate::raft::reader::read_committed;
 use crate::raft::state_machine::{Applied, SnapshotStats, StateMachineStore};
-use crate::raft::types::{not_leader_from, Raft, RaftMetrics};
+use crate::raft::types::{not_leader, not_leader_from, Raft, RaftMetrics};
 use crate::NodeId;
 
 /// How long `snapshot` waits for the snapshot it triggered.
@@ -153,14 +153,6 @@ impl ReplicaHandle {
         metrics.current_leader == Some(self.inner.id) && self.inner.lease.lost(metrics.current_term)
     }
 
-    /// `NotLeader` naming no leader: what a leader without a quorum answers.
-    fn no_quorum(&self) -> ApiError {
-        ApiError::NotLeader {
-            leader_id: None,
-            leader_client_addr: None,
-        }
-    }
-
     /// Appends one command through the proposer; answered once committed and applied.
     pub async fn append(&self, proposal: Proposal) -> Result<AppendAck, ApiError> {
         let started = std::time::Instant::now();
@@ -200,14 +192,14 @@ impl ReplicaHandle {
             }
         }
         if self.leads_without_quorum() {
-            return Err(self.no_quorum());
+            return Err(not_leader(None, None));
         }
         let producer = proposal.producer;
         // An append waiting for a leader that loses its quorum meanwhile is answered then: its
         // fate is unknown, and the client retries it (with its producer pair) elsewhere.
         let decided = tokio::select! {
             decided = self.inner.proposer.propose(proposal) => decided?,
-            _ = self.inner.lease.wait_lost() => return Err(self.no_quorum()),
+            _ = self.inner.lease.wait_lost() => return Err(not_leader(None, None)),
         };
         match decided {
             Outcome::Appended { offset } => Ok(AppendAck {

@@ -263,7 +263,8 @@ impl Sim {
             let built = storage.snapshots_built();
             drop((raft, storage));
             let disk = &self.disks[&id];
-            if !disk.wait_closed(built).await {
+            disk.add_snapshots_built(built);
+            if !disk.wait_closed().await {
                 let anomaly = format!("replica {id}'s storage stayed open after its crash");
                 self.record().anomalies.push(anomaly);
                 return;

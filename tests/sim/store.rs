@@ -76,11 +76,14 @@ impl Disk {
         })
     }
 
+    /// Counts the snapshots a crashed incarnation built.
+    pub fn add_snapshots_built(&self, built: u64) {
+        self.snapshots_built.fetch_add(built, Ordering::Relaxed);
+    }
+
     /// Waits until the crashed incarnation's storage is closed, so that the directory can be
     /// damaged and opened again. `false` if it is still held.
-    pub async fn wait_closed(&self, snapshots_built: u64) -> bool {
-        self.snapshots_built
-            .fetch_add(snapshots_built, Ordering::Relaxed);
+    pub async fn wait_closed(&self) -> bool {
         let Some(closed) = self.closed.lock().unwrap().take() else {
             return true;
         };
