@@ -4,7 +4,10 @@
 //!
 //! Every call carries a deadline derived from openraft's `RPCOption` (its hard TTL), so a dead
 //! or partitioned peer costs at most that long. A broken connection is dropped and re-dialled
-//! on the next call; openraft's backoff paces the retries.
+//! on the next call; openraft's backoff paces the retries. So is a connection that has gone
+//! silent: after a partition heals, TCP resends what the partition swallowed only on its
+//! retransmission backoff (seconds to minutes), and every call queued behind it would wait as
+//! long; a fresh connection works at once.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,6 +33,11 @@ pub const RAFT_PAYLOAD_ENTRIES_MAX: u64 = 64;
 
 /// How long dialling a peer may take before the call counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A connection that has answered none of the calls sent on it for this long is presumed
+/// wedged (see the module docs) and dialled afresh. Long against a healthy peer's slowest
+/// answer (an fsync stall), short against an election timeout's worth of lost heartbeats.
+const SILENT_CONNECTION_MAX: Duration = Duration::from_millis(1_000);
 
 /// The service on every replica's peer port.
 #[tarpc::service]
@@ -59,6 +67,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             addr: node.peer_addr.clone(),
             tls: self.tls.clone(),
             client: None,
+            unanswered_since: None,
         }
     }
 }
@@ -69,6 +78,9 @@ pub struct PeerClient {
     addr: String,
     tls: Option<Arc<rustls::ClientConfig>>,
     client: Option<RaftRpcClient>,
+    /// When the oldest call not answered on this connection was sent, if any is; calls that
+    /// openraft abandoned at their TTL count, since their answers never came.
+    unanswered_since: Option<Instant>,
 }
 
 /// Why a call did not produce the peer's answer.
@@ -98,9 +110,17 @@ impl CallError {
 
 impl PeerClient {
     async fn connected(&mut self, ttl: Duration) -> Result<RaftRpcClient, CallError> {
+        if self
+            .unanswered_since
+            .is_some_and(|since| since.elapsed() > SILENT_CONNECTION_MAX)
+        {
+            tracing::info!(peer = self.target, addr = %self.addr, "re-dialling a silent peer connection");
+            self.client = None;
+        }
         if let Some(client) = &self.client {
             return Ok(client.clone());
         }
+        self.unanswered_since = None;
         let stream = tokio::time::timeout(
             ttl.min(CONNECT_TIMEOUT),
             dial(&self.addr, self.tls.as_ref()),
@@ -150,7 +170,12 @@ impl PeerClient {
             .connected(option.hard_ttl())
             .await
             .map_err(CallError::into_rpc)?;
-        match send(client, Self::context(option)).await {
+        self.unanswered_since.get_or_insert_with(Instant::now);
+        let answer = send(client, Self::context(option)).await;
+        if !matches!(answer, Err(tarpc::client::RpcError::DeadlineExceeded)) {
+            self.unanswered_since = None;
+        }
+        match answer {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(remote)) => Err(openraft::error::RPCError::RemoteError(RemoteError::new(
                 self.target,
@@ -193,5 +218,54 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             client.vote(ctx, request).await
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Goal: a peer connection that stops answering (as one does whose packets a partition
+    /// swallowed, until TCP's retransmission backoff resends them) is replaced by a fresh
+    /// connection, instead of holding every later call. Steps: a "peer" that accepts
+    /// connections and never answers; votes with a short TTL, until a second connection
+    /// arrives. Before the fix the first connection was kept for good.
+    #[tokio::test]
+    async fn a_silent_connection_is_dialled_afresh() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            let mut silent = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                silent.push(stream);
+            }
+        });
+        let mut peer = PeerNetwork::default()
+            .new_client(
+                2,
+                &Member {
+                    peer_addr: addr.to_string(),
+                    client_addr: addr.to_string(),
+                },
+            )
+            .await;
+        let started = Instant::now();
+        while accepted.load(Ordering::SeqCst) < 2 {
+            assert!(
+                started.elapsed() < SILENT_CONNECTION_MAX * 5,
+                "still on the silent connection"
+            );
+            let request = VoteRequest::new(openraft::Vote::new(1, 1), None);
+            let answer = peer
+                .vote(request, RPCOption::new(Duration::from_millis(50)))
+                .await;
+            assert!(answer.is_err(), "nothing answers");
+        }
+        assert!(started.elapsed() >= SILENT_CONNECTION_MAX);
     }
 }
