@@ -448,7 +448,9 @@ async fn a_leader_cut_from_its_quorum_stops_acting_as_leader() {
         Err(ApiError::NotLeader { .. })
     ));
     assert!(!handle.is_leader());
-    assert_eq!(handle.status().role, "Leader without quorum");
+    let status = handle.status();
+    assert_eq!(status.role, "Leader without quorum");
+    assert_eq!(status.leader_id, None, "it cannot know who leads now");
     cluster.shutdown().await;
 }
 

@@ -398,8 +398,9 @@ impl ReplicaHandle {
                     state.job.level(),
                 )
             });
+        let without_quorum = metrics.state == ServerState::Leader && self.leads_without_quorum();
         let role = match metrics.state {
-            ServerState::Leader if self.leads_without_quorum() => "Leader without quorum",
+            ServerState::Leader if without_quorum => "Leader without quorum",
             ServerState::Leader => "Leader",
             ServerState::Follower => "Follower",
             ServerState::Candidate => "Candidate",
@@ -410,7 +411,13 @@ impl ReplicaHandle {
             id: self.inner.id,
             role: role.to_string(),
             term: metrics.current_term,
-            leader_id: metrics.current_leader,
+            // A leader cut off from its quorum, or one that stepped down when it removed
+            // itself from the membership (openraft then leaves `current_leader` naming it),
+            // does not know who leads now; naming itself would send clients (`leader_status`,
+            // redirects) back to it.
+            leader_id: metrics.current_leader.filter(|&leader| {
+                leader != self.inner.id || (metrics.state == ServerState::Leader && !without_quorum)
+            }),
             members: membership
                 .nodes()
                 .map(|(id, member)| MemberStatus {
