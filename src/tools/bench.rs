@@ -23,12 +23,16 @@ use crate::log::{Command, Filter, Target};
 /// Replicas in the cluster that `ctrlog bench` starts for itself.
 pub const OWN_CLUSTER_REPLICAS: u64 = 3;
 
-/// Three `ctrlog serve` processes on loopback with their data in a temporary folder; killed
-/// and removed when dropped.
+/// `ctrlog serve` processes on loopback with their data in a temporary folder; killed and
+/// removed when dropped. The first `initial` replicas form the cluster; replicas added later
+/// ([`add_replica`](Self::add_replica)) wait to be made members.
 pub struct ProcessCluster {
     exe: PathBuf,
     dir: tempfile::TempDir,
     members: String,
+    initial: usize,
+    /// Replica `i` runs as uid and gid `base + i + 1` (see [`with_own_uids`](Self::with_own_uids)).
+    uid_base: Option<u32>,
     addrs: Vec<(String, String)>,
     extra: Vec<String>,
     /// Tokio worker threads per replica (`TOKIO_WORKER_THREADS`), see [`worker_threads_each`].
@@ -74,6 +78,27 @@ impl ProcessCluster {
         size: u64,
         extra: &[String],
     ) -> anyhow::Result<ProcessCluster> {
+        ProcessCluster::launch(exe, size, extra, None).await
+    }
+
+    /// Starts `size` replicas as [`start`](Self::start) does, each under a uid of its own
+    /// (`uid_base + id`), so that a [`Firewall`](super::firewall::Firewall) can cut the links
+    /// between them. Needs root.
+    pub async fn with_own_uids(
+        size: u64,
+        extra: &[String],
+        uid_base: u32,
+    ) -> anyhow::Result<ProcessCluster> {
+        let exe = std::env::current_exe().context("finding this executable")?;
+        ProcessCluster::launch(exe, size, extra, Some(uid_base)).await
+    }
+
+    async fn launch(
+        exe: PathBuf,
+        size: u64,
+        extra: &[String],
+        uid_base: Option<u32>,
+    ) -> anyhow::Result<ProcessCluster> {
         let mut addrs = Vec::new();
         for _ in 0..size {
             addrs.push((
@@ -87,10 +112,20 @@ impl ProcessCluster {
             .map(|(i, (peer, client))| format!("{}={peer}/{client}", i + 1))
             .collect::<Vec<_>>()
             .join(",");
+        let dir = tempfile::Builder::new().prefix("ctrlog-bench-").tempdir()?;
+        if uid_base.is_some() {
+            // The replicas must reach their own directories in the root-only temporary folder.
+            std::fs::set_permissions(
+                dir.path(),
+                std::os::unix::fs::PermissionsExt::from_mode(0o711),
+            )?;
+        }
         let mut cluster = ProcessCluster {
             exe,
-            dir: tempfile::Builder::new().prefix("ctrlog-bench-").tempdir()?,
+            dir,
             members,
+            initial: size as usize,
+            uid_base,
             addrs,
             extra: extra.to_vec(),
             worker_threads: worker_threads_each(size as usize),
@@ -105,6 +140,41 @@ impl ProcessCluster {
         Ok(cluster)
     }
 
+    /// Starts one more replica, not a member: it waits until a member adds it
+    /// (`ControlClient::add_member` with [`member`](Self::member)). Returns its index.
+    pub fn add_replica(&mut self) -> anyhow::Result<usize> {
+        self.addrs.push((
+            format!("127.0.0.1:{}", free_port()?),
+            format!("127.0.0.1:{}", free_port()?),
+        ));
+        let i = self.addrs.len() - 1;
+        self.children.push(Some(self.spawn(i)?));
+        Ok(i)
+    }
+
+    /// Replica `i`'s addresses, as a member.
+    pub fn member(&self, i: usize) -> crate::client::Member {
+        let (peer, client) = &self.addrs[i];
+        crate::client::Member {
+            peer_addr: peer.clone(),
+            client_addr: client.clone(),
+        }
+    }
+
+    /// Replica `i`'s peer port.
+    pub fn peer_port(&self, i: usize) -> u16 {
+        let (peer, _) = &self.addrs[i];
+        peer.rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("addresses are built from a port")
+    }
+
+    /// The uid replica `i` runs under, if each has its own.
+    pub fn uid(&self, i: usize) -> Option<u32> {
+        self.uid_base.map(|base| base + i as u32 + 1)
+    }
+
     fn spawn(&self, i: usize) -> anyhow::Result<Child> {
         let (peer, client) = &self.addrs[i];
         let data = self.replica_dir(i);
@@ -112,9 +182,20 @@ impl ProcessCluster {
             .create(true)
             .append(true)
             .open(self.dir.path().join(format!("replica-{}.log", i + 1)))?;
-        let child = Process::new(&self.exe)
+        let mut process = Process::new(&self.exe);
+        process
             .args(["serve", "--id", &(i + 1).to_string(), "--peer-addr", peer])
-            .args(["--client-addr", client, "--initial-members", &self.members])
+            .args(["--client-addr", client]);
+        if i < self.initial {
+            process.args(["--initial-members", &self.members]);
+        }
+        if let Some(uid) = self.uid(i) {
+            std::fs::create_dir_all(&data)?;
+            std::os::unix::fs::chown(&data, Some(uid), Some(uid))?;
+            std::os::unix::process::CommandExt::uid(&mut process, uid);
+            std::os::unix::process::CommandExt::gid(&mut process, uid);
+        }
+        let child = process
             .arg("--data")
             .arg(&data)
             .args(&self.extra)

@@ -9,17 +9,19 @@
 //! Faults are chosen by a seeded generator, so a run's fault schedule is reproducible from its
 //! seed (the timing of real processes is not).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use futures::StreamExt;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 use super::bench::{BenchTarget, ProcessCluster};
 use super::checker::{check, Acked, Delivery, History, SubscriptionRecord, Violation};
+use super::firewall::Firewall;
 use super::wait::{poll_until, POLL_INTERVAL};
 use crate::client::{
     ApiError, ClientError, ClientOptions, ControlClient, FetchRequest, SubscriptionItem,
@@ -38,6 +40,38 @@ pub struct ChaosOptions {
     /// each producer its own.
     pub connections: Option<usize>,
     pub subscribers: usize,
+    /// The kinds of fault to draw from (at least one).
+    pub faults: Vec<FaultFamily>,
+}
+
+/// A kind of fault a run may inject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum FaultFamily {
+    /// SIGKILL the leader or another replica.
+    Kills,
+    /// SIGSTOP the leader past the election timeout, then SIGCONT.
+    Pauses,
+    /// A follower catches up by snapshot install, then restarts twice right after.
+    Snapshots,
+    /// A killed follower's WAL gets zeros or garbage after its last record.
+    TornTails,
+    /// Cut peer links with nftables: the leader from its peers (both ways, or only what it
+    /// sends), or a follower from everyone; clients still reach every replica. Needs root.
+    Partitions,
+    /// Add a fourth replica as a voter and remove another voter (the leader among them),
+    /// or add a replica that cannot be reached, which must fail and leave nothing behind.
+    Membership,
+}
+
+impl FaultFamily {
+    pub const ALL: [FaultFamily; 6] = [
+        FaultFamily::Kills,
+        FaultFamily::Pauses,
+        FaultFamily::Snapshots,
+        FaultFamily::TornTails,
+        FaultFamily::Partitions,
+        FaultFamily::Membership,
+    ];
 }
 
 /// A seed for a run that was given none: the clock's seconds. It is printed with the run, so
@@ -48,7 +82,7 @@ pub fn seed_from_clock() -> u64 {
         .map_or(1, |d| d.as_secs())
 }
 
-/// One fault.
+/// One fault. Replicas are 0-based indices into the process cluster.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fault {
     KillLeader,
@@ -58,7 +92,28 @@ enum Fault {
     SnapshotCatchUp(usize),
     /// Killed, with zeros (`true`) or garbage after the last record of its WAL.
     TornTail(usize, bool),
+    /// The leader's peer links cut both ways; its clients still reach it.
+    CutLeader,
+    /// Only what the leader sends to its peers is dropped: they stop hearing it, it still
+    /// hears them.
+    CutLeaderOneWay,
+    /// A follower's peer links cut both ways.
+    IsolateFollower(usize),
+    /// The spare replica added as a voter, then voter `remove` removed (it becomes the spare).
+    ReplaceVoter {
+        remove: usize,
+    },
+    /// The spare, stopped, is added: the change must fail within its deadline and leave no
+    /// member behind.
+    AddUnreachable,
 }
+
+/// How long a partition lasts (at least; a leader's lasts until a new leader has committed).
+const PARTITION_HELD: Duration = Duration::from_millis(2_000);
+
+/// uids for replicas under [`FaultFamily::Partitions`]: replica `i` runs as `UID_BASE + i + 1`.
+/// Far above Debian's range for people and system accounts.
+const UID_BASE: u32 = 61_000;
 
 /// Snapshot and purge often, so that a follower stopped for a round falls behind the purge.
 const SNAPSHOT_ARGS: [&str; 4] = [
@@ -86,7 +141,15 @@ async fn leader_index(client: &ControlClient) -> anyhow::Result<usize> {
 pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(options.seed);
     let snapshot_args: Vec<String> = SNAPSHOT_ARGS.iter().map(|a| a.to_string()).collect();
-    let mut cluster = ProcessCluster::start(3, &snapshot_args).await?;
+    anyhow::ensure!(!options.faults.is_empty(), "no fault to inject");
+    let partitions = options.faults.contains(&FaultFamily::Partitions);
+    // The firewall first: without nftables a partition run fails before it starts anything.
+    let firewall = partitions.then(Firewall::new).transpose()?;
+    let cluster = if partitions {
+        ProcessCluster::with_own_uids(3, &snapshot_args, UID_BASE).await?
+    } else {
+        ProcessCluster::start(3, &snapshot_args).await?
+    };
     let seeds = cluster.client_addrs();
     // A paused leader holds requests until they time out; keep that short.
     let options_quick = ClientOptions {
@@ -166,64 +229,33 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
     }
 
     // The rounds.
-    let mut failovers = Vec::new();
-    let (mut leader_kills, mut replica_kills, mut pauses) = (0, 0, 0);
-    let (mut snapshot_catch_ups, mut torn_tails) = (0, 0);
+    let mut injector = Injector {
+        cluster,
+        firewall,
+        admin,
+        options: options_quick.clone(),
+        voters: vec![0, 1, 2],
+        spare: None,
+        injected: BTreeMap::new(),
+        failovers: BTreeMap::new(),
+    };
     for round in 0..options.rounds {
         tokio::time::sleep(Duration::from_millis(rng.gen_range(300..1_000))).await;
-        let leader = leader_index(&admin).await?;
-        let follower = (leader + rng.gen_range(1..3)) % 3;
-        let fault = match rng.gen_range(0..5) {
-            0 => Fault::KillLeader,
-            1 => Fault::KillReplica(rng.gen_range(0..3)),
-            2 => Fault::PauseLeader,
-            3 => Fault::SnapshotCatchUp(follower),
-            _ => Fault::TornTail(follower, rng.gen_bool(0.5)),
-        };
-        let fault = match fault {
-            Fault::KillReplica(i) if i == leader => Fault::KillLeader,
-            other => other,
-        };
-        let before = admin.leader_status().await?.applied_offset;
-        let started = Instant::now();
+        let leader = leader_index(&injector.admin).await?;
+        let family = options.faults[rng.gen_range(0..options.faults.len())];
+        let fault = injector.choose(&mut rng, family, leader);
         tracing::info!(round, ?fault, leader = leader + 1, "fault");
-        match fault {
-            Fault::KillLeader => {
-                leader_kills += 1;
-                cluster.kill(leader);
-                failovers
-                    .push(first_commit_under_new_leader(&admin, leader, before, started).await?);
-                cluster.restart(leader)?;
-            }
-            Fault::KillReplica(i) => {
-                replica_kills += 1;
-                cluster.restart(i)?;
-            }
-            Fault::PauseLeader => {
-                pauses += 1;
-                cluster.signal(leader, libc::SIGSTOP)?;
-                failovers
-                    .push(first_commit_under_new_leader(&admin, leader, before, started).await?);
-                tokio::time::sleep(Duration::from_millis(2_000).saturating_sub(started.elapsed()))
-                    .await;
-                cluster.signal(leader, libc::SIGCONT)?;
-            }
-            Fault::SnapshotCatchUp(i) => {
-                snapshot_catch_ups += 1;
-                catch_up_by_snapshot_then_restart(&mut cluster, &admin, i, &options_quick).await?;
-            }
-            Fault::TornTail(i, zeros) => {
-                torn_tails += 1;
-                cluster.kill(i);
-                tear_wal_tail(&cluster.replica_dir(i), rng.gen_range(1..70_000), zeros)?;
-                cluster.restart(i)?;
-                wait_until_back(&mut cluster, i, &options_quick).await?;
-            }
+        if let Err(error) = injector.inject(fault, leader).await {
+            let replicas = injector.describe().await;
+            return Err(error.context(format!(
+                "round {round}: {fault:?} with replica {} leading; now:\n{replicas}",
+                leader + 1
+            )));
         }
     }
     // Every replica came back from every fault.
-    for i in 0..3 {
-        wait_until_back(&mut cluster, i, &options_quick).await?;
+    for i in injector.running() {
+        wait_until_back(&mut injector.cluster, i, &options_quick).await?;
     }
 
     // Quiesce: stop producing, let every subscriber reach the end, read every replica's log.
@@ -231,7 +263,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
     for producer in producers {
         let _ = producer.await;
     }
-    let last = admin.leader_status().await?.applied_offset;
+    let last = injector.admin.leader_status().await?.applied_offset;
     let caught_up_started = Instant::now();
     let subscribers_reached = format!("every subscriber to reach offset {last}");
     poll_until(
@@ -256,8 +288,12 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
         subscriber.abort();
     }
     let mut replica_logs = Vec::new();
-    for (i, addr) in seeds.iter().enumerate() {
-        replica_logs.push((format!("replica-{}", i + 1), read_log(addr, last).await?));
+    let addrs = injector.cluster.client_addrs();
+    for &i in &injector.voters {
+        replica_logs.push((
+            format!("replica-{}", i + 1),
+            read_log(&addrs[i], last).await?,
+        ));
     }
     let produced = std::mem::take(&mut *produced.lock().expect("never poisoned"));
     let history = History {
@@ -278,28 +314,23 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
     };
     let violations = check(&history);
     let count = |f: fn(&Violation) -> bool| violations.iter().filter(|v| f(v)).count();
-    failovers.sort();
-    let quantile = |q: f64| {
-        failovers
-            .get(((failovers.len() as f64 - 1.0) * q).round() as usize)
-            .map_or(0, |d: &Duration| d.as_millis() as u64)
-    };
+    let failover_ms: serde_json::Map<String, serde_json::Value> = injector
+        .failovers
+        .iter_mut()
+        .map(|(kind, durations)| (kind.to_string(), quantiles(durations)))
+        .collect();
+    let mut all: Vec<Duration> = injector.failovers.values().flatten().copied().collect();
     let figures = json!({
         "seed": options.seed,
         "rounds": options.rounds,
-        "leader_kills": leader_kills,
-        "replica_kills": replica_kills,
-        "leader_pauses": pauses,
-        "snapshot_catch_ups": snapshot_catch_ups,
-        "torn_tails": torn_tails,
+        "faults": injector.injected,
         "acked_appends": history.acked.len(),
         "committed_offsets": last,
         "lost": count(|v| matches!(v, Violation::LostAck { .. })),
         "duplicates": count(|v| matches!(v, Violation::DuplicateInLog { .. } | Violation::DuplicateDelivery { .. })),
         "violations": violations.len(),
-        "failover_p50_ms": quantile(0.5),
-        "failover_p99_ms": quantile(0.99),
-        "failover_max_ms": failovers.last().map_or(0, |d| d.as_millis() as u64),
+        "failover_ms": failover_ms,
+        "failover_all_ms": quantiles(&mut all),
         "subscriber_catch_up_ms": catch_up.as_millis() as u64,
     });
     if !violations.is_empty() {
@@ -315,6 +346,249 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
         );
     }
     Ok(figures)
+}
+
+/// Sorts `durations` and gives their count, p50, p99 and max in milliseconds.
+fn quantiles(durations: &mut [Duration]) -> serde_json::Value {
+    durations.sort();
+    let at = |q: f64| {
+        durations
+            .get(((durations.len() as f64 - 1.0) * q).round() as usize)
+            .map_or(0, |d| d.as_millis() as u64)
+    };
+    json!({
+        "count": durations.len(),
+        "p50": at(0.5),
+        "p99": at(0.99),
+        "max": durations.last().map_or(0, |d| d.as_millis() as u64),
+    })
+}
+
+/// The cluster under fault, and what the rounds did to it.
+struct Injector {
+    cluster: ProcessCluster,
+    /// Present when partitions are among the faults.
+    firewall: Option<Firewall>,
+    admin: ControlClient,
+    options: ClientOptions,
+    /// The current voters (indices into the cluster).
+    voters: Vec<usize>,
+    /// The running replica that is not a member, once a membership change made one.
+    spare: Option<usize>,
+    /// Fault name → how many times it was injected.
+    injected: BTreeMap<&'static str, u32>,
+    /// Kind of failover → from the fault to the first commit under a new leader.
+    failovers: BTreeMap<&'static str, Vec<Duration>>,
+}
+
+impl Injector {
+    /// Every replica process that should be running: the voters and the spare.
+    fn running(&self) -> Vec<usize> {
+        self.voters.iter().copied().chain(self.spare).collect()
+    }
+
+    fn choose(&self, rng: &mut impl Rng, family: FaultFamily, leader: usize) -> Fault {
+        let followers: Vec<usize> = self
+            .voters
+            .iter()
+            .copied()
+            .filter(|&v| v != leader)
+            .collect();
+        let follower = followers[rng.gen_range(0..followers.len())];
+        match family {
+            FaultFamily::Kills if rng.gen_bool(0.5) => Fault::KillLeader,
+            FaultFamily::Kills => Fault::KillReplica(follower),
+            FaultFamily::Pauses => Fault::PauseLeader,
+            FaultFamily::Snapshots => Fault::SnapshotCatchUp(follower),
+            FaultFamily::TornTails => Fault::TornTail(follower, rng.gen_bool(0.5)),
+            FaultFamily::Partitions => match rng.gen_range(0..3) {
+                0 => Fault::CutLeader,
+                1 => Fault::CutLeaderOneWay,
+                _ => Fault::IsolateFollower(follower),
+            },
+            FaultFamily::Membership if self.spare.is_some() && rng.gen_bool(0.25) => {
+                Fault::AddUnreachable
+            }
+            FaultFamily::Membership => Fault::ReplaceVoter {
+                remove: if rng.gen_bool(1.0 / 3.0) {
+                    leader
+                } else {
+                    follower
+                },
+            },
+        }
+    }
+
+    async fn inject(&mut self, fault: Fault, leader: usize) -> anyhow::Result<()> {
+        let name = match fault {
+            Fault::KillLeader => "leader_kill",
+            Fault::KillReplica(_) => "follower_kill",
+            Fault::PauseLeader => "leader_pause",
+            Fault::SnapshotCatchUp(_) => "snapshot_catch_up",
+            Fault::TornTail(..) => "torn_tail",
+            Fault::CutLeader => "leader_cut",
+            Fault::CutLeaderOneWay => "leader_cut_one_way",
+            Fault::IsolateFollower(_) => "follower_cut",
+            Fault::ReplaceVoter { remove } if remove == leader => "leader_replaced",
+            Fault::ReplaceVoter { .. } => "follower_replaced",
+            Fault::AddUnreachable => "unreachable_added",
+        };
+        *self.injected.entry(name).or_default() += 1;
+        let before = self.admin.leader_status().await?.applied_offset;
+        let started = Instant::now();
+        let options = self.options.clone();
+        match fault {
+            Fault::KillLeader => {
+                self.cluster.kill(leader);
+                self.failover("kill", leader, before, started).await?;
+                self.cluster.restart(leader)?;
+            }
+            Fault::KillReplica(i) => self.cluster.restart(i)?,
+            Fault::PauseLeader => {
+                self.cluster.signal(leader, libc::SIGSTOP)?;
+                self.failover("pause", leader, before, started).await?;
+                tokio::time::sleep(PARTITION_HELD.saturating_sub(started.elapsed())).await;
+                self.cluster.signal(leader, libc::SIGCONT)?;
+            }
+            Fault::SnapshotCatchUp(i) => {
+                catch_up_by_snapshot_then_restart(&mut self.cluster, &self.admin, i, &options)
+                    .await?;
+            }
+            Fault::TornTail(i, zeros) => {
+                self.cluster.kill(i);
+                let bytes = rand::thread_rng().gen_range(1..70_000);
+                tear_wal_tail(&self.cluster.replica_dir(i), bytes, zeros)?;
+                self.cluster.restart(i)?;
+                wait_until_back(&mut self.cluster, i, &options).await?;
+            }
+            Fault::CutLeader | Fault::CutLeaderOneWay => {
+                for &peer in self.running().iter().filter(|&&r| r != leader) {
+                    self.cut(leader, peer)?;
+                    if fault == Fault::CutLeader {
+                        self.cut(peer, leader)?;
+                    }
+                }
+                let kind = if fault == Fault::CutLeader {
+                    "partition"
+                } else {
+                    "partition_one_way"
+                };
+                self.failover(kind, leader, before, started).await?;
+                tokio::time::sleep(PARTITION_HELD.saturating_sub(started.elapsed())).await;
+                self.heal()?;
+            }
+            Fault::IsolateFollower(i) => {
+                for &peer in self.running().iter().filter(|&&r| r != i) {
+                    self.cut(i, peer)?;
+                    self.cut(peer, i)?;
+                }
+                tokio::time::sleep(PARTITION_HELD).await;
+                self.heal()?;
+            }
+            Fault::ReplaceVoter { remove } => {
+                let spare = match self.spare {
+                    Some(spare) => spare,
+                    None => self.cluster.add_replica()?,
+                };
+                self.admin
+                    .add_member(spare as u64 + 1, self.cluster.member(spare))
+                    .await
+                    .context("adding the spare as a voter")?;
+                self.voters.push(spare);
+                self.spare = None;
+                let removed_at = Instant::now();
+                self.admin
+                    .remove_member(remove as u64 + 1)
+                    .await
+                    .context("removing a voter")?;
+                self.voters.retain(|&v| v != remove);
+                self.spare = Some(remove);
+                if remove == leader {
+                    self.failover("leader_removed", leader, before, removed_at)
+                        .await?;
+                }
+            }
+            Fault::AddUnreachable => {
+                let spare = self.spare.expect("chosen only with a spare");
+                self.cluster.kill(spare);
+                let id = spare as u64 + 1;
+                let refused = self.admin.add_member(id, self.cluster.member(spare)).await;
+                anyhow::ensure!(
+                    refused.is_err(),
+                    "adding replica {id}, which is stopped, reported success"
+                );
+                let members = self.admin.leader_status().await?.members;
+                anyhow::ensure!(
+                    members.iter().all(|m| m.id != id),
+                    "a failed add of replica {id} left it in the membership: {members:?}"
+                );
+                self.cluster.restart(spare)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One line per running replica: its role, term, leader and applied offset, for a
+    /// failure report.
+    async fn describe(&self) -> String {
+        let mut lines = Vec::new();
+        for i in self.running() {
+            let voter = if self.voters.contains(&i) {
+                "voter"
+            } else {
+                "spare"
+            };
+            let status = match client_of(&self.cluster, i, &self.options).await {
+                Ok(client) => client.status().await.map_err(anyhow::Error::from),
+                Err(error) => Err(error),
+            };
+            lines.push(match status {
+                Ok(s) => {
+                    format!(
+                    "  replica {} ({voter}): {} in term {}, leader {:?}, applied {}, members {:?}",
+                    i + 1,
+                    s.role,
+                    s.term,
+                    s.leader_id,
+                    s.applied_offset,
+                    s.members.iter().map(|m| (m.id, m.voter)).collect::<Vec<_>>()
+                )
+                }
+                Err(error) => format!("  replica {} ({voter}): {error}", i + 1),
+            });
+        }
+        lines.join("\n")
+    }
+
+    /// Drops what replica `from` sends to replica `to`'s peer port.
+    fn cut(&self, from: usize, to: usize) -> anyhow::Result<()> {
+        let firewall = self.firewall.as_ref().expect("partitions have a firewall");
+        let uid = self
+            .cluster
+            .uid(from)
+            .expect("partitions run replicas under own uids");
+        firewall.cut(uid, self.cluster.peer_port(to))
+    }
+
+    fn heal(&self) -> anyhow::Result<()> {
+        self.firewall
+            .as_ref()
+            .expect("partitions have a firewall")
+            .heal()
+    }
+
+    /// Records the time from `since` to the first commit under a leader other than `old`.
+    async fn failover(
+        &mut self,
+        kind: &'static str,
+        old: usize,
+        before: Offset,
+        since: Instant,
+    ) -> anyhow::Result<()> {
+        let took = first_commit_under_new_leader(&self.admin, old, before, since).await?;
+        self.failovers.entry(kind).or_default().push(took);
+        Ok(())
+    }
 }
 
 /// One producer's load: sequential appends with its own `(producer, seq)`, each retried until
@@ -365,7 +639,11 @@ impl Load {
                         break;
                     }
                     Err(ClientError::GaveUp { .. }) if !stop.load(Ordering::Relaxed) => {}
-                    Err(_) => return,
+                    Err(_) if stop.load(Ordering::Relaxed) => return,
+                    Err(error) => {
+                        eprintln!("producer {producer} stopped at seq {seq}: {error}");
+                        return;
+                    }
                 }
             }
             if !self.pause.is_zero() {

@@ -335,24 +335,38 @@ pub fn bench_line(result: &Value) -> String {
 
 /// `ctrlog chaos` figures for people.
 pub fn chaos_text(figures: &Value) -> String {
+    let counts = |object: &Value, render: &dyn Fn(&str, &Value) -> String| {
+        object
+            .as_object()
+            .map(|o| {
+                o.iter()
+                    .map(|(k, v)| render(k, v))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default()
+    };
+    let quantiles = |q: &Value| {
+        format!(
+            "p50 {} ms, p99 {} ms, max {} ms ({})",
+            q["p50"], q["p99"], q["max"], q["count"]
+        )
+    };
     format!(
-        "chaos seed {seed}: {rounds} rounds ({lk} leader kills, {rk} other kills, {p} leader pauses)\n\
+        "chaos seed {seed}: {rounds} rounds ({faults})\n\
          acknowledged appends {acked} (log reached offset {last}); lost {lost}; duplicated {dup}; violations {v}\n\
-         failover (fault → first commit under a new leader): p50 {f50} ms, p99 {f99} ms, max {fmax} ms\n\
+         failover (fault → first commit under a new leader): {all}\n  {kinds}\n\
          subscribers caught up {catch} ms after the load stopped",
         seed = figures["seed"],
         rounds = figures["rounds"],
-        lk = figures["leader_kills"],
-        rk = figures["replica_kills"],
-        p = figures["leader_pauses"],
+        faults = counts(&figures["faults"], &|k, v| format!("{v} {k}")),
         acked = figures["acked_appends"],
         last = figures["committed_offsets"],
         lost = figures["lost"],
         dup = figures["duplicates"],
         v = figures["violations"],
-        f50 = figures["failover_p50_ms"],
-        f99 = figures["failover_p99_ms"],
-        fmax = figures["failover_max_ms"],
+        all = quantiles(&figures["failover_all_ms"]),
+        kinds = counts(&figures["failover_ms"], &|k, q| format!("{k}: {}", quantiles(q))),
         catch = figures["subscriber_catch_up_ms"],
     )
 }

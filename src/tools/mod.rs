@@ -12,6 +12,7 @@ pub mod checker;
 pub mod cli;
 pub mod container;
 pub mod demo;
+pub mod firewall;
 pub mod local_cluster;
 pub mod local_job;
 pub mod wait;

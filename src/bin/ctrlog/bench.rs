@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Subcommand;
 use ctrlog::tools::bench::{self, BenchTarget, ProcessCluster, OWN_CLUSTER_REPLICAS};
-use ctrlog::tools::chaos::{self, ChaosOptions};
+use ctrlog::tools::chaos::{self, ChaosOptions, FaultFamily};
 use ctrlog::tools::cli::{self, ClientFlags};
 
 #[derive(clap::Args)]
@@ -89,6 +89,10 @@ pub struct ChaosArgs {
     connections: Option<usize>,
     #[arg(long, default_value_t = 2)]
     subscribers: usize,
+    /// The kinds of fault to draw from, comma-separated (default: all; `partitions` needs
+    /// root and nftables).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    faults: Vec<FaultFamily>,
     #[arg(long)]
     json: bool,
 }
@@ -200,6 +204,11 @@ pub async fn chaos(args: ChaosArgs, out: &mut impl Write) -> anyhow::Result<()> 
         producers: args.producers,
         connections: args.connections,
         subscribers: args.subscribers,
+        faults: if args.faults.is_empty() {
+            FaultFamily::ALL.to_vec()
+        } else {
+            args.faults
+        },
     })
     .await?;
     if args.json {

@@ -1,0 +1,86 @@
+//! Network partitions between real replica processes on one host, for `ctrlog chaos`.
+//!
+//! Each replica runs under its own uid ([`ProcessCluster::with_own_uids`](super::bench)), so
+//! nftables can tell whose packet it is: a rule in an `output` chain drops the packets that
+//! one replica's processes send to another's peer port. Loopback packets cross the output
+//! hook too, so this cuts real TCP connections on 127.0.0.1 the way a broken link does: no
+//! reset, no error, just silence until the rule is gone. Client ports are never matched, so a
+//! replica cut from its peers still answers its clients (the partition that check-quorum is
+//! for).
+//!
+//! The rules live in a table of their own, named after this process, deleted on drop; they
+//! match only the replicas' uids, so nothing else on the host is affected. Needs root (or
+//! `CAP_NET_ADMIN`) and the `nft` program.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use anyhow::Context;
+
+/// One nftables table holding the current cuts.
+pub struct Firewall {
+    table: String,
+}
+
+impl Firewall {
+    /// Creates the table and its output chain, failing with what to do if nftables cannot be
+    /// used here.
+    pub fn new() -> anyhow::Result<Firewall> {
+        let firewall = Firewall {
+            table: format!("ctrlog_chaos_{}", std::process::id()),
+        };
+        firewall
+            .apply(&format!(
+                "table inet {table} {{\n  chain output {{ type filter hook output priority 0; policy accept; }}\n}}\n",
+                table = firewall.table
+            ))
+            .context(
+                "partitions need nftables: run as root with the `nft` program installed \
+                 (Debian: apt-get install nftables), or leave partitions out with --faults",
+            )?;
+        Ok(firewall)
+    }
+
+    /// Drops what processes of `from_uid` send to TCP port `to_port`: the RPCs one replica
+    /// sends to another's peer port. Answers on connections the other side opened still pass,
+    /// so a cut is one-way; cut both directions for a full partition.
+    pub fn cut(&self, from_uid: u32, to_port: u16) -> anyhow::Result<()> {
+        self.apply(&format!(
+            "add rule inet {} output meta skuid {from_uid} tcp dport {to_port} drop\n",
+            self.table
+        ))
+    }
+
+    /// Removes every cut.
+    pub fn heal(&self) -> anyhow::Result<()> {
+        self.apply(&format!("flush chain inet {} output\n", self.table))
+    }
+
+    fn apply(&self, rules: &str) -> anyhow::Result<()> {
+        let mut nft = Command::new("nft")
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting nft")?;
+        nft.stdin
+            .take()
+            .expect("piped")
+            .write_all(rules.as_bytes())?;
+        let output = nft.wait_with_output()?;
+        anyhow::ensure!(
+            output.status.success(),
+            "nft refused {rules:?}: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+        Ok(())
+    }
+}
+
+impl Drop for Firewall {
+    fn drop(&mut self) {
+        if let Err(error) = self.apply(&format!("delete table inet {}\n", self.table)) {
+            eprintln!("could not remove the chaos firewall table: {error}");
+        }
+    }
+}
