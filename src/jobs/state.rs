@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 use super::model::*;
 use super::producers::{ProducerTable, Seen};
 use super::rejection::Rejection;
-use crate::log::vocabulary::{kind_spec, Undecodable, Vocabulary, LEVEL_INITIAL, LEVEL_MAX};
+use crate::log::vocabulary::{
+    kind_spec, Undecodable, Vocabulary, LEVEL_FORGOTTEN_PRODUCERS_REFUSED, LEVEL_INITIAL, LEVEL_MAX,
+};
 use crate::log::{
     Ack, AddInputs, AssignTask, Batch, Command, ConfigChange, ContainerId, Epoch, Frame, Input,
     Level, LogEntry, Offset, ProducerSeq, RegisterContainer, RemoveInputs, SchemaChange, Seq,
@@ -31,6 +33,10 @@ pub enum Outcome {
     OutOfWindow { lowest: Seq },
     /// The job model refused the command; it took no offset.
     Rejected(Rejection),
+    /// The producer is not remembered and the sequence is not one a producer begins with, so
+    /// this may be the retry of an append made before the producer was forgotten (see
+    /// [`Seen::UnknownProducer`]); nothing was appended. From vocabulary level 3 only.
+    ProducerForgotten,
 }
 
 impl Outcome {
@@ -38,7 +44,7 @@ impl Outcome {
     pub fn offset(&self) -> Option<Offset> {
         match self {
             Outcome::Appended { offset } | Outcome::Duplicate { offset } => Some(*offset),
-            Outcome::OutOfWindow { .. } | Outcome::Rejected(_) => None,
+            Outcome::OutOfWindow { .. } | Outcome::Rejected(_) | Outcome::ProducerForgotten => None,
         }
     }
 }
@@ -260,6 +266,12 @@ impl JobState {
                 Seen::New => {}
                 Seen::Duplicate { offset } => return Outcome::Duplicate { offset },
                 Seen::OutOfWindow { lowest } => return Outcome::OutOfWindow { lowest },
+                // Decided by the recorded level, never by the build, so that a replica still on
+                // a build before level 3 decides exactly as the others do.
+                Seen::UnknownProducer if self.level >= LEVEL_FORGOTTEN_PRODUCERS_REFUSED => {
+                    return Outcome::ProducerForgotten
+                }
+                Seen::UnknownProducer => {}
             }
         }
         let offset = self.next_offset;

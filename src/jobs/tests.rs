@@ -506,6 +506,57 @@ fn duplicates_and_out_of_window_sequences_take_no_offset() {
     assert_eq!(state.next_offset(), 4);
 }
 
+/// Goal: a retry from a producer the table forgot is refused from vocabulary level 3 instead
+/// of being appended a second time, and appended below level 3 exactly as older builds do.
+/// Steps: producer 7 appends sequences 1..=40; `PRODUCERS_MAX` other producers append once
+/// each, which evicts 7; 7 retries sequence 40. A new producer starting at 1 is still new.
+#[test]
+fn a_forgotten_producers_retry_is_refused_from_level_3_and_appended_below_it() {
+    for level in [2, 3] {
+        let mut job = Job::default();
+        for raised in 2..=level {
+            job.ok(Command::SetVocabularyLevel(SetVocabularyLevel {
+                level: raised,
+            }));
+        }
+        let frame = Command::custom(1, 1, vec![]).into_frame();
+        let append = |state: &mut JobState, producer: u64, seq: u64| {
+            state.apply(Some(ProducerSeq { producer, seq }), &Target::All, &frame, 0)
+        };
+        let mut original = 0;
+        for seq in 1..=40 {
+            original = append(&mut job.state, 7, seq).offset().unwrap();
+        }
+        for producer in 1_000..1_000 + PRODUCERS_MAX as u64 {
+            append(&mut job.state, producer, 1);
+        }
+        assert_eq!(
+            append(&mut job.state, 1_000, 1),
+            Outcome::Duplicate {
+                offset: original + 1
+            },
+            "the others are remembered"
+        );
+        let next = job.state.next_offset();
+        let retry = append(&mut job.state, 7, 40);
+        if level >= 3 {
+            assert_eq!(retry, Outcome::ProducerForgotten);
+            assert_eq!(job.state.next_offset(), next, "nothing appended");
+        } else {
+            assert_eq!(
+                retry,
+                Outcome::Appended { offset: next },
+                "as before level 3"
+            );
+        }
+        assert_eq!(
+            append(&mut job.state, 8, 1).offset(),
+            Some(job.state.next_offset() - 1),
+            "a new producer begins at 1 at level {level}"
+        );
+    }
+}
+
 /// Turns random numbers into a plausible command stream: mostly valid commands for the
 /// current state, with stale epochs, wrong owners and unknown names mixed in.
 fn script(actions: &[(u8, u8, u8, bool)]) -> Vec<(Target, Frame)> {

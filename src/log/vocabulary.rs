@@ -19,7 +19,20 @@ pub use super::kinds;
 /// The level a new log starts at.
 pub const LEVEL_INITIAL: Level = 1;
 /// The highest level this build understands.
-pub const LEVEL_MAX: Level = 2;
+///
+/// A level may also change what the state machine decides about commands it already knows;
+/// such a change applies only from its level, so that replicas still on an older build decide
+/// as they always did until the level is raised (which needs every replica upgraded):
+/// * level 2: `desired-containers` version 2, version 1 deprecated;
+/// * level 3 ([`LEVEL_FORGOTTEN_PRODUCERS_REFUSED`]): no new kind; an append from a producer
+///   the replicas no longer remember is refused instead of taken for new.
+pub const LEVEL_MAX: Level = 3;
+
+/// From this level on, the idempotent-producer table refuses an append from a producer it
+/// does not remember whose sequence is above those a producer starts with, since it may be a
+/// retry of an append made before the producer was forgotten (`jobs::producers`). Below it,
+/// such an append is taken for new, as builds before level 3 did.
+pub const LEVEL_FORGOTTEN_PRODUCERS_REFUSED: Level = 3;
 
 /// One `(kind, version)` of the built-in vocabulary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

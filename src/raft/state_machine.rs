@@ -112,9 +112,9 @@ impl MachineState {
                             });
                             skipped.push(position as u32);
                         }
-                        Outcome::Duplicate { .. } | Outcome::OutOfWindow { .. } => {
-                            skipped.push(position as u32)
-                        }
+                        Outcome::Duplicate { .. }
+                        | Outcome::OutOfWindow { .. }
+                        | Outcome::ProducerForgotten => skipped.push(position as u32),
                     }
                 }
                 if self.job.next_offset() > first_offset {

@@ -219,6 +219,13 @@ impl ReplicaHandle {
                 })
             }
             Outcome::Rejected(rejection) => Err(rejection.into()),
+            Outcome::ProducerForgotten => {
+                let pair = producer.expect("only producer appends can be forgotten");
+                Err(ApiError::ProducerForgotten {
+                    producer: pair.producer,
+                    seq: pair.seq,
+                })
+            }
         }
     }
 
