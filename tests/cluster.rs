@@ -9,8 +9,10 @@ use std::time::Duration;
 
 use common::*;
 use ctrlog::client::{ApiError, AppendAck, ControlClient, FetchRequest, Member};
+use ctrlog::log::vocabulary::LEVEL_MAX;
 use ctrlog::log::{
-    Command, ContainerId, LogEntry, ProducerSeq, Proposal, RegisterContainer, Target,
+    Batch, Command, ContainerId, LogEntry, ProducerSeq, Proposal, RegisterContainer,
+    SetVocabularyLevel, Target,
 };
 use ctrlog::server::force_new_cluster;
 use ctrlog::tools::LocalCluster;
@@ -659,6 +661,69 @@ async fn a_lost_majority_is_recovered_by_forcing_a_new_cluster_from_one_survivor
     assert_eq!(
         read_all(cluster.replica(4)).await,
         read_all(cluster.replica(2)).await
+    );
+    cluster.shutdown().await;
+}
+
+/// The reason a replica's Raft core stopped, once it has.
+fn stopped_because(cluster: &LocalCluster, id: u64) -> Option<String> {
+    cluster
+        .replica(id)
+        .metrics()
+        .running_state
+        .err()
+        .map(|e| e.to_string())
+}
+
+/// Goal: a replica stops applying (fail-stop) once the log records a vocabulary level its
+/// build does not know, saying which level it lacks and the highest it knows, instead of
+/// deciding commands differently from replicas that know it; a restart stops at the same
+/// entry again.
+/// Steps: 3 replicas; append 10; hand the leader's Raft a batch raising the level to
+/// `LEVEL_MAX + 1`, as a leader of a newer build would (this build's append path refuses it);
+/// the leader's Raft core stops with that error, and so does each follower that learned the
+/// entry was committed (one that did not, never applies it); every replica holds the 10
+/// commands at level 1; the leader restarted on its directory fails to start with that error
+/// (openraft re-applies the committed entry while starting).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_level_this_build_does_not_know_stops_the_replicas_even_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    append_many(&cluster, 1, 10).await;
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let unknown = LEVEL_MAX + 1;
+    let raise = Command::SetVocabularyLevel(SetVocabularyLevel { level: unknown });
+    let batch = Batch {
+        appended_at_ms: 0,
+        proposals: vec![Proposal {
+            producer: None,
+            target: raise.target().unwrap(),
+            frame: raise.into_frame(),
+        }],
+    };
+    let raft = cluster.replica(leader).raft().clone();
+    tokio::spawn(async move { raft.client_write(batch).await });
+
+    let expected = format!(
+        "records vocabulary level {unknown}, which this build does not know (it knows levels \
+         up to {LEVEL_MAX})"
+    );
+    let reason = eventually("the leader stops", || stopped_because(&cluster, leader)).await;
+    assert!(reason.contains(&expected), "leader: {reason}");
+    for id in 1..=3 {
+        if let Some(reason) = stopped_because(&cluster, id) {
+            assert!(reason.contains(&expected), "replica {id}: {reason}");
+        }
+        let replica = cluster.replica(id).clone_handle();
+        assert_eq!(replica.applied_offset(), 10, "replica {id}");
+        assert_eq!(replica.read_state(|s| s.level()), 1, "replica {id}");
+    }
+
+    cluster.stop(leader).await;
+    let restarted = cluster.restart(leader).await.map(|_| ()).unwrap_err();
+    assert!(
+        restarted.to_string().contains(&expected),
+        "after restart: {restarted}"
     );
     cluster.shutdown().await;
 }

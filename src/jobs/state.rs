@@ -162,8 +162,10 @@ impl JobState {
         self.level
     }
 
-    /// Whether this build understands the recorded level; if not, commands it does not know
-    /// pass through unchecked and the replica should be upgraded.
+    /// Whether this build understands the recorded level. If not, `apply` passes the kinds it
+    /// does not know through unchecked, which a reader replaying a newer log may do; a
+    /// replica's state machine instead stops applying (fail-stop, `raft::state_machine`),
+    /// since it would accept what replicas knowing the level refuse.
     pub fn level_understood(&self) -> bool {
         self.level <= LEVEL_MAX
     }
@@ -303,7 +305,8 @@ impl JobState {
                 // Every kind allowed at a level this build understands is known to it.
                 return Err(Rejection::UnknownKind { kind, version });
             }
-            // A level newer than this build: a newer replica applies it; pass it through.
+            // A level newer than this build: a newer replica decides it; pass it through (a
+            // replica's state machine never gets here: it stops at such a level).
             return Ok(());
         };
         check(spec.since <= level, || Rejection::NotYetAllowed {

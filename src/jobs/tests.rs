@@ -482,7 +482,7 @@ fn unknown_malformed_misaddressed_and_misnamed_commands_are_refused() {
     job.ok(Command::custom(1, 9, vec![0xff; 5]));
 
     // At a level above this build's, a kind it does not know passes through: a newer replica
-    // applies it.
+    // decides it. (A replica's state machine stops before: `raft::state_machine`.)
     job.ok(Command::SetVocabularyLevel(SetVocabularyLevel {
         level: LEVEL_MAX + 1,
     }));
