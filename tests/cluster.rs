@@ -11,11 +11,18 @@ use common::*;
 use ctrlog::client::{ApiError, AppendAck, ControlClient, FetchRequest, Member};
 use ctrlog::log::vocabulary::LEVEL_MAX;
 use ctrlog::log::{
-    Batch, Command, ContainerId, LogEntry, ProducerSeq, Proposal, RegisterContainer,
+    Batch, Command, ContainerId, Level, LogEntry, ProducerSeq, Proposal, RegisterContainer,
     SetVocabularyLevel, Target,
+};
+use ctrlog::raft::network::{RaftRpc, RaftRpcRequest, RaftRpcResponse, PEER_FRAME_BYTES_MAX};
+use ctrlog::raft::types::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotError, InstallSnapshotRequest,
+    InstallSnapshotResponse, RaftError, VoteRequest, VoteResponse,
 };
 use ctrlog::server::force_new_cluster;
 use ctrlog::tools::LocalCluster;
+use futures::StreamExt;
+use tarpc::server::{BaseChannel, Channel};
 
 /// Goal: three replicas elect exactly one leader and hold identical committed logs.
 /// Steps: start 3; wait for an agreed leader; append 200 commands concurrently; every replica
@@ -725,5 +732,129 @@ async fn a_level_this_build_does_not_know_stops_the_replicas_even_after_restart(
         restarted.to_string().contains(&expected),
         "after restart: {restarted}"
     );
+    cluster.shutdown().await;
+}
+
+/// The peer port of a replica of an older build, as far as `members add` sees it: it knows
+/// vocabulary levels up to `level` and takes part in no Raft request.
+#[derive(Clone)]
+struct OlderBuildPeer {
+    level: Level,
+}
+
+impl RaftRpc for OlderBuildPeer {
+    async fn append_entries(
+        self,
+        _: tarpc::context::Context,
+        _: AppendEntriesRequest,
+    ) -> Result<AppendEntriesResponse, RaftError> {
+        Err(RaftError::Fatal(openraft::error::Fatal::Stopped))
+    }
+
+    async fn vote(
+        self,
+        _: tarpc::context::Context,
+        _: VoteRequest,
+    ) -> Result<VoteResponse, RaftError> {
+        Err(RaftError::Fatal(openraft::error::Fatal::Stopped))
+    }
+
+    async fn install_snapshot(
+        self,
+        _: tarpc::context::Context,
+        _: InstallSnapshotRequest,
+    ) -> Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>> {
+        Err(RaftError::Fatal(openraft::error::Fatal::Stopped))
+    }
+
+    async fn vocabulary_level_max(self, _: tarpc::context::Context) -> Level {
+        self.level
+    }
+}
+
+/// Serves `peer` on a new port of 127.0.0.1 until the test ends; returns its address.
+async fn serve_older_build(peer: OlderBuildPeer) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let transport = ctrlog::client::tls::framed::<
+                _,
+                tarpc::ClientMessage<RaftRpcRequest>,
+                tarpc::Response<RaftRpcResponse>,
+            >(stream, PEER_FRAME_BYTES_MAX);
+            let peer = peer.clone();
+            tokio::spawn(
+                BaseChannel::with_defaults(transport)
+                    .execute(peer.serve())
+                    .for_each(|response| response),
+            );
+        }
+    });
+    addr
+}
+
+/// Goal: once the log records a vocabulary level above what every release knows, `members
+/// add` refuses a replica whose build knows less, naming both levels, and one that does not
+/// say, before adding anything; a replica of this build is added as before.
+/// Steps: 3 replicas raised to level 3; adding a peer that knows levels up to 2 is refused
+/// with `MemberLevelUnsupported { supported: 2, recorded: 3 }`; adding an address nobody
+/// serves is refused at once (not after the first-contact bound); the membership is
+/// unchanged after both; a new replica of this build (level 3) is added and becomes a voter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_add_refuses_a_replica_that_does_not_know_the_recorded_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let client = ControlClient::connect(&cluster.client_addrs())
+        .await
+        .unwrap();
+    for level in 2..=3 {
+        client
+            .append(Command::SetVocabularyLevel(SetVocabularyLevel { level }))
+            .await
+            .unwrap();
+    }
+    let founders = (BTreeSet::from([1, 2, 3]), BTreeSet::new());
+
+    let older = Member {
+        peer_addr: serve_older_build(OlderBuildPeer { level: 2 }).await,
+        client_addr: unreachable_member().client_addr,
+    };
+    match client.add_member(4, older).await {
+        Err(ctrlog::client::ClientError::Api(refused)) => assert_eq!(
+            refused,
+            ApiError::MemberLevelUnsupported {
+                member: 4,
+                supported: 2,
+                recorded: 3
+            }
+        ),
+        other => panic!("expected MemberLevelUnsupported, got {other:?}"),
+    }
+    assert_eq!(members(&cluster, leader), founders, "nothing added");
+
+    let handle = cluster.replica(leader).clone_handle();
+    let started = std::time::Instant::now();
+    match handle.add_member(5, unreachable_member()).await {
+        Err(ApiError::Rejected(why)) => {
+            assert!(why.contains("did not say which vocabulary levels"), "{why}")
+        }
+        other => panic!("expected Rejected, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "refused at once"
+    );
+    assert_eq!(members(&cluster, leader), founders, "nothing added");
+
+    let member = cluster
+        .start_new(6, |_| {})
+        .await
+        .unwrap()
+        .clone_handle()
+        .member();
+    handle.add_member(6, member).await.unwrap();
+    assert!(members(&cluster, leader).0.contains(&6));
     cluster.shutdown().await;
 }

@@ -120,6 +120,18 @@ pub enum ApiError {
          in the log already"
     )]
     ProducerForgotten { producer: ProducerId, seq: Seq },
+    /// `members add` of a replica whose build knows vocabulary levels only up to
+    /// `supported`, below the level the log records: it would stop applying once it caught
+    /// up. Nothing was added; upgrade it first.
+    #[error(
+        "replica {member} knows vocabulary levels up to {supported}, but the log records level \
+         {recorded}: upgrade it before adding it (nothing was added)"
+    )]
+    MemberLevelUnsupported {
+        member: NodeId,
+        supported: Level,
+        recorded: Level,
+    },
 }
 
 impl ApiError {

@@ -28,6 +28,11 @@ pub const LEVEL_INITIAL: Level = 1;
 ///   the replicas no longer remember is refused instead of taken for new.
 pub const LEVEL_MAX: Level = 3;
 
+/// The highest level every release knows (v0.1.0 knew up to 2): a replica of any build can
+/// join a log recorded at this level or below, so adding one needs no question about its
+/// level.
+pub const LEVEL_KNOWN_TO_EVERY_RELEASE: Level = 2;
+
 /// From this level on, the idempotent-producer table refuses an append from a producer it
 /// does not remember whose sequence is above those a producer starts with, since it may be a
 /// retry of an append made before the producer was forgotten (`jobs::producers`). Below it,
