@@ -11,9 +11,10 @@ use crate::log::vocabulary::{
     kind_spec, Undecodable, Vocabulary, LEVEL_FORGOTTEN_PRODUCERS_REFUSED, LEVEL_INITIAL, LEVEL_MAX,
 };
 use crate::log::{
-    Ack, AddInputs, AssignTask, Batch, Command, ConfigChange, ContainerId, Epoch, Frame, Input,
-    Level, LogEntry, Offset, ProducerSeq, RegisterContainer, RemoveInputs, SchemaChange, Seq,
-    StopTask, Target, TaskId, TaskStarted, TaskStopped, CUSTOM_KIND_MIN,
+    Ack, AddInputs, AssignTask, Batch, CancelLaunch, Command, ConfigChange, ContainerId, Epoch,
+    Frame, Input, LaunchContainer, Level, LogEntry, Offset, ProducerSeq, RegisterContainer,
+    RemoveInputs, SchemaChange, Seq, StopTask, Target, TaskId, TaskStarted, TaskStopped,
+    CUSTOM_KIND_MIN,
 };
 
 /// Records of containers that left or expired are kept (so that their zombies are told
@@ -132,6 +133,8 @@ fn check_names(command: &Command) -> Result<(), Rejection> {
         Command::TaskStarted(c) => container(&c.container).and(task(&c.task)),
         Command::TaskStopped(c) => container(&c.container).and(task(&c.task)),
         Command::Ack(c) => container(&c.container),
+        Command::LaunchContainer(c) => container(&c.container),
+        Command::CancelLaunch(c) => container(&c.container),
         _ => Ok(()),
     }
 }
@@ -392,6 +395,8 @@ impl JobState {
                 self.level = c.level;
                 Ok(())
             }
+            Command::LaunchContainer(c) => self.launch(c, offset, at_ms),
+            Command::CancelLaunch(c) => self.cancel_launch(c),
             Command::Custom { .. } | Command::Unknown(_) => {
                 unreachable!("decode_builtin returns built-in commands only")
             }
@@ -458,11 +463,55 @@ impl JobState {
         });
     }
 
+    /// Records a launch about to be carried out: the container is `Launching` until it
+    /// registers or the launch is cancelled.
+    fn launch(&mut self, c: LaunchContainer, offset: Offset, at_ms: u64) -> Result<(), Rejection> {
+        let taken = self.containers.get(&c.container).is_some_and(|r| {
+            matches!(
+                r.status,
+                ContainerStatus::Live | ContainerStatus::Launching { .. }
+            )
+        });
+        check(!taken, || Rejection::ContainerExists {
+            container: c.container.clone(),
+        })?;
+        self.containers.insert(
+            c.container,
+            ContainerRecord {
+                epoch: offset,
+                status: ContainerStatus::Launching { attempt: c.attempt },
+                location: String::new(),
+                registered_at_ms: at_ms,
+            },
+        );
+        Ok(())
+    }
+
+    fn cancel_launch(&mut self, c: CancelLaunch) -> Result<(), Rejection> {
+        let record = self.containers.get_mut(&c.container).filter(|r| {
+            r.epoch == c.launch && matches!(r.status, ContainerStatus::Launching { .. })
+        });
+        let Some(record) = record else {
+            return Err(Rejection::NoSuchLaunch {
+                container: c.container,
+                launch: c.launch,
+            });
+        };
+        record.status = ContainerStatus::Expired;
+        self.forget_oldest_dead();
+        Ok(())
+    }
+
     fn forget_oldest_dead(&mut self) {
         let mut dead: Vec<(Epoch, ContainerId)> = self
             .containers
             .iter()
-            .filter(|(_, r)| r.status != ContainerStatus::Live)
+            .filter(|(_, r)| {
+                matches!(
+                    r.status,
+                    ContainerStatus::Deregistered | ContainerStatus::Expired
+                )
+            })
             .map(|(c, r)| (r.epoch, c.clone()))
             .collect();
         if dead.len() > DEAD_CONTAINERS_KEPT {

@@ -506,6 +506,65 @@ fn duplicates_and_out_of_window_sequences_take_no_offset() {
     assert_eq!(state.next_offset(), 4);
 }
 
+/// Goal: from level 3 the log records the coordinator's launches: a launch makes the
+/// container `Launching` until it registers or the launch is cancelled, a second launch of a
+/// live or launching container is refused, and only a launch in flight can be cancelled.
+#[test]
+fn launches_are_recorded_until_the_container_registers_or_the_launch_is_cancelled() {
+    let mut job = Job::default();
+    let launch = |name: &str, attempt| {
+        Command::LaunchContainer(LaunchContainer {
+            container: c(name),
+            attempt,
+        })
+    };
+    let cancel = |name: &str, launch| {
+        Command::CancelLaunch(CancelLaunch {
+            container: c(name),
+            launch,
+        })
+    };
+    assert!(matches!(
+        job.refused(launch("a", 1)),
+        Rejection::NotYetAllowed { level: 1, .. }
+    ));
+    job.ok(Command::SetVocabularyLevel(SetVocabularyLevel { level: 3 }));
+
+    let a = job.ok(launch("a", 1));
+    let status = |job: &Job, name: &str| job.state.containers()[&c(name)].status;
+    assert_eq!(status(&job, "a"), ContainerStatus::Launching { attempt: 1 });
+    assert!(job.state.live_session(&c("a")).is_none());
+    assert_eq!(
+        job.refused(launch("a", 2)),
+        Rejection::ContainerExists { container: c("a") }
+    );
+    assert_eq!(
+        job.refused(cancel("a", a + 1)),
+        Rejection::NoSuchLaunch {
+            container: c("a"),
+            launch: a + 1
+        }
+    );
+    let epoch = job.register("a");
+    assert_eq!(job.state.live_session(&c("a")).unwrap().epoch, epoch);
+    assert!(matches!(
+        job.refused(cancel("a", a)),
+        Rejection::NoSuchLaunch { .. }
+    ));
+    assert_eq!(
+        job.refused(launch("a", 1)),
+        Rejection::ContainerExists { container: c("a") }
+    );
+
+    let b = job.ok(launch("b", 2));
+    job.ok(cancel("b", b));
+    assert_eq!(status(&job, "b"), ContainerStatus::Expired);
+    assert!(matches!(
+        job.refused(cancel("b", b)),
+        Rejection::NoSuchLaunch { .. }
+    ));
+}
+
 /// Goal: a retry from a producer the table forgot is refused from vocabulary level 3 instead
 /// of being appended a second time, and appended below level 3 exactly as older builds do.
 /// Steps: producer 7 appends sequences 1..=40; `PRODUCERS_MAX` other producers append once
