@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::proxy::Proxy;
 use common::*;
 use ctrlog::client::{
-    ApiError, AppendAck, ClientOptions, ControlClient, ControlLogClient, FetchRequest,
+    ApiError, AppendAck, ClientError, ClientOptions, ControlClient, ControlLogClient, FetchRequest,
     SubscriptionItem, APPEND_MANY_PROPOSALS_MAX,
 };
 use ctrlog::log::{Command, ContainerId, Filter, LogEntry, ProducerSeq, Proposal, Target};
@@ -990,5 +990,91 @@ async fn a_subscriber_that_stops_reading_slows_no_one_and_pins_bounded_memory() 
         grown >> 20
     );
     drop(stalled);
+    cluster.shutdown().await;
+}
+
+/// Goal: from vocabulary level 3, the retry of an append whose producer the replicas have
+/// forgotten is answered with the typed `ProducerForgotten` through the client library, at
+/// once rather than retried until `GaveUp`, and nothing is appended a second time.
+/// Steps: one replica at level 3; a client's producer appends 40 commands (its sequences pass
+/// those a producer begins with); its 40th retried now is a duplicate; `PRODUCERS_MAX` other
+/// producers append once each (through the replica's own handle, batched by its proposer),
+/// which makes the replicas forget the client's producer; the 40th is retried again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forgotten_producers_retry_gets_a_typed_error_not_a_second_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 1, |_| {}).await.unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    let handle = cluster.replica(1).clone_handle();
+    for level in 2..=3 {
+        let raise = Command::SetVocabularyLevel(ctrlog::log::SetVocabularyLevel { level });
+        handle
+            .append(Proposal {
+                producer: None,
+                target: raise.target().unwrap(),
+                frame: raise.into_frame(),
+            })
+            .await
+            .unwrap();
+    }
+    let client = ControlClient::connect(&cluster.client_addrs())
+        .await
+        .unwrap();
+    let mut last = None;
+    for i in 0..40 {
+        last = Some(
+            client
+                .append(Command::custom(1, 1, format!("mine {i}").into_bytes()))
+                .await
+                .unwrap(),
+        );
+    }
+    let original = last.unwrap().offset;
+    let retry = Proposal {
+        producer: Some(ProducerSeq {
+            producer: client.producer_id(),
+            seq: 40,
+        }),
+        target: Target::All,
+        frame: Command::custom(1, 1, b"mine 39".to_vec()).into_frame(),
+    };
+    assert_eq!(
+        client.append_proposal(retry.clone()).await.unwrap(),
+        AppendAck {
+            offset: original,
+            duplicate: true
+        }
+    );
+
+    let others = ctrlog::jobs::PRODUCERS_MAX as u64;
+    let mine = client.producer_id();
+    let appends = futures::stream::iter(0..others).map(|i| {
+        let handle = handle.clone();
+        async move {
+            let mut proposal = command(i, 8);
+            proposal.producer = Some(ProducerSeq {
+                producer: mine.wrapping_add(1 + i),
+                seq: 1,
+            });
+            handle.append(proposal).await.unwrap()
+        }
+    });
+    let acks: Vec<AppendAck> = appends.buffer_unordered(4096).collect().await;
+    assert!(acks.iter().all(|ack| !ack.duplicate));
+    let before = handle.applied_offset();
+    assert_eq!(before, original + others);
+
+    let started = Instant::now();
+    match client.append_proposal(retry).await {
+        Err(ClientError::Api(ApiError::ProducerForgotten { producer, seq })) => {
+            assert_eq!((producer, seq), (mine, 40));
+        }
+        other => panic!("expected ProducerForgotten, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "answered at once, not retried"
+    );
+    assert_eq!(handle.applied_offset(), before, "nothing appended twice");
     cluster.shutdown().await;
 }

@@ -9,11 +9,20 @@ use std::time::Duration;
 
 use common::*;
 use ctrlog::client::{ApiError, AppendAck, ControlClient, FetchRequest, Member};
+use ctrlog::log::vocabulary::LEVEL_MAX;
 use ctrlog::log::{
-    Command, ContainerId, LogEntry, ProducerSeq, Proposal, RegisterContainer, Target,
+    Batch, Command, ContainerId, Level, LogEntry, ProducerSeq, Proposal, RegisterContainer,
+    SetVocabularyLevel, Target,
+};
+use ctrlog::raft::network::{RaftRpc, RaftRpcRequest, RaftRpcResponse, PEER_FRAME_BYTES_MAX};
+use ctrlog::raft::types::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotError, InstallSnapshotRequest,
+    InstallSnapshotResponse, RaftError, VoteRequest, VoteResponse,
 };
 use ctrlog::server::force_new_cluster;
 use ctrlog::tools::LocalCluster;
+use futures::StreamExt;
+use tarpc::server::{BaseChannel, Channel};
 
 /// Goal: three replicas elect exactly one leader and hold identical committed logs.
 /// Steps: start 3; wait for an agreed leader; append 200 commands concurrently; every replica
@@ -662,5 +671,192 @@ async fn a_lost_majority_is_recovered_by_forcing_a_new_cluster_from_one_survivor
         read_all(cluster.replica(4)).await,
         read_all(cluster.replica(2)).await
     );
+    cluster.shutdown().await;
+}
+
+/// The reason a replica's Raft core stopped, once it has.
+fn stopped_because(cluster: &LocalCluster, id: u64) -> Option<String> {
+    cluster
+        .replica(id)
+        .metrics()
+        .running_state
+        .err()
+        .map(|e| e.to_string())
+}
+
+/// Goal: a replica stops applying (fail-stop) once the log records a vocabulary level its
+/// build does not know, saying which level it lacks and the highest it knows, instead of
+/// deciding commands differently from replicas that know it; a restart stops at the same
+/// entry again.
+/// Steps: 3 replicas; append 10; hand the leader's Raft a batch raising the level to
+/// `LEVEL_MAX + 1`, as a leader of a newer build would (this build's append path refuses it);
+/// the leader's Raft core stops with that error, and so does each follower that learned the
+/// entry was committed (one that did not, never applies it); every replica holds the 10
+/// commands at level 1; the leader restarted on its directory fails to start with that error
+/// (openraft re-applies the committed entry while starting).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_level_this_build_does_not_know_stops_the_replicas_even_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    append_many(&cluster, 1, 10).await;
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let unknown = LEVEL_MAX + 1;
+    let raise = Command::SetVocabularyLevel(SetVocabularyLevel { level: unknown });
+    let batch = Batch {
+        appended_at_ms: 0,
+        proposals: vec![Proposal {
+            producer: None,
+            target: raise.target().unwrap(),
+            frame: raise.into_frame(),
+        }],
+    };
+    let raft = cluster.replica(leader).raft().clone();
+    tokio::spawn(async move { raft.client_write(batch).await });
+
+    let expected = format!(
+        "records vocabulary level {unknown}, which this build does not know (it knows levels \
+         up to {LEVEL_MAX})"
+    );
+    let reason = eventually("the leader stops", || stopped_because(&cluster, leader)).await;
+    assert!(reason.contains(&expected), "leader: {reason}");
+    for id in 1..=3 {
+        if let Some(reason) = stopped_because(&cluster, id) {
+            assert!(reason.contains(&expected), "replica {id}: {reason}");
+        }
+        let replica = cluster.replica(id).clone_handle();
+        assert_eq!(replica.applied_offset(), 10, "replica {id}");
+        assert_eq!(replica.read_state(|s| s.level()), 1, "replica {id}");
+    }
+
+    cluster.stop(leader).await;
+    let restarted = cluster.restart(leader).await.map(|_| ()).unwrap_err();
+    assert!(
+        restarted.to_string().contains(&expected),
+        "after restart: {restarted}"
+    );
+    cluster.shutdown().await;
+}
+
+/// The peer port of a replica of an older build, as far as `members add` sees it: it knows
+/// vocabulary levels up to `level` and takes part in no Raft request.
+#[derive(Clone)]
+struct OlderBuildPeer {
+    level: Level,
+}
+
+impl RaftRpc for OlderBuildPeer {
+    async fn append_entries(
+        self,
+        _: tarpc::context::Context,
+        _: AppendEntriesRequest,
+    ) -> Result<AppendEntriesResponse, RaftError> {
+        Err(RaftError::Fatal(openraft::error::Fatal::Stopped))
+    }
+
+    async fn vote(
+        self,
+        _: tarpc::context::Context,
+        _: VoteRequest,
+    ) -> Result<VoteResponse, RaftError> {
+        Err(RaftError::Fatal(openraft::error::Fatal::Stopped))
+    }
+
+    async fn install_snapshot(
+        self,
+        _: tarpc::context::Context,
+        _: InstallSnapshotRequest,
+    ) -> Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>> {
+        Err(RaftError::Fatal(openraft::error::Fatal::Stopped))
+    }
+
+    async fn vocabulary_level_max(self, _: tarpc::context::Context) -> Level {
+        self.level
+    }
+}
+
+/// Serves `peer` on a new port of 127.0.0.1 until the test ends; returns its address.
+async fn serve_older_build(peer: OlderBuildPeer) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let transport = ctrlog::client::tls::framed::<
+                _,
+                tarpc::ClientMessage<RaftRpcRequest>,
+                tarpc::Response<RaftRpcResponse>,
+            >(stream, PEER_FRAME_BYTES_MAX);
+            let peer = peer.clone();
+            tokio::spawn(
+                BaseChannel::with_defaults(transport)
+                    .execute(peer.serve())
+                    .for_each(|response| response),
+            );
+        }
+    });
+    addr
+}
+
+/// Goal: once the log records a vocabulary level above what every release knows, `members
+/// add` refuses a replica whose build knows less, naming both levels, and one that does not
+/// say, before adding anything; a replica of this build is added as before.
+/// Steps: 3 replicas raised to level 3; adding a peer that knows levels up to 2 is refused
+/// with `MemberLevelUnsupported { supported: 2, recorded: 3 }`; adding an address nobody
+/// serves is refused at once (not after the first-contact bound); the membership is
+/// unchanged after both; a new replica of this build (level 3) is added and becomes a voter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_add_refuses_a_replica_that_does_not_know_the_recorded_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let client = ControlClient::connect(&cluster.client_addrs())
+        .await
+        .unwrap();
+    for level in 2..=3 {
+        client
+            .append(Command::SetVocabularyLevel(SetVocabularyLevel { level }))
+            .await
+            .unwrap();
+    }
+    let founders = (BTreeSet::from([1, 2, 3]), BTreeSet::new());
+
+    let older = Member {
+        peer_addr: serve_older_build(OlderBuildPeer { level: 2 }).await,
+        client_addr: unreachable_member().client_addr,
+    };
+    match client.add_member(4, older).await {
+        Err(ctrlog::client::ClientError::Api(refused)) => assert_eq!(
+            refused,
+            ApiError::MemberLevelUnsupported {
+                member: 4,
+                supported: 2,
+                recorded: 3
+            }
+        ),
+        other => panic!("expected MemberLevelUnsupported, got {other:?}"),
+    }
+    assert_eq!(members(&cluster, leader), founders, "nothing added");
+
+    let handle = cluster.replica(leader).clone_handle();
+    let started = std::time::Instant::now();
+    match handle.add_member(5, unreachable_member()).await {
+        Err(ApiError::Rejected(why)) => {
+            assert!(why.contains("did not say which vocabulary levels"), "{why}")
+        }
+        other => panic!("expected Rejected, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "refused at once"
+    );
+    assert_eq!(members(&cluster, leader), founders, "nothing added");
+
+    let member = cluster
+        .start_new(6, |_| {})
+        .await
+        .unwrap()
+        .clone_handle()
+        .member();
+    handle.add_member(6, member).await.unwrap();
+    assert!(members(&cluster, leader).0.contains(&6));
     cluster.shutdown().await;
 }

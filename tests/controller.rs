@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use ctrlog::client::{ApiError, ClientError, ControlClient};
 use ctrlog::controller::{ContainerLauncher, Controller, ControllerConfig, JobDriver, WatchedFile};
 use ctrlog::jobs::plan::{loads, settled, GroupByPartition, LagPolicy};
-use ctrlog::jobs::{JobState, TaskPhase};
+use ctrlog::jobs::{ContainerStatus, JobState, TaskPhase};
 use ctrlog::log::*;
 use ctrlog::tools::checker::{double_runs, read_reports, TaskEvent};
 use ctrlog::tools::container::{InProcessLauncher, SimOptions};
@@ -34,8 +34,10 @@ fn write_inputs(path: &Path, partitions: std::ops::Range<u32>) {
     std::fs::write(path, text).unwrap();
 }
 
+/// A secure 3-replica cluster at vocabulary `level` with a controller beside each replica.
 async fn harness(
     partitions: u32,
+    level: Level,
     launcher_of: impl FnOnce(Vec<String>, SimOptions) -> Arc<dyn ContainerLauncher>,
 ) -> (LocalJob, PathBuf, PathBuf, PathBuf, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
@@ -50,6 +52,17 @@ async fn harness(
         .await
         .unwrap();
     cluster.wait_for_leader(WAIT).await.unwrap();
+    if level > 1 {
+        let client = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
+            .await
+            .unwrap();
+        for level in 2..=level {
+            client
+                .append(Command::SetVocabularyLevel(SetVocabularyLevel { level }))
+                .await
+                .unwrap();
+        }
+    }
     let options = SimOptions {
         heartbeat_interval: Duration::from_millis(100),
         lease: Duration::from_millis(1000),
@@ -85,7 +98,7 @@ async fn harness(
 
 async fn start(partitions: u32) -> Harness {
     let mut launcher = None;
-    let (job, inputs, lag, reports, dir) = harness(partitions, |seeds, options| {
+    let (job, inputs, lag, reports, dir) = harness(partitions, 1, |seeds, options| {
         let l = Arc::new(InProcessLauncher::new(seeds, options));
         launcher = Some(l.clone());
         l
@@ -309,7 +322,7 @@ impl ContainerLauncher for Dud {
 /// Goal: a launch that never registers is retried within the limit, then reported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_launch_that_never_registers_is_retried_then_reported() {
-    let (job, _inputs, _lag, _reports, _dir) = harness(2, |_, _| Arc::new(Dud)).await;
+    let (job, _inputs, _lag, _reports, _dir) = harness(2, 1, |_, _| Arc::new(Dud)).await;
     poll_until("two launch failures reported", WAIT, POLL_INTERVAL, || {
         let report = job.active_report();
         let reported = report
@@ -329,5 +342,70 @@ async fn a_launch_that_never_registers_is_retried_then_reported() {
         .failed_launches
         .iter()
         .all(|c| c.as_str().starts_with("container-")));
+    job.shutdown().await;
+}
+
+/// Goal: at vocabulary level 3 on a real cluster, each launch is in the log before it is
+/// carried out, and a launch that never registers is cancelled in the log before it is
+/// retried; after the attempts, it is reported as before.
+/// Steps: level 3; containers that never come up; two failed launches are reported; the
+/// log holds, for each of the four launches, its `LaunchContainer` (attempts 1 and 2 per
+/// slot) followed by its `CancelLaunch` naming that record's offset, and JobState holds each
+/// as given up (expired), none still launching.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_level_3_launches_and_their_cancellations_are_recorded_in_the_log() {
+    let (job, _inputs, _lag, _reports, _dir) = harness(2, 3, |_, _| Arc::new(Dud)).await;
+    poll_until("two launch failures reported", WAIT, POLL_INTERVAL, || {
+        let report = job.active_report();
+        let reported = report
+            .as_ref()
+            .is_some_and(|r| r.failed_launches.len() == 2);
+        std::future::ready(if reported {
+            Ok(())
+        } else {
+            Err(format!("{report:?}"))
+        })
+    })
+    .await
+    .unwrap();
+    let failed = job.active_report().unwrap().failed_launches;
+    let leader = job.cluster.wait_for_leader(WAIT).await.unwrap();
+    let log = common::read_all(&job.cluster.replica(leader).clone_handle()).await;
+    let mut launches: Vec<(Offset, LaunchContainer)> = Vec::new();
+    let mut cancels: Vec<(Offset, CancelLaunch)> = Vec::new();
+    for entry in &log {
+        match entry.command() {
+            Command::LaunchContainer(launch) => launches.push((entry.offset, launch)),
+            Command::CancelLaunch(cancel) => cancels.push((entry.offset, cancel)),
+            _ => {}
+        }
+    }
+    let slots: Vec<(Offset, LaunchContainer)> = launches.iter().take(4).cloned().collect();
+    assert_eq!(
+        slots.iter().map(|(_, l)| l.attempt).collect::<Vec<_>>(),
+        vec![1, 1, 2, 2],
+        "{launches:?}"
+    );
+    for (at, launch) in &slots {
+        let cancelled = cancels
+            .iter()
+            .find(|(_, c)| c.container == launch.container)
+            .unwrap_or_else(|| panic!("{} was never cancelled: {cancels:?}", launch.container));
+        assert_eq!(cancelled.1.launch, *at);
+        assert!(cancelled.0 > *at, "cancelled after it was recorded");
+    }
+    let retried: Vec<&ContainerId> = slots[2..].iter().map(|(_, l)| &l.container).collect();
+    assert_eq!(failed.iter().collect::<Vec<_>>(), retried);
+    let state = job
+        .cluster
+        .replica(leader)
+        .clone_handle()
+        .read_state(JobState::clone);
+    for (_, launch) in &slots {
+        assert_eq!(
+            state.containers()[&launch.container].status,
+            ContainerStatus::Expired
+        );
+    }
     job.shutdown().await;
 }

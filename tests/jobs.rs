@@ -13,7 +13,7 @@ use ctrlog::client::{
     SubscriptionItem,
 };
 use ctrlog::jobs::{ContainerStatus, JobState, Rejection, TaskPhase};
-use ctrlog::log::vocabulary::{kinds, Vocabulary};
+use ctrlog::log::vocabulary::{kinds, Vocabulary, LEVEL_MAX};
 use ctrlog::log::*;
 use ctrlog::tools::LocalCluster;
 use futures::StreamExt;
@@ -220,12 +220,14 @@ async fn the_vocabulary_gate_and_an_old_reader_on_a_real_log() {
     assert_eq!(
         refused(
             client
-                .append(Command::SetVocabularyLevel(SetVocabularyLevel { level: 3 }))
+                .append(Command::SetVocabularyLevel(SetVocabularyLevel {
+                    level: LEVEL_MAX + 1
+                }))
                 .await
         ),
         ApiError::Refused(Rejection::LevelUnsupported {
-            requested: 3,
-            supported: 2
+            requested: LEVEL_MAX + 1,
+            supported: LEVEL_MAX
         })
     );
     client

@@ -506,8 +506,12 @@ impl ControlClient {
     /// Exactly once holds within these limits (RELIABILITY.md, "Guarantees"): the client's
     /// retries reuse the append's `(producer, seq)` until its deadline; after `GaveUp` the
     /// append's fate is unknown, and only [`ControlClient::append_proposal`] with the same pair
-    /// retries it safely; and the replicas remember the latest 65,536 producers, so a retry
-    /// after that many others have appended since is not recognised as one.
+    /// retries it safely; and the replicas remember the latest 65,536 producers. From
+    /// vocabulary level 3, an append of a producer they forgot (65,536 others appended since
+    /// its last) is answered [`ApiError::ProducerForgotten`] rather than appended again, at
+    /// once and without retrying; whether its earlier attempt committed is then unknown, and
+    /// later appends need a new producer ([`ControlClient::new_producer`]). Below level 3 such
+    /// a retry is taken for a new append.
     pub async fn append(&self, command: Command) -> Result<AppendAck, ClientError> {
         let target = command.target().unwrap_or(Target::All);
         self.append_to(target, command).await

@@ -109,6 +109,29 @@ pub enum ApiError {
     /// closed the connection instead, so no older client ever receives this.)
     #[error("the answer of {size} bytes exceeds this port's {limit}-byte answers")]
     AnswerTooLarge { size: u64, limit: u64 },
+    /// The replicas no longer remember this producer (more than 65,536 others appended since
+    /// its last append) and `seq` is above those a producer begins with, so this may be the
+    /// retry of an append that is in the log already; nothing was appended, and retrying
+    /// will not help. Whether the earlier attempt committed is unknown: look for it in the
+    /// log. Later appends need a new producer (`ControlClient::new_producer`). Answered from
+    /// vocabulary level 3 on; below it such an append is taken for new.
+    #[error(
+        "producer {producer} is no longer remembered; seq {seq} may be a retry of an append \
+         in the log already"
+    )]
+    ProducerForgotten { producer: ProducerId, seq: Seq },
+    /// `members add` of a replica whose build knows vocabulary levels only up to
+    /// `supported`, below the level the log records: it would stop applying once it caught
+    /// up. Nothing was added; upgrade it first.
+    #[error(
+        "replica {member} knows vocabulary levels up to {supported}, but the log records level \
+         {recorded}: upgrade it before adding it (nothing was added)"
+    )]
+    MemberLevelUnsupported {
+        member: NodeId,
+        supported: Level,
+        recorded: Level,
+    },
 }
 
 impl ApiError {

@@ -5,8 +5,18 @@
 //! asks [`jobs::plan`](crate::jobs::plan) for the next steps, which it carries out as commands
 //! in the log (and container launches and stops). Planning is level-triggered from JobState,
 //! where every handshake in flight is recorded, so a new leader's controller resumes the old
-//! one's work exactly; the only state kept here (launches not yet registered, the policy's
-//! cooldown) is advisory and rebuilt safely after a failover.
+//! one's work exactly; the only state kept here (launch deadlines, the policy's cooldown) is
+//! advisory and rebuilt safely after a failover.
+//!
+//! Side effects follow the log. From vocabulary level 3 a launch is recorded
+//! (`LaunchContainer`) and committed before the launcher is called, and a launch given up is
+//! recorded (`CancelLaunch`) before its container is stopped; a container drained is stopped
+//! only after its `DeregisterContainer` committed (at every level). A commit needs a quorum,
+//! so a stale leader's controller carries nothing out; and a new leader finds every launch
+//! that may be running in the JobState, waits for it to register until a launch deadline
+//! counted from when it first saw it, then cancels it and launches again under the next
+//! attempt: it neither repeats a launch nor forgets one. Below level 3 launches are not
+//! recorded, as before (a new leader does not know of them).
 
 mod inputs;
 mod launcher;
@@ -26,9 +36,12 @@ pub use launcher::{ContainerLauncher, ProcessLauncher};
 
 use crate::client::{ApiError, AppendAck};
 use crate::jobs::plan::{owed_acks, plan, Action, Grouper, Observed, ScalingPolicy};
-use crate::jobs::{JobState, Session};
-use crate::log::vocabulary::kinds;
-use crate::log::{Command, ContainerId, DesiredContainers, DesiredContainersV1, Offset};
+use crate::jobs::{ContainerStatus, JobState, Session};
+use crate::log::vocabulary::{kinds, LEVEL_LAUNCHES_RECORDED};
+use crate::log::{
+    CancelLaunch, Command, ContainerId, DesiredContainers, DesiredContainersV1, LaunchContainer,
+    Offset,
+};
 
 /// What the controller needs from the replica it runs on. `server` implements it for its
 /// `ReplicaHandle`; the unit tests below and the deterministic simulation implement it over
@@ -94,9 +107,13 @@ pub struct ControllerReport {
     pub refused: u64,
 }
 
+/// A launch this controller waits on.
 struct Launch {
+    /// When it is given up if the container has not registered.
     deadline: Instant,
     attempt: u32,
+    /// The offset of its `LaunchContainer` (level 3 on), which `CancelLaunch` names.
+    recorded_at: Option<Offset>,
 }
 
 /// The pluggable parts a controller drives a job with.
@@ -176,9 +193,15 @@ impl<P: ControlPlane> Controller<P> {
     async fn reconcile(&mut self) {
         let state = self.plane.job_state();
         let now = Instant::now();
-        self.launching
-            .retain(|container, _| state.live_session(container).is_none());
-        self.retry_overdue_launches(&state, now);
+        if records_launches(&state) {
+            self.follow_recorded_launches(&state, now);
+        } else {
+            self.launching
+                .retain(|container, _| state.live_session(container).is_none());
+        }
+        if !self.retry_overdue_launches(&state, now).await {
+            return; // the state moved under the retry: re-plan next tick
+        }
         // The state read for this round already holds everything the last round appended.
         self.report.send_modify(|r| {
             r.owed_acks = owed_acks(&state);
@@ -230,11 +253,15 @@ impl<P: ControlPlane> Controller<P> {
             let done = match action {
                 Action::Append(command) => self.append(command).await,
                 Action::Launch(count) => {
+                    let mut launched = true;
                     for _ in 0..count {
                         let name = self.next_name(&state);
-                        self.launch(name, 1, now);
+                        launched = self.launch(&state, name, 1, now).await;
+                        if !launched {
+                            break;
+                        }
                     }
-                    true
+                    launched
                 }
                 Action::Stop(container) => {
                     self.driver.launcher.stop(&container);
@@ -249,6 +276,11 @@ impl<P: ControlPlane> Controller<P> {
 
     /// Appends one command; false if it was refused or failed.
     async fn append(&mut self, command: Command) -> bool {
+        self.append_at(command).await.is_some()
+    }
+
+    /// Appends one command; its offset, or `None` if it was refused or failed.
+    async fn append_at(&mut self, command: Command) -> Option<Offset> {
         let kind = command.kind_version().0;
         match self.plane.append(command.clone()).await {
             Ok(ack) => {
@@ -259,12 +291,12 @@ impl<P: ControlPlane> Controller<P> {
                 }
                 self.report
                     .send_modify(|r| r.appended.push((ack.offset, command)));
-                true
+                Some(ack.offset)
             }
             Err(error) => {
                 tracing::debug!(%error, ?command, "command not appended");
                 self.report.send_modify(|r| r.refused += 1);
-                false
+                None
             }
         }
     }
@@ -283,7 +315,32 @@ impl<P: ControlPlane> Controller<P> {
         ContainerId::new(format!("{prefix}{}", used + 1)).expect("a valid container name")
     }
 
-    fn launch(&mut self, container: ContainerId, attempt: u32, now: Instant) {
+    /// Launches a container, first recording the launch when the level asks for it; false if
+    /// the record was refused or leadership was lost before the launch could be carried out
+    /// (the next leader finds the record and waits for it: see the module's docs).
+    async fn launch(
+        &mut self,
+        state: &JobState,
+        container: ContainerId,
+        attempt: u32,
+        now: Instant,
+    ) -> bool {
+        let recorded_at = if records_launches(state) {
+            let record = Command::LaunchContainer(LaunchContainer {
+                container: container.clone(),
+                attempt,
+            });
+            let Some(offset) = self.append_at(record).await else {
+                return false;
+            };
+            if !self.plane.is_leader() {
+                tracing::info!(%container, "leadership lost after recording a launch; not launching");
+                return false;
+            }
+            Some(offset)
+        } else {
+            None
+        };
         tracing::info!(%container, attempt, "launching a container");
         if let Err(error) = self.driver.launcher.launch(&container) {
             tracing::error!(%container, %error, "launch failed");
@@ -293,31 +350,86 @@ impl<P: ControlPlane> Controller<P> {
             Launch {
                 deadline: now + self.config.launch_timeout,
                 attempt,
+                recorded_at,
             },
         );
+        true
+    }
+
+    /// Waits on the launches the log records as in flight: those a previous leader recorded
+    /// are waited on from now (whether it carried them out is unknown, so they get a whole
+    /// launch timeout to register), and those that registered or were cancelled are done.
+    /// A launch this controller made unrecorded, before the level was raised, is waited on
+    /// until its container registers, as below level 3.
+    fn follow_recorded_launches(&mut self, state: &JobState, now: Instant) {
+        let recorded: BTreeMap<&ContainerId, (Offset, u32)> = state
+            .containers()
+            .iter()
+            .filter_map(|(container, record)| match record.status {
+                ContainerStatus::Launching { attempt } => {
+                    Some((container, (record.epoch, attempt)))
+                }
+                _ => None,
+            })
+            .collect();
+        self.launching.retain(|container, launch| {
+            match (launch.recorded_at, recorded.get(container)) {
+                (Some(at), Some((recorded_at, _))) => at == *recorded_at,
+                (Some(_), None) => false,
+                (None, _) => state.live_session(container).is_none(),
+            }
+        });
+        for (container, (at, attempt)) in recorded {
+            self.launching
+                .entry(container.clone())
+                .or_insert_with(|| Launch {
+                    deadline: now + self.config.launch_timeout,
+                    attempt,
+                    recorded_at: Some(at),
+                });
+        }
     }
 
     /// Launches that did not register in time are stopped, and retried under a new name until
-    /// the attempts run out; then they are reported.
-    fn retry_overdue_launches(&mut self, state: &JobState, now: Instant) {
-        let overdue: Vec<(ContainerId, u32)> = self
+    /// the attempts run out; then they are reported. A recorded launch is cancelled in the log
+    /// before its container is stopped. False if a record was refused (re-plan next tick).
+    async fn retry_overdue_launches(&mut self, state: &JobState, now: Instant) -> bool {
+        let overdue: Vec<(ContainerId, u32, Option<Offset>)> = self
             .launching
             .iter()
             .filter(|(_, launch)| launch.deadline <= now)
-            .map(|(c, launch)| (c.clone(), launch.attempt))
+            .map(|(c, launch)| (c.clone(), launch.attempt, launch.recorded_at))
             .collect();
-        for (container, attempt) in overdue {
+        for (container, attempt, recorded_at) in overdue {
+            if let Some(launch) = recorded_at {
+                let cancel = Command::CancelLaunch(CancelLaunch {
+                    container: container.clone(),
+                    launch,
+                });
+                if self.append_at(cancel).await.is_none() {
+                    return false;
+                }
+            }
             self.launching.remove(&container);
             self.driver.launcher.stop(&container);
             if attempt < self.config.launch_attempts {
                 tracing::warn!(%container, attempt, "launch never registered; retrying");
                 let name = self.next_name(state);
-                self.launch(name, attempt + 1, now);
+                if !self.launch(state, name, attempt + 1, now).await {
+                    return false;
+                }
             } else {
                 tracing::error!(%container, attempt, "launch never registered; giving up");
                 self.report
                     .send_modify(|r| r.failed_launches.push(container.clone()));
             }
         }
+        true
     }
+}
+
+/// Whether the recorded level has the controller record its launches
+/// ([`LEVEL_LAUNCHES_RECORDED`]).
+fn records_launches(state: &JobState) -> bool {
+    state.level() >= LEVEL_LAUNCHES_RECORDED
 }

@@ -23,6 +23,8 @@ struct Replica {
     overdue: Vec<Session>,
     lag: BTreeMap<ContainerId, u64>,
     log: Vec<Command>,
+    /// Leadership moves away right after the next launch record commits.
+    lose_leadership_after_launch_record: bool,
 }
 
 /// A [`ControlPlane`] over an in-memory JobState. Clones share the replica, so a second
@@ -152,11 +154,19 @@ impl ControlPlane for FakePlane {
                 leader_client_addr: None,
             });
         }
+        let launch_record = matches!(command, Command::LaunchContainer(_));
         match self.write(command) {
-            Outcome::Appended { offset } => Ok(AppendAck {
-                offset,
-                duplicate: false,
-            }),
+            Outcome::Appended { offset } => {
+                let mut replica = self.lock();
+                if launch_record && replica.lose_leadership_after_launch_record {
+                    replica.lose_leadership_after_launch_record = false;
+                    replica.leading = false;
+                }
+                Ok(AppendAck {
+                    offset,
+                    duplicate: false,
+                })
+            }
             Outcome::Rejected(rejection) => Err(rejection.into()),
             other => panic!("no producer pairs here: {other:?}"),
         }
@@ -197,6 +207,34 @@ impl ContainerLauncher for Launches {
     }
 }
 
+/// A launcher that notes, for each launch, whether the log already recorded it as in flight
+/// (a `LaunchContainer` committed before the call).
+struct RecordCheckingLauncher {
+    plane: FakePlane,
+    launches: Launches,
+    recorded_first: Mutex<Vec<bool>>,
+}
+
+impl ContainerLauncher for RecordCheckingLauncher {
+    fn launch(&self, container: &ContainerId) -> Result<(), String> {
+        let recorded = self
+            .plane
+            .job()
+            .containers()
+            .get(container)
+            .map(|r| r.status);
+        self.recorded_first.lock().unwrap().push(matches!(
+            recorded,
+            Some(crate::jobs::ContainerStatus::Launching { .. })
+        ));
+        self.launches.launch(container)
+    }
+
+    fn stop(&self, container: &ContainerId) {
+        self.launches.stop(container)
+    }
+}
+
 fn c(name: &str) -> ContainerId {
     ContainerId::new(name).unwrap()
 }
@@ -213,13 +251,22 @@ fn controller(
     wanted: &Wanted,
     launches: &Arc<Launches>,
 ) -> Controller<FakePlane> {
+    controller_with(plane, partitions, wanted, launches.clone())
+}
+
+fn controller_with(
+    plane: &FakePlane,
+    partitions: u32,
+    wanted: &Wanted,
+    launcher: Arc<dyn ContainerLauncher>,
+) -> Controller<FakePlane> {
     Controller::new(
         plane.clone(),
         JobDriver {
             inputs: Box::new(StaticInputs(inputs(0..partitions))),
             grouper: Box::new(GroupByPartition),
             policy: Box::new(wanted.clone()),
-            launcher: launches.clone(),
+            launcher,
         },
         ControllerConfig::default(),
     )
@@ -489,4 +536,153 @@ async fn leadership_lost_mid_move_the_next_leader_completes_it() {
         "the launch that registered is not repeated"
     );
     assert_eq!(owners(&plane.job()).len(), 3);
+}
+
+/// A plane that leads, at vocabulary level 3 (launches are recorded), with a launcher that
+/// checks each launch was recorded first.
+fn at_level_3() -> (FakePlane, Wanted, Arc<RecordCheckingLauncher>) {
+    let plane = FakePlane::leading();
+    for level in 2..=3 {
+        plane.container_says(Command::SetVocabularyLevel(SetVocabularyLevel { level }));
+    }
+    let launcher = Arc::new(RecordCheckingLauncher {
+        plane: plane.clone(),
+        launches: Launches::default(),
+        recorded_first: Mutex::default(),
+    });
+    (plane, Wanted::default(), launcher)
+}
+
+fn launch_records(log: &[Command]) -> Vec<LaunchContainer> {
+    log.iter()
+        .filter_map(|c| match c {
+            Command::LaunchContainer(launch) => Some(launch.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Goal: from level 3 every launch is recorded in the log, and committed, before the
+/// launcher is called, and a recorded launch ends when its container registers.
+/// Steps: level 3, 4 inputs, 2 containers wanted; settle; the log records both launches and
+/// the launcher saw each recorded before it ran; register both; every task gets an owner and
+/// nothing is launched again.
+#[tokio::test]
+async fn at_level_3_each_launch_is_recorded_before_it_is_carried_out() {
+    let (plane, wanted, launcher) = at_level_3();
+    wanted.set(2);
+    let mut controller = controller_with(&plane, 4, &wanted, launcher.clone());
+    settle(&mut controller, &plane).await;
+
+    let log = plane.log_since(0);
+    assert_eq!(
+        launch_records(&log),
+        vec![
+            LaunchContainer {
+                container: c("container-1"),
+                attempt: 1
+            },
+            LaunchContainer {
+                container: c("container-2"),
+                attempt: 1
+            },
+        ]
+    );
+    assert_eq!(
+        *launcher.launches.launched.lock().unwrap(),
+        vec![c("container-1"), c("container-2")]
+    );
+    assert_eq!(*launcher.recorded_first.lock().unwrap(), vec![true, true]);
+
+    plane.register("container-1");
+    plane.register("container-2");
+    settle(&mut controller, &plane).await;
+    assert_eq!(owners(&plane.job()).len(), 2);
+    assert_eq!(launcher.launches.launched.lock().unwrap().len(), 2);
+    assert!(controller.report().borrow().launching.is_empty());
+}
+
+/// Goal: leadership that moves between a launch's record and the launch loses nothing and
+/// repeats nothing: the old leader does not launch, the next leader waits for the recorded
+/// launch to register until its deadline, then cancels it in the log, stops it, and launches
+/// a replacement under the next attempt, recorded first.
+/// Steps: level 3, 1 container wanted; the old controller records launch 1 and loses
+/// leadership before launching; a new controller on the same log ticks for most of the
+/// launch timeout (no launch, no new record); past it, it writes `CancelLaunch` and a second
+/// `LaunchContainer` (attempt 2), stops container-1 and launches container-2; container-2
+/// registers and gets both tasks.
+#[tokio::test(start_paused = true)]
+async fn leadership_lost_between_a_launch_record_and_the_launch_the_next_leader_relaunches_once() {
+    let (plane, wanted, launcher) = at_level_3();
+    wanted.set(1);
+    plane.lock().lose_leadership_after_launch_record = true;
+    let mut old = controller_with(&plane, 2, &wanted, launcher.clone());
+    settle(&mut old, &plane).await;
+    let recorded = launch_records(&plane.log_since(0));
+    assert_eq!(
+        recorded,
+        vec![LaunchContainer {
+            container: c("container-1"),
+            attempt: 1
+        }]
+    );
+    assert!(!plane.is_leader());
+    assert!(
+        launcher.launches.launched.lock().unwrap().is_empty(),
+        "a leader that lost leadership after the record does not launch"
+    );
+    let launch_offset = plane.job().containers()[&c("container-1")].epoch;
+
+    let mut new = controller_with(&plane, 2, &wanted, launcher.clone());
+    plane.lock().leading = true;
+    let mark = plane.log_len();
+    let timeout = ControllerConfig::default().launch_timeout;
+    let tick = ControllerConfig::default().tick;
+    let waited = tokio::time::Instant::now();
+    while waited.elapsed() + tick < timeout {
+        new.tick().await;
+        old.tick().await;
+        tokio::time::advance(tick).await;
+    }
+    assert!(
+        launch_records(&plane.log_since(mark)).is_empty(),
+        "the recorded launch is waited on, not repeated: {:?}",
+        plane.log_since(mark)
+    );
+    assert!(launcher.launches.launched.lock().unwrap().is_empty());
+    assert_eq!(
+        new.report().borrow().launching,
+        BTreeSet::from([c("container-1")])
+    );
+
+    tokio::time::advance(2 * tick).await;
+    new.tick().await;
+    assert_eq!(
+        plane.log_since(mark),
+        vec![
+            Command::CancelLaunch(CancelLaunch {
+                container: c("container-1"),
+                launch: launch_offset,
+            }),
+            Command::LaunchContainer(LaunchContainer {
+                container: c("container-2"),
+                attempt: 2,
+            }),
+        ]
+    );
+    assert_eq!(
+        *launcher.launches.stopped.lock().unwrap(),
+        vec![c("container-1")]
+    );
+    assert_eq!(
+        *launcher.launches.launched.lock().unwrap(),
+        vec![c("container-2")]
+    );
+    assert_eq!(*launcher.recorded_first.lock().unwrap(), vec![true]);
+
+    plane.register("container-2");
+    settle(&mut new, &plane).await;
+    assert_eq!(owners(&plane.job())["container-2"].len(), 2);
+    assert_eq!(launcher.launches.launched.lock().unwrap().len(), 1);
+    assert!(new.report().borrow().launching.is_empty());
 }

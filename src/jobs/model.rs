@@ -12,14 +12,19 @@ pub enum ContainerStatus {
     Live,
     /// Left cleanly.
     Deregistered,
-    /// Declared dead by the coordinator.
+    /// Declared dead by the coordinator, or its launch given up (`CancelLaunch`).
     Expired,
+    /// Launched by the coordinator (`LaunchContainer`, from level 3) and not registered yet.
+    /// Added after v0.1.0, last, so that the statuses before it keep their encoding.
+    Launching {
+        attempt: u32,
+    },
 }
 
 /// A container as the log knows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerRecord {
-    /// The offset of its latest registration.
+    /// The offset of its latest registration; while it is `Launching`, of its launch.
     pub epoch: Epoch,
     pub status: ContainerStatus,
     pub location: String,

@@ -8,9 +8,9 @@ use serde::{Deserialize, Serialize};
 use crate::log::{Offset, ProducerId, ProducerSeq, Seq};
 
 /// How many producers the table remembers. When a new producer arrives at a full table, the
-/// producer that appended least recently is forgotten; its retries would then append again.
-/// 65,536 producers × a full window is at most a few tens of MiB of snapshot, while a job has
-/// far fewer live containers and coordinators than that.
+/// producer that appended least recently is forgotten (see [`Seen::UnknownProducer`] for what
+/// its later appends get). 65,536 producers × a full window is at most a few tens of MiB of
+/// snapshot, while a job has far fewer live containers and coordinators than that.
 pub const PRODUCERS_MAX: usize = 65_536;
 
 /// The span of sequence numbers below a producer's highest accepted one that the table still
@@ -45,6 +45,8 @@ impl ProducerWindow {
 ///   sequence at or below `h - PRODUCER_WINDOW` is refused.
 /// * At most [`PRODUCERS_MAX`] producers are remembered; eviction is by least recent offset,
 ///   which every replica computes identically.
+/// * A producer it does not remember is new only at a sequence up to [`PRODUCER_WINDOW`]
+///   (where every producer starts); above that it is [`Seen::UnknownProducer`].
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProducerTable {
     windows: BTreeMap<ProducerId, ProducerWindow>,
@@ -65,12 +67,30 @@ pub enum Seen {
     OutOfWindow {
         lowest: Seq,
     },
+    /// The producer is not remembered, and the sequence is above [`PRODUCER_WINDOW`], so it is
+    /// not how a producer begins: the producer was forgotten (evicted by [`PRODUCERS_MAX`]
+    /// newer ones) and this may be the retry of an append already in the log.
+    ///
+    /// The table keeps nothing of a forgotten producer (a record of each would be the
+    /// unbounded table the limit exists to avoid), so it tells the two cases apart by where
+    /// producers start instead: the client library numbers a producer's appends from 1 and
+    /// keeps at most [`PRODUCER_WINDOW`] unanswered, so a producer's first accepted sequence
+    /// is at most [`PRODUCER_WINDOW`]. This is decided from the table alone, hence the same on
+    /// every replica. What stays undetected is a producer forgotten within its first
+    /// [`PRODUCER_WINDOW`] sequences that retries one of them (65,536 other producers would
+    /// have to append between an attempt and its retry). `JobState` refuses this only from
+    /// vocabulary level 3 and takes it for [`Seen::New`] below, as older builds did.
+    UnknownProducer,
 }
 
 impl ProducerTable {
     pub fn check(&self, pair: ProducerSeq) -> Seen {
         let Some(window) = self.windows.get(&pair.producer) else {
-            return Seen::New;
+            return if pair.seq <= PRODUCER_WINDOW {
+                Seen::New
+            } else {
+                Seen::UnknownProducer
+            };
         };
         let lowest = window.highest().saturating_sub(PRODUCER_WINDOW - 1);
         if pair.seq < lowest {
@@ -177,5 +197,16 @@ mod tests {
         assert_eq!(table.len(), PRODUCERS_MAX);
         assert_eq!(table.check(pair(0, 1)), Seen::New, "producer 0 was evicted");
         assert_eq!(table.check(pair(1, 1)), Seen::Duplicate { offset: 2 });
+    }
+
+    #[test]
+    fn an_unknown_producer_begins_only_within_the_first_window() {
+        let table = ProducerTable::default();
+        assert_eq!(table.check(pair(1, 0)), Seen::New);
+        assert_eq!(table.check(pair(1, PRODUCER_WINDOW)), Seen::New);
+        assert_eq!(
+            table.check(pair(1, PRODUCER_WINDOW + 1)),
+            Seen::UnknownProducer
+        );
     }
 }

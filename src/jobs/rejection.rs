@@ -108,4 +108,15 @@ pub enum Rejection {
     /// The vocabulary level only goes up.
     #[error("the vocabulary level is {current}; {requested} does not raise it")]
     LevelNotRaised { current: Level, requested: Level },
+    // Added after v0.1.0, last, so that the rejections before keep their encoding.
+    /// A launch of a container that is live or already being launched.
+    #[error("container {container} is live or being launched already")]
+    ContainerExists { container: ContainerId },
+    /// A launch to cancel that is not in flight: the container registered, or the launch was
+    /// cancelled, or replaced, already.
+    #[error("no launch of {container} at offset {launch} is in flight")]
+    NoSuchLaunch {
+        container: ContainerId,
+        launch: Offset,
+    },
 }

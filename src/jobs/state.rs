@@ -7,11 +7,14 @@ use serde::{Deserialize, Serialize};
 use super::model::*;
 use super::producers::{ProducerTable, Seen};
 use super::rejection::Rejection;
-use crate::log::vocabulary::{kind_spec, Undecodable, Vocabulary, LEVEL_INITIAL, LEVEL_MAX};
+use crate::log::vocabulary::{
+    kind_spec, Undecodable, Vocabulary, LEVEL_FORGOTTEN_PRODUCERS_REFUSED, LEVEL_INITIAL, LEVEL_MAX,
+};
 use crate::log::{
-    Ack, AddInputs, AssignTask, Batch, Command, ConfigChange, ContainerId, Epoch, Frame, Input,
-    Level, LogEntry, Offset, ProducerSeq, RegisterContainer, RemoveInputs, SchemaChange, Seq,
-    StopTask, Target, TaskId, TaskStarted, TaskStopped, CUSTOM_KIND_MIN,
+    Ack, AddInputs, AssignTask, Batch, CancelLaunch, Command, ConfigChange, ContainerId, Epoch,
+    Frame, Input, LaunchContainer, Level, LogEntry, Offset, ProducerSeq, RegisterContainer,
+    RemoveInputs, SchemaChange, Seq, StopTask, Target, TaskId, TaskStarted, TaskStopped,
+    CUSTOM_KIND_MIN,
 };
 
 /// Records of containers that left or expired are kept (so that their zombies are told
@@ -31,6 +34,10 @@ pub enum Outcome {
     OutOfWindow { lowest: Seq },
     /// The job model refused the command; it took no offset.
     Rejected(Rejection),
+    /// The producer is not remembered and the sequence is not one a producer begins with, so
+    /// this may be the retry of an append made before the producer was forgotten (see
+    /// [`Seen::UnknownProducer`]); nothing was appended. From vocabulary level 3 only.
+    ProducerForgotten,
 }
 
 impl Outcome {
@@ -38,7 +45,7 @@ impl Outcome {
     pub fn offset(&self) -> Option<Offset> {
         match self {
             Outcome::Appended { offset } | Outcome::Duplicate { offset } => Some(*offset),
-            Outcome::OutOfWindow { .. } | Outcome::Rejected(_) => None,
+            Outcome::OutOfWindow { .. } | Outcome::Rejected(_) | Outcome::ProducerForgotten => None,
         }
     }
 }
@@ -126,6 +133,8 @@ fn check_names(command: &Command) -> Result<(), Rejection> {
         Command::TaskStarted(c) => container(&c.container).and(task(&c.task)),
         Command::TaskStopped(c) => container(&c.container).and(task(&c.task)),
         Command::Ack(c) => container(&c.container),
+        Command::LaunchContainer(c) => container(&c.container),
+        Command::CancelLaunch(c) => container(&c.container),
         _ => Ok(()),
     }
 }
@@ -156,8 +165,10 @@ impl JobState {
         self.level
     }
 
-    /// Whether this build understands the recorded level; if not, commands it does not know
-    /// pass through unchecked and the replica should be upgraded.
+    /// Whether this build understands the recorded level. If not, `apply` passes the kinds it
+    /// does not know through unchecked, which a reader replaying a newer log may do; a
+    /// replica's state machine instead stops applying (fail-stop, `raft::state_machine`),
+    /// since it would accept what replicas knowing the level refuse.
     pub fn level_understood(&self) -> bool {
         self.level <= LEVEL_MAX
     }
@@ -260,6 +271,12 @@ impl JobState {
                 Seen::New => {}
                 Seen::Duplicate { offset } => return Outcome::Duplicate { offset },
                 Seen::OutOfWindow { lowest } => return Outcome::OutOfWindow { lowest },
+                // Decided by the recorded level, never by the build, so that a replica still on
+                // a build before level 3 decides exactly as the others do.
+                Seen::UnknownProducer if self.level >= LEVEL_FORGOTTEN_PRODUCERS_REFUSED => {
+                    return Outcome::ProducerForgotten
+                }
+                Seen::UnknownProducer => {}
             }
         }
         let offset = self.next_offset;
@@ -291,7 +308,8 @@ impl JobState {
                 // Every kind allowed at a level this build understands is known to it.
                 return Err(Rejection::UnknownKind { kind, version });
             }
-            // A level newer than this build: a newer replica applies it; pass it through.
+            // A level newer than this build: a newer replica decides it; pass it through (a
+            // replica's state machine never gets here: it stops at such a level).
             return Ok(());
         };
         check(spec.since <= level, || Rejection::NotYetAllowed {
@@ -377,6 +395,8 @@ impl JobState {
                 self.level = c.level;
                 Ok(())
             }
+            Command::LaunchContainer(c) => self.launch(c, offset, at_ms),
+            Command::CancelLaunch(c) => self.cancel_launch(c),
             Command::Custom { .. } | Command::Unknown(_) => {
                 unreachable!("decode_builtin returns built-in commands only")
             }
@@ -443,11 +463,55 @@ impl JobState {
         });
     }
 
+    /// Records a launch about to be carried out: the container is `Launching` until it
+    /// registers or the launch is cancelled.
+    fn launch(&mut self, c: LaunchContainer, offset: Offset, at_ms: u64) -> Result<(), Rejection> {
+        let taken = self.containers.get(&c.container).is_some_and(|r| {
+            matches!(
+                r.status,
+                ContainerStatus::Live | ContainerStatus::Launching { .. }
+            )
+        });
+        check(!taken, || Rejection::ContainerExists {
+            container: c.container.clone(),
+        })?;
+        self.containers.insert(
+            c.container,
+            ContainerRecord {
+                epoch: offset,
+                status: ContainerStatus::Launching { attempt: c.attempt },
+                location: String::new(),
+                registered_at_ms: at_ms,
+            },
+        );
+        Ok(())
+    }
+
+    fn cancel_launch(&mut self, c: CancelLaunch) -> Result<(), Rejection> {
+        let record = self.containers.get_mut(&c.container).filter(|r| {
+            r.epoch == c.launch && matches!(r.status, ContainerStatus::Launching { .. })
+        });
+        let Some(record) = record else {
+            return Err(Rejection::NoSuchLaunch {
+                container: c.container,
+                launch: c.launch,
+            });
+        };
+        record.status = ContainerStatus::Expired;
+        self.forget_oldest_dead();
+        Ok(())
+    }
+
     fn forget_oldest_dead(&mut self) {
         let mut dead: Vec<(Epoch, ContainerId)> = self
             .containers
             .iter()
-            .filter(|(_, r)| r.status != ContainerStatus::Live)
+            .filter(|(_, r)| {
+                matches!(
+                    r.status,
+                    ContainerStatus::Deregistered | ContainerStatus::Expired
+                )
+            })
             .map(|(c, r)| (r.epoch, c.clone()))
             .collect();
         if dead.len() > DEAD_CONTAINERS_KEPT {

@@ -482,7 +482,7 @@ fn unknown_malformed_misaddressed_and_misnamed_commands_are_refused() {
     job.ok(Command::custom(1, 9, vec![0xff; 5]));
 
     // At a level above this build's, a kind it does not know passes through: a newer replica
-    // applies it.
+    // decides it. (A replica's state machine stops before: `raft::state_machine`.)
     job.ok(Command::SetVocabularyLevel(SetVocabularyLevel {
         level: LEVEL_MAX + 1,
     }));
@@ -504,6 +504,116 @@ fn duplicates_and_out_of_window_sequences_take_no_offset() {
     assert_eq!(append(2), Outcome::OutOfWindow { lowest: 69 });
     assert_eq!(append(99), Outcome::Appended { offset: 3 });
     assert_eq!(state.next_offset(), 4);
+}
+
+/// Goal: from level 3 the log records the coordinator's launches: a launch makes the
+/// container `Launching` until it registers or the launch is cancelled, a second launch of a
+/// live or launching container is refused, and only a launch in flight can be cancelled.
+#[test]
+fn launches_are_recorded_until_the_container_registers_or_the_launch_is_cancelled() {
+    let mut job = Job::default();
+    let launch = |name: &str, attempt| {
+        Command::LaunchContainer(LaunchContainer {
+            container: c(name),
+            attempt,
+        })
+    };
+    let cancel = |name: &str, launch| {
+        Command::CancelLaunch(CancelLaunch {
+            container: c(name),
+            launch,
+        })
+    };
+    assert!(matches!(
+        job.refused(launch("a", 1)),
+        Rejection::NotYetAllowed { level: 1, .. }
+    ));
+    job.ok(Command::SetVocabularyLevel(SetVocabularyLevel { level: 3 }));
+
+    let a = job.ok(launch("a", 1));
+    let status = |job: &Job, name: &str| job.state.containers()[&c(name)].status;
+    assert_eq!(status(&job, "a"), ContainerStatus::Launching { attempt: 1 });
+    assert!(job.state.live_session(&c("a")).is_none());
+    assert_eq!(
+        job.refused(launch("a", 2)),
+        Rejection::ContainerExists { container: c("a") }
+    );
+    assert_eq!(
+        job.refused(cancel("a", a + 1)),
+        Rejection::NoSuchLaunch {
+            container: c("a"),
+            launch: a + 1
+        }
+    );
+    let epoch = job.register("a");
+    assert_eq!(job.state.live_session(&c("a")).unwrap().epoch, epoch);
+    assert!(matches!(
+        job.refused(cancel("a", a)),
+        Rejection::NoSuchLaunch { .. }
+    ));
+    assert_eq!(
+        job.refused(launch("a", 1)),
+        Rejection::ContainerExists { container: c("a") }
+    );
+
+    let b = job.ok(launch("b", 2));
+    job.ok(cancel("b", b));
+    assert_eq!(status(&job, "b"), ContainerStatus::Expired);
+    assert!(matches!(
+        job.refused(cancel("b", b)),
+        Rejection::NoSuchLaunch { .. }
+    ));
+}
+
+/// Goal: a retry from a producer the table forgot is refused from vocabulary level 3 instead
+/// of being appended a second time, and appended below level 3 exactly as older builds do.
+/// Steps: producer 7 appends sequences 1..=40; `PRODUCERS_MAX` other producers append once
+/// each, which evicts 7; 7 retries sequence 40. A new producer starting at 1 is still new.
+#[test]
+fn a_forgotten_producers_retry_is_refused_from_level_3_and_appended_below_it() {
+    for level in [2, 3] {
+        let mut job = Job::default();
+        for raised in 2..=level {
+            job.ok(Command::SetVocabularyLevel(SetVocabularyLevel {
+                level: raised,
+            }));
+        }
+        let frame = Command::custom(1, 1, vec![]).into_frame();
+        let append = |state: &mut JobState, producer: u64, seq: u64| {
+            state.apply(Some(ProducerSeq { producer, seq }), &Target::All, &frame, 0)
+        };
+        let mut original = 0;
+        for seq in 1..=40 {
+            original = append(&mut job.state, 7, seq).offset().unwrap();
+        }
+        for producer in 1_000..1_000 + PRODUCERS_MAX as u64 {
+            append(&mut job.state, producer, 1);
+        }
+        assert_eq!(
+            append(&mut job.state, 1_000, 1),
+            Outcome::Duplicate {
+                offset: original + 1
+            },
+            "the others are remembered"
+        );
+        let next = job.state.next_offset();
+        let retry = append(&mut job.state, 7, 40);
+        if level >= 3 {
+            assert_eq!(retry, Outcome::ProducerForgotten);
+            assert_eq!(job.state.next_offset(), next, "nothing appended");
+        } else {
+            assert_eq!(
+                retry,
+                Outcome::Appended { offset: next },
+                "as before level 3"
+            );
+        }
+        assert_eq!(
+            append(&mut job.state, 8, 1).offset(),
+            Some(job.state.next_offset() - 1),
+            "a new producer begins at 1 at level {level}"
+        );
+    }
 }
 
 /// Turns random numbers into a plausible command stream: mostly valid commands for the

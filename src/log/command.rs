@@ -174,6 +174,27 @@ pub struct SetVocabularyLevel {
     pub level: Level,
 }
 
+/// The coordinator is about to launch a container under this name (from level 3). It is
+/// written, and committed, before the launcher is called, so that a later leader knows of
+/// every launch that may be running, waits for it to register, and neither launches it again
+/// nor forgets it. The offset this command gets identifies the launch ([`CancelLaunch`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaunchContainer {
+    pub container: ContainerId,
+    /// Which launch of its container slot this is, from 1: retries of a launch that never
+    /// registered count up, so that any leader stops retrying after the same number.
+    pub attempt: u32,
+}
+
+/// The coordinator gives up the launch recorded at `launch` (its [`LaunchContainer`]'s
+/// offset), which never registered (from level 3). Written before the launched container is
+/// stopped, and before a retry is launched under a new name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelLaunch {
+    pub container: ContainerId,
+    pub launch: Offset,
+}
+
 /// A command as a reader understands it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
@@ -201,6 +222,9 @@ pub enum Command {
     /// A frame this reader does not know (a newer release wrote it). Passed through untouched
     /// so that the stream never stalls on it.
     Unknown(Frame),
+    // Variants added after v0.1.0 come last, so that those before keep their encoding.
+    LaunchContainer(LaunchContainer),
+    CancelLaunch(CancelLaunch),
 }
 
 impl Command {
@@ -225,6 +249,8 @@ impl Command {
             Command::SetVocabularyLevel(_) => (SET_VOCABULARY_LEVEL, 1),
             Command::Custom { kind, version, .. } => (*kind, *version),
             Command::Unknown(frame) => (frame.kind, frame.version),
+            Command::LaunchContainer(_) => (LAUNCH_CONTAINER, 1),
+            Command::CancelLaunch(_) => (CANCEL_LAUNCH, 1),
         }
     }
 
@@ -249,6 +275,8 @@ impl Command {
             Command::SetVocabularyLevel(c) => super::encode(&c),
             Command::Custom { payload, .. } => payload,
             Command::Unknown(frame) => frame.body,
+            Command::LaunchContainer(c) => super::encode(&c),
+            Command::CancelLaunch(c) => super::encode(&c),
         };
         Frame {
             kind,
@@ -291,7 +319,9 @@ impl Command {
             }
             Command::DeregisterContainer(DeregisterContainer { container: c, .. })
             | Command::ExpireContainer(ExpireContainer { container: c, .. })
-            | Command::Ack(Ack { container: c, .. }) => container(c),
+            | Command::Ack(Ack { container: c, .. })
+            | Command::LaunchContainer(LaunchContainer { container: c, .. })
+            | Command::CancelLaunch(CancelLaunch { container: c, .. }) => container(c),
             Command::AddInputs(c) => inputs(&c.inputs),
             Command::RemoveInputs(c) => inputs(&c.inputs),
             Command::AssignTask(c) => {
@@ -357,7 +387,9 @@ impl Command {
             | Command::TaskStopped(_)
             | Command::DesiredContainersV1(_)
             | Command::DesiredContainers(_)
-            | Command::Ack(_) => Some(Target::Coordinator),
+            | Command::Ack(_)
+            | Command::LaunchContainer(_)
+            | Command::CancelLaunch(_) => Some(Target::Coordinator),
             Command::Custom { .. } | Command::Unknown(_) => None,
         }
     }

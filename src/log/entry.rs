@@ -109,6 +109,10 @@ impl LogEntry {
             Command::SetVocabularyLevel(c) => format!("vocabulary level {}", c.level),
             Command::Custom { kind, .. } => format!("custom command kind {kind}"),
             Command::Unknown(frame) => format!("unknown kind {}", frame.kind),
+            Command::LaunchContainer(c) => {
+                format!("launch {} (attempt {})", c.container, c.attempt)
+            }
+            Command::CancelLaunch(c) => format!("cancel launch #{} of {}", c.launch, c.container),
         }
     }
 }

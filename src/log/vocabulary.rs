@@ -19,7 +19,32 @@ pub use super::kinds;
 /// The level a new log starts at.
 pub const LEVEL_INITIAL: Level = 1;
 /// The highest level this build understands.
-pub const LEVEL_MAX: Level = 2;
+///
+/// A level may also change what the state machine decides about commands it already knows;
+/// such a change applies only from its level, so that replicas still on an older build decide
+/// as they always did until the level is raised (which needs every replica upgraded):
+/// * level 2: `desired-containers` version 2, version 1 deprecated;
+/// * level 3: an append from a producer the replicas no longer remember is refused instead
+///   of taken for new ([`LEVEL_FORGOTTEN_PRODUCERS_REFUSED`]); `launch-container` and
+///   `cancel-launch`, with which the controller records its launches before carrying them
+///   out ([`LEVEL_LAUNCHES_RECORDED`]).
+pub const LEVEL_MAX: Level = 3;
+
+/// The highest level every release knows (v0.1.0 knew up to 2): a replica of any build can
+/// join a log recorded at this level or below, so adding one needs no question about its
+/// level.
+pub const LEVEL_KNOWN_TO_EVERY_RELEASE: Level = 2;
+
+/// From this level on, the controller records each container launch (`launch-container`) and
+/// each launch it gives up (`cancel-launch`) in the log before carrying it out. Below it, it
+/// launches without a record, as builds before level 3 did.
+pub const LEVEL_LAUNCHES_RECORDED: Level = 3;
+
+/// From this level on, the idempotent-producer table refuses an append from a producer it
+/// does not remember whose sequence is above those a producer starts with, since it may be a
+/// retry of an append made before the producer was forgotten (`jobs::producers`). Below it,
+/// such an append is taken for new, as builds before level 3 did.
+pub const LEVEL_FORGOTTEN_PRODUCERS_REFUSED: Level = 3;
 
 /// One `(kind, version)` of the built-in vocabulary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +90,13 @@ pub const KINDS: &[KindSpec] = {
         spec(CONFIG_CHANGE, 1, "config-change", 1),
         spec(ACK, 1, "ack", 1),
         spec(SET_VOCABULARY_LEVEL, 1, "set-vocabulary-level", 1),
+        spec(
+            LAUNCH_CONTAINER,
+            1,
+            "launch-container",
+            LEVEL_LAUNCHES_RECORDED,
+        ),
+        spec(CANCEL_LAUNCH, 1, "cancel-launch", LEVEL_LAUNCHES_RECORDED),
     ]
 };
 
@@ -163,6 +195,10 @@ impl Vocabulary {
             (SET_VOCABULARY_LEVEL, 1) => {
                 Command::SetVocabularyLevel(decode(body, limit).map_err(malformed)?)
             }
+            (LAUNCH_CONTAINER, 1) => {
+                Command::LaunchContainer(decode(body, limit).map_err(malformed)?)
+            }
+            (CANCEL_LAUNCH, 1) => Command::CancelLaunch(decode(body, limit).map_err(malformed)?),
             _ => return Err(Undecodable::UnknownKind),
         };
         Ok(command)
@@ -234,6 +270,14 @@ pub fn examples() -> Vec<Command> {
             offset: 9,
         }),
         Command::SetVocabularyLevel(SetVocabularyLevel { level: 2 }),
+        Command::LaunchContainer(LaunchContainer {
+            container: ContainerId::new("c2").expect("valid"),
+            attempt: 1,
+        }),
+        Command::CancelLaunch(CancelLaunch {
+            container: ContainerId::new("c2").expect("valid"),
+            launch: 16,
+        }),
     ]
 }
 

@@ -19,6 +19,7 @@ use tarpc::{client, context};
 use super::types::*;
 use crate::client::tls::{dial, framed};
 use crate::client::Member;
+use crate::log::Level;
 use crate::NodeId;
 
 /// The largest frame on the peer port. It must exceed the biggest AppendEntries message
@@ -49,6 +50,11 @@ pub trait RaftRpc {
     async fn install_snapshot(
         request: InstallSnapshotRequest,
     ) -> Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>>;
+    /// The highest vocabulary level this replica's build knows, which a leader asks before
+    /// adding it (a build that does not know the recorded level stops applying). Not a Raft
+    /// request. Added after v0.1.0 and last, so that the requests before it keep their wire
+    /// form; a replica of an earlier build closes the connection on it.
+    async fn vocabulary_level_max() -> Level;
 }
 
 /// Creates one [`PeerClient`] per target; openraft asks for a new one when it needs to.
@@ -56,6 +62,34 @@ pub trait RaftRpc {
 pub struct PeerNetwork {
     /// Mutual TLS to the peers: the CA and this replica's own certificate.
     pub tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl PeerNetwork {
+    /// Asks the replica `id` at `member`'s peer port for the highest vocabulary level its
+    /// build knows, within `timeout`. The error says why there was no answer.
+    pub async fn vocabulary_level_max(
+        &self,
+        id: NodeId,
+        member: &Member,
+        timeout: Duration,
+    ) -> Result<Level, String> {
+        let mut peer = PeerClient {
+            target: id,
+            addr: member.peer_addr.clone(),
+            tls: self.tls.clone(),
+            client: None,
+        };
+        let client = peer
+            .connected(timeout)
+            .await
+            .map_err(CallError::into_message)?;
+        let mut ctx = context::current();
+        ctx.deadline = Instant::now() + timeout;
+        client
+            .vocabulary_level_max(ctx)
+            .await
+            .map_err(|e| format!("peer port {}: {e}", member.peer_addr))
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
@@ -96,6 +130,12 @@ enum CallError {
 struct Message(String);
 
 impl CallError {
+    fn into_message(self) -> String {
+        match self {
+            CallError::Unreachable(m) | CallError::Network(m) => m,
+        }
+    }
+
     fn into_rpc<E: std::error::Error>(self) -> openraft::error::RPCError<NodeId, Member, E> {
         match self {
             CallError::Unreachable(m) => {

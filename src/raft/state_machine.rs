@@ -27,7 +27,8 @@ use super::types::{
     TypeConfig,
 };
 use crate::jobs::{JobState, Outcome, RecordedRejection, RejectionLog};
-use crate::log::{decode, encode, LogEntry, Offset, Proposal};
+use crate::log::vocabulary::{kinds, LEVEL_MAX};
+use crate::log::{decode, encode, Batch, Level, LogEntry, Offset, Proposal};
 
 const SNAPSHOT_TREE: &str = "snapshot";
 const CURRENT_KEY: &[u8] = b"current";
@@ -43,6 +44,35 @@ pub struct EntrySpan {
     /// Positions in the batch of proposals that took no offset (duplicates and refusals).
     /// Almost always empty.
     pub skipped: Vec<u32>,
+}
+
+/// The log records a vocabulary level this build does not know. Kinds and rules of that level
+/// are unknown here, so applying on would decide commands differently from the replicas that
+/// know it (accept what they refuse); the replica stops applying instead (fail-stop: openraft
+/// shuts its Raft core down on this storage error) until it runs a build that knows the level.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the log records vocabulary level {recorded}, which this build does not know (it knows \
+     levels up to {known}): this replica stops applying; upgrade it to a build that knows \
+     level {recorded}"
+)]
+pub struct LevelUnknown {
+    pub recorded: Level,
+    pub known: Level,
+}
+
+impl LevelUnknown {
+    /// `Err` if this build does not know the level `job` records.
+    fn check(job: &JobState) -> Result<(), LevelUnknown> {
+        if job.level_understood() {
+            Ok(())
+        } else {
+            Err(LevelUnknown {
+                recorded: job.level(),
+                known: LEVEL_MAX,
+            })
+        }
+    }
 }
 
 /// Everything the state machine holds; also exactly what a snapshot contains.
@@ -83,18 +113,38 @@ impl MachineState {
 
     /// Applies one committed entry: the whole transition, with no I/O. The replica's store and
     /// the deterministic simulation's in-memory store both apply through here.
-    pub fn apply(&mut self, entry: &Entry) -> Vec<Outcome> {
-        self.last_applied = Some(entry.log_id);
+    ///
+    /// A batch is refused whole, changing nothing, if the recorded vocabulary level is one
+    /// this build does not know, before or after it (a `SetVocabularyLevel` in it raised the
+    /// level past [`LEVEL_MAX`]): see [`LevelUnknown`]. Nothing is skipped, so the replica
+    /// meets the same entry again after a restart, until it is upgraded.
+    pub fn apply(&mut self, entry: &Entry) -> Result<Vec<Outcome>, LevelUnknown> {
         match &entry.payload {
-            EntryPayload::Blank => Vec::new(),
+            EntryPayload::Blank => {
+                self.last_applied = Some(entry.log_id);
+                Ok(Vec::new())
+            }
             EntryPayload::Membership(membership) => {
+                self.last_applied = Some(entry.log_id);
                 self.last_membership =
                     StoredMembership::new(Some(entry.log_id), membership.clone());
-                Vec::new()
+                Ok(Vec::new())
             }
             EntryPayload::Normal(batch) => {
+                LevelUnknown::check(&self.job)?;
                 let first_offset = self.job.next_offset();
-                let outcomes = self.job.apply_batch(batch);
+                let outcomes = if raises_level(batch) {
+                    // Rare (an operator's raise), so a copy is affordable: it keeps a refused
+                    // batch from changing anything, with no undo written for every command.
+                    let mut job = self.job.clone();
+                    let outcomes = job.apply_batch(batch);
+                    LevelUnknown::check(&job)?;
+                    self.job = job;
+                    outcomes
+                } else {
+                    self.job.apply_batch(batch)
+                };
+                self.last_applied = Some(entry.log_id);
                 let mut skipped = Vec::new();
                 let mut last_offset = first_offset - 1;
                 for (position, (outcome, proposal)) in
@@ -112,9 +162,9 @@ impl MachineState {
                             });
                             skipped.push(position as u32);
                         }
-                        Outcome::Duplicate { .. } | Outcome::OutOfWindow { .. } => {
-                            skipped.push(position as u32)
-                        }
+                        Outcome::Duplicate { .. }
+                        | Outcome::OutOfWindow { .. }
+                        | Outcome::ProducerForgotten => skipped.push(position as u32),
                     }
                 }
                 if self.job.next_offset() > first_offset {
@@ -126,10 +176,18 @@ impl MachineState {
                         },
                     );
                 }
-                outcomes
+                Ok(outcomes)
             }
         }
     }
+}
+
+/// Whether a batch holds a command that may change the vocabulary level.
+fn raises_level(batch: &Batch) -> bool {
+    batch
+        .proposals
+        .iter()
+        .any(|p| p.frame.kind == kinds::SET_VOCABULARY_LEVEL)
 }
 
 /// The commands one applied entry produced, with their offsets, given its span: the entry's
@@ -246,6 +304,7 @@ impl StateMachineStore {
             }
             None => MachineState::default(),
         };
+        LevelUnknown::check(&state.job).map_err(io::Error::other)?;
         let snapshot_offset = state.job.last_offset();
         let applied = Applied {
             log_index: state.last_applied.map(|l| l.index),
@@ -487,14 +546,22 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         .into()));
         let first_log_index = self.shared.log.first_index();
         let mut state = self.shared.state.write().expect("state lock poisoned");
-        let replies: Vec<Vec<Outcome>> = entries
-            .into_iter()
-            .map(|entry| {
-                let outcomes = state.apply(&entry);
-                self.shared.recent.push(Arc::new(entry));
-                outcomes
-            })
-            .collect();
+        let mut replies = Vec::new();
+        for entry in entries {
+            match state.apply(&entry) {
+                Ok(outcomes) => replies.push(outcomes),
+                Err(unknown) => {
+                    tracing::error!(
+                        recorded = unknown.recorded,
+                        known = unknown.known,
+                        log_index = entry.log_id.index,
+                        "{unknown}"
+                    );
+                    return Err(StorageIOError::apply(entry.log_id, &unknown).into());
+                }
+            }
+            self.shared.recent.push(Arc::new(entry));
+        }
         state.forget_spans_before(first_log_index);
         // After the state changed, before anyone hears of it: a crash between the two.
         fail::fail_point!("applied", |_| Err(StorageIOError::write_state_machine(
@@ -535,6 +602,15 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 io::ErrorKind::InvalidData,
                 "snapshot content does not match its metadata",
             )));
+        }
+        if let Err(unknown) = LevelUnknown::check(&new_state.job) {
+            tracing::error!(
+                recorded = unknown.recorded,
+                known = unknown.known,
+                snapshot = %meta.snapshot_id,
+                "{unknown}"
+            );
+            return Err(snapshot_read_err(unknown));
         }
         self.store_snapshot(meta, &bytes)
             .await
@@ -580,6 +656,7 @@ mod tests {
     use openraft::CommittedLeaderId;
 
     use super::*;
+    use crate::log::{Command, SetVocabularyLevel, Target};
 
     fn open(dir: &std::path::Path) -> StateMachineStore {
         let meta = Arc::new(MetaStore::open(&dir.join("meta")).unwrap());
@@ -610,6 +687,96 @@ mod tests {
             .filter(|k| k.len() == 12)
             .map(|k| u64::from_be_bytes(k[..8].try_into().unwrap()))
             .collect()
+    }
+
+    fn batch_entry(index: u64, commands: Vec<Command>) -> Entry {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(Batch {
+                appended_at_ms: 0,
+                proposals: commands
+                    .into_iter()
+                    .map(|command| Proposal {
+                        producer: None,
+                        target: command.target().unwrap_or(Target::All),
+                        frame: command.into_frame(),
+                    })
+                    .collect(),
+            }),
+        }
+    }
+
+    fn level(level: Level) -> Command {
+        Command::SetVocabularyLevel(SetVocabularyLevel { level })
+    }
+
+    /// Goal: a replica whose build does not know the vocabulary level the log records stops
+    /// applying (fail-stop) with an error naming the level it lacks and the highest it knows,
+    /// rather than apply commands that replicas knowing the level decide differently.
+    /// Steps: the real store applies a batch; a batch raising the level to `LEVEL_MAX + 1`
+    /// (after a user command in the same batch) is refused whole: nothing of it is applied,
+    /// the next offset and level are unchanged. A snapshot recording that level is not
+    /// installed, and a directory whose stored snapshot records it does not open.
+    #[tokio::test]
+    async fn a_log_at_a_level_this_build_does_not_know_stops_the_state_machine() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = open(dir.path());
+        let user = || Command::custom(1, 1, b"x".to_vec());
+        store
+            .apply([batch_entry(1, vec![user(), level(2)])])
+            .await
+            .unwrap();
+        let unknown = LEVEL_MAX + 1;
+        let refused = store
+            .apply([batch_entry(2, vec![user(), level(unknown)])])
+            .await
+            .unwrap_err();
+        let message = refused.to_string();
+        assert!(
+            message.contains(&format!(
+                "records vocabulary level {unknown}, which this build does not know (it knows \
+                 levels up to {LEVEL_MAX})"
+            )),
+            "{message}"
+        );
+        store.read(|state| {
+            assert_eq!(state.last_applied.map(|l| l.index), Some(1));
+            assert_eq!(state.job.next_offset(), 3, "nothing of the batch applied");
+            assert_eq!(state.job.level(), 2);
+        });
+        assert!(store
+            .apply([batch_entry(2, vec![level(unknown)])])
+            .await
+            .is_err());
+
+        let mut at_unknown = MachineState::default();
+        at_unknown.apply(&batch_entry(1, vec![user()])).unwrap();
+        // A replica that knows the level could have built this snapshot.
+        let raise = level(unknown);
+        let target = raise.target().unwrap();
+        at_unknown.job.apply(None, &target, &raise.into_frame(), 0);
+        assert_eq!(at_unknown.job.level(), unknown);
+        let meta = SnapshotMeta {
+            last_log_id: at_unknown.last_applied,
+            last_membership: StoredMembership::default(),
+            snapshot_id: "newer".into(),
+        };
+        let bytes = encode(&at_unknown);
+        let refused = store
+            .install_snapshot(&meta, Box::new(Cursor::new(bytes.clone())))
+            .await
+            .unwrap_err();
+        assert!(refused.to_string().contains("does not know"), "{refused}");
+        assert_eq!(store.stored_snapshot_last().unwrap(), None, "not stored");
+
+        assert!(store.store_snapshot(&meta, &bytes).await.unwrap());
+        drop(store);
+        let meta_store = Arc::new(MetaStore::open(&dir.path().join("meta")).unwrap());
+        let log = LogStore::open(&dir.path().join("log"), meta_store.clone()).unwrap();
+        let opened = StateMachineStore::open(meta_store, log)
+            .map(|_| ())
+            .unwrap_err();
+        assert!(opened.to_string().contains("does not know"), "{opened}");
     }
 
     /// Regression (the stored snapshot could move backwards): a build that encoded the state

@@ -19,11 +19,12 @@ use crate::client::{
 };
 use crate::controller::ControlPlane;
 use crate::jobs::{JobState, Liveness, Outcome, Rejection, Session};
-use crate::log::vocabulary::LEVEL_MAX;
+use crate::log::vocabulary::{LEVEL_KNOWN_TO_EVERY_RELEASE, LEVEL_MAX};
 use crate::log::{
     Command, ContainerId, Epoch, Filter, Offset, Proposal, Target, TaskId, CUSTOM_KIND_MIN,
 };
 use crate::raft::log_store::LogStore;
+use crate::raft::network::PeerNetwork;
 use crate::raft::proposer::{Proposer, BATCH_BYTES_MAX};
 use crate::raft::reader::read_committed;
 use crate::raft::state_machine::{Applied, SnapshotStats, StateMachineStore};
@@ -39,6 +40,9 @@ pub const MEMBER_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a new learner may stay silent (no entry replicated to it) before `add_member`
 /// takes it for unreachable and removes it again.
 pub const LEARNER_FIRST_CONTACT_MAX: Duration = Duration::from_secs(10);
+
+/// How long a replica about to be added may take to say which vocabulary levels it knows.
+const MEMBER_LEVEL_ANSWER_MAX: Duration = Duration::from_secs(5);
 
 /// A learner this close to the leader's last entry counts as caught up. Under traffic the
 /// leader keeps appending, so demanding exact equality could wait forever.
@@ -62,6 +66,8 @@ pub(super) struct Inner {
     pub(super) lease: Arc<QuorumLease>,
     /// Held through each membership change, so that changes run one at a time here.
     pub(super) membership_changes: tokio::sync::Mutex<()>,
+    /// How this replica reaches a peer outside Raft: to ask a new member its level.
+    pub(super) peers: PeerNetwork,
     pub(super) telemetry: Telemetry,
     pub(super) http_addr: Option<SocketAddr>,
 }
@@ -219,6 +225,13 @@ impl ReplicaHandle {
                 })
             }
             Outcome::Rejected(rejection) => Err(rejection.into()),
+            Outcome::ProducerForgotten => {
+                let pair = producer.expect("only producer appends can be forgotten");
+                Err(ApiError::ProducerForgotten {
+                    producer: pair.producer,
+                    seq: pair.seq,
+                })
+            }
         }
     }
 
@@ -463,6 +476,7 @@ impl ReplicaHandle {
     /// each other.
     pub async fn add_member(&self, id: NodeId, member: Member) -> Result<(), ApiError> {
         let _serialised = self.inner.membership_changes.lock().await;
+        self.check_member_level(id, &member).await?;
         let raft = &self.inner.raft;
         raft.add_learner(id, member, false)
             .await
@@ -516,6 +530,38 @@ impl ReplicaHandle {
             .await
             .map_err(ApiError::from)?;
         tracing::info!(member = id, "promoted to voter");
+        Ok(())
+    }
+
+    /// Refuses, before anything is added, a replica whose build does not know the recorded
+    /// vocabulary level: it would stop applying once it caught up (or, built before that
+    /// stop existed, decide commands differently). Every release knows up to
+    /// [`LEVEL_KNOWN_TO_EVERY_RELEASE`], so the replica is asked only above it; asked, it
+    /// must answer (a build from before the question, like one not running, does not).
+    async fn check_member_level(&self, id: NodeId, member: &Member) -> Result<(), ApiError> {
+        let recorded = self.inner.state_machine.read(|state| state.job.level());
+        if recorded <= LEVEL_KNOWN_TO_EVERY_RELEASE {
+            return Ok(());
+        }
+        let supported = self
+            .inner
+            .peers
+            .vocabulary_level_max(id, member, MEMBER_LEVEL_ANSWER_MAX)
+            .await
+            .map_err(|why| {
+                ApiError::Rejected(format!(
+                    "replica {id} did not say which vocabulary levels it knows ({why}); the \
+                     log records level {recorded}, which builds too old to answer do not know; \
+                     nothing was added"
+                ))
+            })?;
+        if supported < recorded {
+            return Err(ApiError::MemberLevelUnsupported {
+                member: id,
+                supported,
+                recorded,
+            });
+        }
         Ok(())
     }
 

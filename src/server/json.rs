@@ -73,6 +73,7 @@ pub fn status_name(status: ContainerStatus) -> &'static str {
         ContainerStatus::Live => "live",
         ContainerStatus::Deregistered => "deregistered",
         ContainerStatus::Expired => "expired",
+        ContainerStatus::Launching { .. } => "launching",
     }
 }
 

@@ -130,12 +130,13 @@ impl Replica {
             .transpose()
             .map_err(StartError::Auth)?
             .map(Arc::new);
+        let peers = PeerNetwork {
+            tls: tls.as_ref().map(|t| t.to_peers.clone()),
+        };
         let raft = Raft::new(
             config.id,
             Arc::new(raft_config(&config)?),
-            PeerNetwork {
-                tls: tls.as_ref().map(|t| t.to_peers.clone()),
-            },
+            peers.clone(),
             log.clone(),
             state_machine.clone(),
         )
@@ -169,6 +170,7 @@ impl Replica {
                 liveness: std::sync::Mutex::new(Liveness::new(0, std::time::Instant::now())),
                 lease: lease.clone(),
                 membership_changes: tokio::sync::Mutex::new(()),
+                peers,
                 telemetry: Telemetry::default(),
                 http_addr,
             }),

@@ -95,6 +95,7 @@ impl Telemetry {
                 ApiError::Refused(_)
                 | ApiError::Deprecated { .. }
                 | ApiError::SequenceOutOfWindow { .. }
+                | ApiError::ProducerForgotten { .. }
                 | ApiError::TooLarge { .. }
                 | ApiError::Invalid(_),
             ) => "refused",
