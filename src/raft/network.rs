@@ -73,12 +73,7 @@ impl PeerNetwork {
         member: &Member,
         timeout: Duration,
     ) -> Result<Level, String> {
-        let mut peer = PeerClient {
-            target: id,
-            addr: member.peer_addr.clone(),
-            tls: self.tls.clone(),
-            client: None,
-        };
+        let mut peer = self.client_for(id, member);
         let client = peer
             .connected(timeout)
             .await
@@ -92,10 +87,8 @@ impl PeerNetwork {
     }
 }
 
-impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
-    type Network = PeerClient;
-
-    async fn new_client(&mut self, target: NodeId, node: &Member) -> PeerClient {
+impl PeerNetwork {
+    fn client_for(&self, target: NodeId, node: &Member) -> PeerClient {
         PeerClient {
             target,
             addr: node.peer_addr.clone(),
@@ -103,6 +96,14 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             client: None,
             unanswered_since: None,
         }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &Member) -> PeerClient {
+        self.client_for(target, node)
     }
 }
 

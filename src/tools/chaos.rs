@@ -242,7 +242,11 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
     for round in 0..options.rounds {
         tokio::time::sleep(Duration::from_millis(rng.gen_range(300..1_000))).await;
         let leader = leader_index(&injector.admin).await?;
-        let family = options.faults[rng.gen_range(0..options.faults.len())];
+        // Each kind once first, so that a short run meets them all; then at random.
+        let family = match options.faults.get(round as usize) {
+            Some(&family) => family,
+            None => options.faults[rng.gen_range(0..options.faults.len())],
+        };
         let fault = injector.choose(&mut rng, family, leader);
         tracing::info!(round, ?fault, leader = leader + 1, "fault");
         if let Err(error) = injector.inject(fault, leader).await {

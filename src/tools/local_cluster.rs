@@ -108,6 +108,14 @@ impl LocalCluster {
             data_dir: self.dir.join(format!("replica-{id}")),
             ..ReplicaConfig::default()
         };
+        // Replicas in one process share its runtime with everything else it runs (a test
+        // binary runs its tests at once, in debug builds, on two cores), so a pause of that
+        // process silences every replica at once; the deployed timing (50/300/450 ms) then
+        // costs spurious elections. Twice the margin here; `ctrlog serve`, the benchmarks and
+        // the chaos runs keep the defaults.
+        config.heartbeat_interval_ms = 100;
+        config.election_timeout_min_ms = 600;
+        config.election_timeout_max_ms = 900;
         if let Some(secure) = &self.secure {
             config.tls = Some(super::certs::replica_files(&secure.pki, id));
             config.auth = Some(secure.auth.clone());
