@@ -17,6 +17,12 @@ use serde_json::Value;
 /// back, and its figures must say so too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_chaos_run_loses_and_duplicates_nothing() {
+    let partitions = partitions_available();
+    let faults = if partitions {
+        "kills,pauses,snapshots,torn-tails,partitions,membership"
+    } else {
+        "kills,pauses,snapshots,torn-tails,membership"
+    };
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctrlog"));
     command
         .args([
@@ -27,6 +33,8 @@ async fn a_short_chaos_run_loses_and_duplicates_nothing() {
             "14",
             "--connections",
             "2",
+            "--faults",
+            faults,
             "--json",
         ])
         .env("RUST_LOG", "off")
@@ -55,12 +63,34 @@ async fn a_short_chaos_run_loses_and_duplicates_nothing() {
     for name in ["leader_pause", "snapshot_catch_up", "torn_tail"] {
         assert!(injected(name) > 0, "no {name}: {figures}");
     }
-    assert!(
-        injected("leader_cut") + injected("leader_cut_one_way") + injected("follower_cut") > 0,
-        "{figures}"
-    );
+    if partitions {
+        assert!(
+            injected("leader_cut") + injected("leader_cut_one_way") + injected("follower_cut") > 0,
+            "{figures}"
+        );
+    }
     assert!(
         injected("leader_replaced") + injected("follower_replaced") > 0,
         "{figures}"
     );
+}
+
+/// Whether nftables can be used here (root and the `nft` program), which partitions need. A
+/// newcomer's machine may lack both, and the README's test command must still pass there, so
+/// partitions are then left out with a warning; CI installs nftables and sets
+/// `CTRLOG_CHAOS_PARTITIONS=required`, so that there they are never left out.
+fn partitions_available() -> bool {
+    let usable = std::process::Command::new("nft")
+        .args(["list", "tables"])
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !usable {
+        assert_ne!(
+            std::env::var("CTRLOG_CHAOS_PARTITIONS").as_deref(),
+            Ok("required"),
+            "partitions are required here, but nftables cannot be used (root and `nft` needed)"
+        );
+        eprintln!("WARNING: nftables cannot be used here (root and `nft` needed): no partitions");
+    }
+    usable
 }
