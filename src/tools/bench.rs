@@ -199,7 +199,11 @@ impl ProcessCluster {
             .arg("--data")
             .arg(&data)
             .args(&self.extra)
-            .env("RUST_LOG", "warn")
+            // `CTRLOG_REPLICA_LOG` sets the replicas' filter (e.g. `info` to follow elections).
+            .env(
+                "RUST_LOG",
+                std::env::var("CTRLOG_REPLICA_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .env("TOKIO_WORKER_THREADS", self.worker_threads.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
