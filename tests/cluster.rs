@@ -397,6 +397,35 @@ async fn removing_a_learner_removes_it_and_an_unreachable_member_leaves_nothing(
     cluster.shutdown().await;
 }
 
+/// Regression (a replica that does not lead judged a heartbeat against its own applied state
+/// first, so one that had not yet applied a container's registration answered `Fenced`,
+/// which ends the container's session for good, where it had to answer `NotLeader`). Steps:
+/// a heartbeat for a session no follower knows, sent to each follower, comes back
+/// `NotLeader`; the same heartbeat at the leader is `Fenced`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_does_not_lead_answers_heartbeats_not_leader_whatever_its_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let unknown = ContainerId::new("registered-after-this-replica-applied").unwrap();
+    for id in cluster.running_ids() {
+        let answer =
+            cluster
+                .replica(id)
+                .clone_handle()
+                .heartbeat(unknown.clone(), 7, Default::default());
+        if id == leader {
+            assert!(matches!(answer, Err(ApiError::Fenced { .. })), "{answer:?}");
+        } else {
+            assert!(
+                matches!(answer, Err(ApiError::NotLeader { .. })),
+                "replica {id}: {answer:?}"
+            );
+        }
+    }
+    cluster.shutdown().await;
+}
+
 /// Regression (a leader that lost its quorum kept acting as leader: openraft 0.9 does not step
 /// down, so it acknowledged container heartbeats, and appends sent to it waited for their
 /// deadline). Steps: a container registers and heartbeats; both followers stop; an append

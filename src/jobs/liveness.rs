@@ -45,6 +45,14 @@ impl Liveness {
         self.term
     }
 
+    /// Starts over, empty, if `term` is not this table's: a new leader counts silence from
+    /// `now`, not from the last leader's last word.
+    pub fn follow_term(&mut self, term: u64, now: Instant) {
+        if self.term != term {
+            *self = Liveness::new(term, now);
+        }
+    }
+
     /// Records a heartbeat from a session the caller checked is live.
     pub fn record(&mut self, session: &Session, lag: BTreeMap<TaskId, u64>, now: Instant) {
         self.beats.insert(

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use openraft::{ChangeMembers, ServerState};
 
-use super::lease::QuorumLease;
+use super::lease::{self, QuorumLease};
 use super::telemetry::Telemetry;
 use crate::client::{
     ApiError, AppendAck, FetchRequest, FetchResponse, HeartbeatAck, Member, MemberStatus, StateAt,
@@ -141,13 +141,7 @@ impl ReplicaHandle {
     pub fn is_leader(&self) -> bool {
         let metrics = self.inner.raft.metrics();
         let metrics = metrics.borrow();
-        metrics.running_state.is_ok()
-            && metrics.state == ServerState::Leader
-            && metrics.current_leader == Some(self.inner.id)
-            && self.inner.lease.holds(metrics.current_term)
-            && metrics
-                .last_applied
-                .is_some_and(|l| l.leader_id.term == metrics.current_term)
+        lease::leads(&metrics, self.inner.id, &self.inner.lease)
     }
 
     /// Whether this replica believes it leads but has not heard from a quorum for longer than
@@ -327,10 +321,7 @@ impl ReplicaHandle {
             .liveness
             .lock()
             .expect("a panic while holding the liveness lock is a bug");
-        if table.term() != metrics.current_term {
-            // A new term: silence counts from now, not from the last leader's last word.
-            *table = Liveness::new(metrics.current_term, std::time::Instant::now());
-        }
+        table.follow_term(metrics.current_term, tokio::time::Instant::now().into_std());
         Ok(f(&mut table))
     }
 
@@ -342,31 +333,35 @@ impl ReplicaHandle {
         epoch: Epoch,
         lag: BTreeMap<TaskId, u64>,
     ) -> Result<HeartbeatAck, ApiError> {
-        let (live, applied_offset) = self
-            .inner
-            .state_machine
-            .read(|state| (state.job.live_session(&container), state.job.last_offset()));
-        let session = match live {
-            Some(session) if session.epoch == epoch => session,
-            live => {
-                return Err(ApiError::Fenced {
+        // Leadership first: only the leader's state is sure to hold the container's latest
+        // session; a lagging replica that has not applied its registration must answer
+        // `NotLeader` (retried elsewhere), not the terminal `Fenced`.
+        self.with_liveness(|table| {
+            let (live, applied_offset) = self
+                .inner
+                .state_machine
+                .read(|state| (state.job.live_session(&container), state.job.last_offset()));
+            match live {
+                Some(session) if session.epoch == epoch => {
+                    table.record(&session, lag, tokio::time::Instant::now().into_std());
+                    Ok(HeartbeatAck { applied_offset })
+                }
+                live => Err(ApiError::Fenced {
                     container,
                     epoch,
                     current_epoch: live.map(|s| s.epoch),
-                })
+                }),
             }
-        };
-        self.with_liveness(|table| table.record(&session, lag, std::time::Instant::now()))?;
-        Ok(HeartbeatAck { applied_offset })
+        })?
     }
 
     /// Live sessions this leader has not heard from for longer than `timeout` (counting from
     /// when it became leader for sessions it never heard). Leader only.
     pub fn overdue_sessions(&self, timeout: Duration) -> Result<Vec<Session>, ApiError> {
         self.with_liveness(|table| {
-            self.inner
-                .state_machine
-                .read(|state| table.overdue(&state.job, std::time::Instant::now(), timeout))
+            self.inner.state_machine.read(|state| {
+                table.overdue(&state.job, tokio::time::Instant::now().into_std(), timeout)
+            })
         })
     }
 

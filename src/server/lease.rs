@@ -20,11 +20,14 @@
 //! election timeout by design, and containers keep a further margin (`SessionOptions`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::watch;
+// tokio's clock, so that a simulation's paused clock drives the lease as it drives Raft.
+use tokio::time::Instant;
 
 use crate::raft::types::RaftMetrics;
+use crate::NodeId;
 
 /// How often [`track`] re-checks the lease while nothing is reported, so that [`QuorumLease`]'s
 /// `lost` signal fires within this of the bound passing.
@@ -112,6 +115,21 @@ impl QuorumLease {
         self.lost
             .send_if_modified(|was| std::mem::replace(was, lost) != lost);
     }
+}
+
+/// Whether replica `id`, reporting `metrics`, may act as the leader: acknowledge a
+/// container's heartbeat, expire sessions, let its controller act. It must be running and lead
+/// in its own view, hold the quorum lease of its term, and have applied an entry of that term
+/// (openraft commits one at election): before that, its state may miss the previous term's
+/// last commands, such as a container's registration, and it would judge by stale state.
+pub fn leads(metrics: &RaftMetrics, id: NodeId, lease: &QuorumLease) -> bool {
+    metrics.running_state.is_ok()
+        && metrics.state == openraft::ServerState::Leader
+        && metrics.current_leader == Some(id)
+        && lease.holds(metrics.current_term)
+        && metrics
+            .last_applied
+            .is_some_and(|applied| applied.leader_id.term == metrics.current_term)
 }
 
 /// Keeps `lease` up to date from `metrics` until `stop` fires or Raft stops reporting.
