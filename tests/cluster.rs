@@ -405,7 +405,7 @@ async fn removing_a_learner_removes_it_and_an_unreachable_member_leaves_nothing(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_does_not_lead_answers_heartbeats_not_leader_whatever_its_state() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
     let unknown = ContainerId::new("registered-after-this-replica-applied").unwrap();
     for id in cluster.running_ids() {
