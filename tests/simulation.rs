@@ -26,7 +26,7 @@ fn run_seeds(replicas: u64) {
         let config = SimConfig::new(seed, replicas);
         let report = run(&config);
         println!(
-            "seed {seed} ({replicas} replicas): {} acked, {} committed, faults {:?}, {} terms, {} resets ({} of containers), {} snapshots, {} task starts, {:.1} s simulated, digest {:016x}",
+            "seed {seed} ({replicas} replicas): {} acked, {} committed, faults {:?}, {} terms, {} resets ({} of containers), {} snapshots, {} task starts, {} lease lapses, {:.1} s simulated, digest {:016x}",
             report.acked,
             report.committed,
             report.faults,
@@ -35,6 +35,7 @@ fn run_seeds(replicas: u64) {
             report.container_resets,
             report.snapshots,
             report.task_starts,
+            report.lease_lapses,
             report.simulated.as_secs_f64(),
             report.digest,
         );
@@ -80,36 +81,29 @@ fn replay() {
 }
 
 /// The simulation has teeth: a store that acknowledges appends before they are durable (a crash
-/// loses its last entries) is caught, as lost acknowledged appends or diverged replicas.
+/// loses its last entries) is caught, as lost acknowledged appends or diverged replicas. Most
+/// schedules mask one replica's lost tail behind the other two; seeds 33 and 42 (since
+/// containers hold leases and can be cut off) crash the replicas so that it shows: replicas
+/// that disagree, or, in debug builds, openraft's own check of a follower's log reverting.
 #[test]
 fn a_store_that_acknowledges_before_it_is_durable_is_caught() {
-    let caught: Vec<(u64, Vec<String>)> = (1..=4)
-        .map(|seed| {
-            let mut config = SimConfig::new(seed, 3);
-            config.store_acknowledges_early = true;
-            (seed, run(&config).violations)
-        })
-        .filter(|(_, violations)| !violations.is_empty())
-        .collect();
-    for (seed, violations) in &caught {
-        println!(
-            "seed {seed}: {} violations, first: {}",
-            violations.len(),
-            violations[0]
+    for seed in [33, 42] {
+        let mut config = SimConfig::new(seed, 3);
+        config.store_acknowledges_early = true;
+        let violations = run(&config).violations;
+        assert!(
+            !violations.is_empty(),
+            "seed {seed} did not catch an early-acknowledging store"
         );
     }
-    assert!(
-        !caught.is_empty(),
-        "no seed caught an early-acknowledging store"
-    );
 }
 
 /// Regression, found by seed 1192 of the in-memory simulation: a container's subscription was
 /// reset from a lagging replica whose state predated the container's own `TaskStarted`, so the
 /// container answered again and was refused (the product's simulated container then quit).
 /// Resets now read at least as far as the subscribing client's own acknowledged appends (read
-/// your writes). The fault schedules changed when the simulation moved to the real storage;
-/// seed 3 now resets the containers' subscriptions four times.
+/// your writes). The fault schedules changed when the simulation moved to the real storage and
+/// again when containers got leases; seed 3 still resets the containers' subscriptions.
 #[test]
 fn a_reset_from_a_lagging_replica_does_not_make_a_container_answer_twice() {
     let report = run(&SimConfig::new(3, 3));
@@ -128,5 +122,23 @@ fn a_reset_from_a_lagging_replica_does_not_make_a_container_answer_twice() {
 fn a_follower_restarted_right_after_its_snapshot_install_starts() {
     let report = run(&SimConfig::new(4, 3));
     assert_eq!(report.faults.get("installs then restarts"), Some(&1));
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+}
+
+/// Regression for the quorum lease (issue 15, failure 1): a leader cut off from its peers
+/// went on acknowledging container heartbeats, because openraft's metrics still said it led.
+/// In seed 9 a container that reached only that leader kept its tasks while the new leader
+/// expired it, and went on answering commands as a fenced session. With heartbeats accepted
+/// by `lease::leads` the run is clean (with the old rule in `Sim::accept_heartbeat` this seed
+/// fails).
+#[test]
+fn a_leader_cut_off_from_its_peers_does_not_keep_a_container_alive() {
+    let report = run(&SimConfig::new(9, 3));
+    assert!(
+        report.faults.contains_key("leader isolations"),
+        "{:?}",
+        report.faults
+    );
+    assert!(report.lease_lapses > 0);
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
 }

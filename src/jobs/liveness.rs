@@ -3,7 +3,9 @@
 //! Heartbeats are not written to the log: only their consequence is, when the controller
 //! expires a silent container. A new leader starts with an empty table and counts silence from
 //! the moment it started tracking, so a failover never expires a container that was
-//! heartbeating to the old leader.
+//! heartbeating to the old leader; and a session it has not heard from counts its silence from
+//! when the table first saw it live, so a container that registered after the term began is
+//! not expired before its first heartbeat can arrive.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -28,6 +30,8 @@ pub struct Liveness {
     term: u64,
     tracking_since: Instant,
     beats: BTreeMap<ContainerId, Heartbeat>,
+    /// When each live session was first seen by [`Liveness::overdue`], by container.
+    first_seen: BTreeMap<ContainerId, (Epoch, Instant)>,
 }
 
 impl Liveness {
@@ -37,6 +41,7 @@ impl Liveness {
             term,
             tracking_since: now,
             beats: BTreeMap::new(),
+            first_seen: BTreeMap::new(),
         }
     }
 
@@ -70,17 +75,37 @@ impl Liveness {
         self.beats.get(container)
     }
 
-    /// When `session` was last heard from: its latest heartbeat of this epoch, or when this
-    /// table started tracking.
+    /// When `session` was last heard from: its latest heartbeat of this epoch, or else when
+    /// this table first saw it live (never before tracking started).
     pub fn last_heard(&self, session: &Session) -> Instant {
-        self.beats
+        let beat = self
+            .beats
             .get(&session.container)
             .filter(|beat| beat.epoch == session.epoch)
-            .map_or(self.tracking_since, |beat| beat.at)
+            .map(|beat| beat.at);
+        let seen = self
+            .first_seen
+            .get(&session.container)
+            .filter(|(epoch, _)| *epoch == session.epoch)
+            .map(|(_, at)| *at);
+        beat.into_iter()
+            .chain(seen)
+            .max()
+            .unwrap_or(self.tracking_since)
     }
 
-    /// The live sessions of `state` not heard from for longer than `timeout`.
-    pub fn overdue(&self, state: &JobState, now: Instant, timeout: Duration) -> Vec<Session> {
+    /// The live sessions of `state` not heard from for longer than `timeout`. A session seen
+    /// here for the first time counts its silence from `now`.
+    pub fn overdue(&mut self, state: &JobState, now: Instant, timeout: Duration) -> Vec<Session> {
+        for session in state.live_sessions() {
+            let seen = self
+                .first_seen
+                .entry(session.container.clone())
+                .or_insert((session.epoch, now));
+            if seen.0 != session.epoch {
+                *seen = (session.epoch, now);
+            }
+        }
         state
             .live_sessions()
             .filter(|session| now.saturating_duration_since(self.last_heard(session)) > timeout)

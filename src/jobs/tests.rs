@@ -722,3 +722,28 @@ proptest! {
         prop_assert_eq!(&subscriber, &full);
     }
 }
+
+/// Regression (a leader's heartbeat table counted a session's silence from the start of the
+/// term, so a container that registered later was overdue at the controller's next tick,
+/// before its first heartbeat could arrive, and was expired at once). Steps: a table tracking
+/// since t0; a container registers at t0 + 10 s; at t0 + 10 s it is not overdue, nor 1 s
+/// later with a 2 s timeout; 2.5 s after it was first seen, silent, it is; a heartbeat makes
+/// it current again.
+#[test]
+fn a_session_registered_during_a_term_counts_its_silence_from_when_it_was_first_seen() {
+    let t0 = std::time::Instant::now();
+    let at = |ms: u64| t0 + std::time::Duration::from_millis(ms);
+    let timeout = std::time::Duration::from_secs(2);
+    let mut table = Liveness::new(3, t0);
+    let mut job = Job::default();
+    job.ok(Command::RegisterContainer(RegisterContainer {
+        container: c("late"),
+        location: "here".into(),
+    }));
+    assert!(table.overdue(&job.state, at(10_000), timeout).is_empty());
+    assert!(table.overdue(&job.state, at(11_000), timeout).is_empty());
+    let overdue = table.overdue(&job.state, at(12_500), timeout);
+    assert_eq!(overdue.len(), 1, "silent for 2.5 s since first seen");
+    table.record(&overdue[0], BTreeMap::new(), at(12_600));
+    assert!(table.overdue(&job.state, at(13_000), timeout).is_empty());
+}

@@ -141,10 +141,12 @@ pub async fn track(
     let mut ticker = tokio::time::interval(CHECK_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        // Biased: the order is then the same every run, which a seeded simulation needs.
         tokio::select! {
+            biased;
+            _ = stop.changed() => return,
             changed = metrics.changed() => if changed.is_err() { return },
             _ = ticker.tick() => {}
-            _ = stop.changed() => return,
         }
         let observed = metrics.borrow_and_update().clone();
         lease.observe(&observed, Instant::now());

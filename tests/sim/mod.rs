@@ -4,8 +4,12 @@
 //! tokio's paused clock and a simulated network.
 //!
 //! A fault schedule drawn from the seed crashes and restarts replicas (the leader among them),
-//! isolates the leader, cuts links one way, partitions a minority, and loses and delays
-//! messages. A crash may leave zeros or garbage after the last record of the WAL, as a power
+//! isolates the leader (its containers can still reach it), cuts links one way, partitions a
+//! minority, cuts a container off from every replica, and loses and delays messages.
+//! Containers hold leases: they heartbeat to whichever replica claims to lead, which accepts
+//! only by the product's rule (`lease::leads`), and stop their tasks when no heartbeat was
+//! accepted for a lease shorter than the controller's session timeout; the product's
+//! controller expires them through the product's heartbeat table. A crash may leave zeros or garbage after the last record of the WAL, as a power
 //! loss does. Every run first stops a follower until the leader has purged past it, lets it
 //! catch up by snapshot install, and restarts it twice right after. At the end the network
 //! heals, everything catches up, and the history goes through the same checker as
@@ -32,12 +36,13 @@ use ctrlog::controller::{
     ContainerLauncher, ControlPlane, Controller, ControllerConfig, JobDriver, StaticInputs,
 };
 use ctrlog::jobs::plan::{GroupByPartition, ScalingPolicy};
-use ctrlog::jobs::{JobState, Outcome, Session, TaskPhase};
+use ctrlog::jobs::{JobState, Liveness, Outcome, Session, TaskPhase};
 use ctrlog::log::{
     Batch, Command, ContainerId, Epoch, Filter, Input, LogEntry, Offset, ProducerSeq, Proposal,
     RegisterContainer, Target, TaskId, TaskStarted, TaskStopped,
 };
 use ctrlog::raft::types::{ClientWriteError, Raft};
+use ctrlog::server::lease::{self, QuorumLease};
 use ctrlog::tools::checker::{
     self, Acked, Delivery, History, SubscriptionRecord, TaskEvent, Violation,
 };
@@ -58,6 +63,18 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Partitions of the job's one input stream.
 const PARTITIONS: u32 = 6;
 const CONTAINERS: usize = 3;
+/// The controller expires a container it has not heard from for this long.
+const SESSION_TIMEOUT: Duration = Duration::from_millis(2_000);
+/// How often a container heartbeats.
+const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(200);
+/// A container stops its tasks once this has passed since it sent the last heartbeat a leader
+/// accepted: well before the leader, which heard that heartbeat no earlier than it was sent,
+/// may expire the session (`SESSION_TIMEOUT`). Everyone here shares one clock; the margin is
+/// what a deployment keeps for clock drift.
+const CONTAINER_LEASE: Duration = Duration::from_millis(1_200);
+/// The shortest election timeout a replica may draw here: a leader's quorum lease holds this
+/// long after a quorum acknowledged it, as a real replica's holds for `election_timeout_min`.
+const ELECTION_TIMEOUT_MIN_MS: u64 = 300;
 
 /// One run's parameters; everything else follows from the seed.
 #[derive(Clone, Debug)]
@@ -108,6 +125,8 @@ pub struct SimReport {
     pub snapshots: u64,
     pub task_starts: usize,
     pub task_stops: usize,
+    /// Container sessions that ended because their lease lapsed.
+    pub lease_lapses: usize,
     pub simulated: Duration,
     /// A fingerprint of the run: the canonical log, the leaders per term and the faults.
     pub digest: u64,
@@ -128,6 +147,8 @@ pub fn run(config: &SimConfig) -> SimReport {
 /// What the actors record; becomes the checker's [`History`].
 #[derive(Default)]
 struct Record {
+    /// Container sessions that ended because their lease lapsed.
+    lease_lapses: usize,
     attempted: BTreeSet<ProducerSeq>,
     acked: Vec<Acked>,
     subscriptions: Vec<SubscriptionRecord>,
@@ -153,6 +174,17 @@ struct Sim {
     final_offset: AtomicU64,
     /// Containers told to stop (by a plan's `Stop` action).
     stopped_containers: Mutex<BTreeSet<ContainerId>>,
+    /// What each running replica keeps beside Raft to act as leader, per incarnation.
+    authorities: Mutex<BTreeMap<NodeId, Arc<Authority>>>,
+}
+
+/// What a real replica keeps beside Raft to act as leader (`server::handle`): its quorum
+/// lease, kept up to date by the product's `lease::track`, and its heartbeat table.
+struct Authority {
+    lease: Arc<QuorumLease>,
+    liveness: Mutex<Liveness>,
+    /// Stops the lease's tracking task when this incarnation goes.
+    _tracking: tokio::sync::watch::Sender<bool>,
 }
 
 impl Sim {
@@ -181,6 +213,7 @@ impl Sim {
             stopping: AtomicBool::new(false),
             final_offset: AtomicU64::new(u64::MAX),
             stopped_containers: Mutex::default(),
+            authorities: Mutex::default(),
         })
     }
 
@@ -214,7 +247,9 @@ impl Sim {
     async fn start_replica(self: &Arc<Self>, id: NodeId) {
         // A per-incarnation election timeout from the seed (openraft draws its own timeout from
         // a thread-local generator; a one-millisecond range pins it).
-        let timeout = self.net.random(|rng| rng.gen_range(300..600));
+        let timeout = self
+            .net
+            .random(|rng| rng.gen_range(ELECTION_TIMEOUT_MIN_MS..600));
         let config = openraft::Config {
             cluster_name: "sim".into(),
             heartbeat_interval: 50,
@@ -247,7 +282,24 @@ impl Sim {
         )
         .await;
         match started {
-            Ok(raft) => self.net.bring_up(id, raft, storage),
+            Ok(raft) => {
+                let lease = Arc::new(QuorumLease::new(
+                    Duration::from_millis(ELECTION_TIMEOUT_MIN_MS),
+                    Duration::from_millis(600),
+                ));
+                let (tracking, stop) = tokio::sync::watch::channel(false);
+                tokio::task::spawn_local(lease::track(lease.clone(), raft.metrics(), stop));
+                let authority = Authority {
+                    lease,
+                    liveness: Mutex::new(Liveness::new(0, now_std())),
+                    _tracking: tracking,
+                };
+                self.authorities
+                    .lock()
+                    .unwrap()
+                    .insert(id, Arc::new(authority));
+                self.net.bring_up(id, raft, storage)
+            }
             // openraft refuses storage that lost what it had acknowledged.
             Err(error) => self
                 .record()
@@ -291,6 +343,59 @@ impl Sim {
                 metrics.state == ServerState::Leader && metrics.current_leader == Some(*id)
             })
             .max_by_key(|(_, raft, _)| raft.metrics().borrow().current_term)
+    }
+
+    /// The replica that may act as leader by the product's rule (`lease::leads`: it leads in
+    /// its own view, holds its quorum lease, and applied an entry of its term), if one does.
+    /// Unlike [`Sim::leader`], an isolated leader that still believes it leads is not it.
+    fn leading(&self) -> Option<(NodeId, Raft, Storage, Arc<Authority>)> {
+        self.net
+            .running()
+            .into_iter()
+            .find_map(|(id, raft, storage)| {
+                let authority = self.authority(id)?;
+                let leads = lease::leads(&raft.metrics().borrow(), id, &authority.lease);
+                leads.then_some((id, raft, storage, authority))
+            })
+    }
+
+    fn authority(&self, id: NodeId) -> Option<Arc<Authority>> {
+        self.authorities.lock().unwrap().get(&id).cloned()
+    }
+
+    /// A replica's answer to a container's heartbeat, as `ReplicaHandle::heartbeat` gives it:
+    /// `NotLeader` unless it may act as leader, then `Fenced` unless the session is live.
+    fn accept_heartbeat(
+        &self,
+        id: NodeId,
+        raft: &Raft,
+        storage: &Storage,
+        container: &ContainerId,
+        epoch: Epoch,
+    ) -> Result<(), ApiError> {
+        let metrics = raft.metrics().borrow().clone();
+        let authority = self
+            .authority(id)
+            .ok_or(ApiError::Unavailable("restarting".into()))?;
+        if !lease::leads(&metrics, id, &authority.lease) {
+            return Err(ApiError::NotLeader {
+                leader_id: None,
+                leader_client_addr: None,
+            });
+        }
+        match storage.job_state().live_session(container) {
+            Some(session) if session.epoch == epoch => {
+                let mut liveness = authority.liveness.lock().unwrap();
+                liveness.follow_term(metrics.current_term, now_std());
+                liveness.record(&session, BTreeMap::new(), now_std());
+                Ok(())
+            }
+            live => Err(ApiError::Fenced {
+                container: container.clone(),
+                epoch,
+                current_epoch: live.map(|s| s.epoch),
+            }),
+        }
     }
 
     // ---- clients -----------------------------------------------------------------------------
@@ -451,20 +556,46 @@ impl Sim {
 
     // ---- the job -----------------------------------------------------------------------------
 
-    /// A container: registers, then obeys its own stream (and resets), recording when it runs
-    /// each task and acknowledging through the log.
+    /// A container: joins (registers), heartbeats to whichever replica claims to lead, and
+    /// obeys its own stream (and resets), recording when it runs each task and acknowledging
+    /// through the log. Its session ends when its lease lapses (no heartbeat accepted for
+    /// [`CONTAINER_LEASE`]), when it is fenced, or when the log ends it (expired,
+    /// deregistered); it stops its tasks first, then joins again under a new epoch, until the
+    /// run stops or the controller scaled it in.
     async fn container(self: Arc<Self>, index: u64) {
         let me = 300 + index;
         let id = ContainerId::new(format!("c{index}")).expect("a valid container id");
-        let mut seq = 0;
-        let mut next_pair = || {
-            seq += 1;
-            Some(ProducerSeq { producer: me, seq })
+        let seq = AtomicU64::new(0);
+        let next_pair = || {
+            Some(ProducerSeq {
+                producer: me,
+                seq: seq.fetch_add(1, Ordering::Relaxed) + 1,
+            })
         };
+        loop {
+            let scaled_in = self.stopped_containers.lock().unwrap().contains(&id);
+            if scaled_in || self.stopping.load(Ordering::Acquire) {
+                return;
+            }
+            self.session(me, &id, &next_pair).await;
+            self.pause(100..500).await;
+        }
+    }
+
+    /// One session of a container, from its registration until it ends.
+    async fn session(
+        &self,
+        me: Party,
+        id: &ContainerId,
+        next_pair: &dyn Fn() -> Option<ProducerSeq>,
+    ) {
         let register = Command::RegisterContainer(RegisterContainer {
             container: id.clone(),
             location: "sim".into(),
         });
+        // The lease counts from before the registration: the leader cannot have seen the
+        // session live any earlier.
+        let joined = Instant::now();
         let (Outcome::Appended { offset: epoch } | Outcome::Duplicate { offset: epoch }) =
             self.append(me, proposal(next_pair(), register)).await
         else {
@@ -474,23 +605,63 @@ impl Sim {
             return;
         };
         let container = Container {
-            sim: &self,
+            sim: self,
             id: id.clone(),
             epoch,
             running: Mutex::default(),
         };
         let container = &container;
-        let next_pair = Mutex::new(next_pair);
+        let last_accepted = std::cell::Cell::new(joined);
+        let lapsed = || last_accepted.get().elapsed() >= CONTAINER_LEASE;
+        // Like a real client, a container keeps talking to the replica it reached until that
+        // one fails or refuses it: a stale leader that acknowledged it would keep it.
+        let talking_to = std::cell::Cell::new(None);
+        let heartbeats = async {
+            loop {
+                let beat = async {
+                    let claimant = talking_to.get().or_else(|| self.claimed_leader());
+                    let sent = Instant::now();
+                    let answer = match claimant {
+                        Some(to) => self
+                            .net
+                            .call(me, to, CLIENT_TIMEOUT, |raft, storage| async move {
+                                self.accept_heartbeat(to, &raft, &storage, id, epoch)
+                            })
+                            .await
+                            .ok(),
+                        None => None,
+                    };
+                    match answer {
+                        Some(Ok(())) => {
+                            last_accepted.set(sent);
+                            talking_to.set(claimant);
+                        }
+                        Some(Err(ApiError::Fenced { .. })) => return false,
+                        _ => talking_to.set(None),
+                    }
+                    tokio::time::sleep(HEARTBEAT_INTERVAL).await;
+                    true
+                };
+                tokio::select! {
+                    biased;
+                    _ = tokio::time::sleep_until(last_accepted.get() + CONTAINER_LEASE) => {
+                        self.record().lease_lapses += 1;
+                        return;
+                    }
+                    go_on = beat => if !go_on { return },
+                }
+            }
+        };
         let own_writes = AtomicU64::new(epoch);
-        self.subscribe(
+        let subscription = self.subscribe(
             me,
-            format!("container-{id}"),
+            format!("container-{id}@{epoch}"),
             Filter::Container(id.clone()),
             epoch + 1,
             &own_writes,
             async |delivered| {
-                if self.stopped_containers.lock().unwrap().contains(&id) {
-                    container.stop_all();
+                // No work once the lease lapsed: the leader may reassign it soon.
+                if lapsed() || self.stopped_containers.lock().unwrap().contains(id) {
                     return false;
                 }
                 let answers = match delivered {
@@ -498,15 +669,15 @@ impl Sim {
                     Delivered::Reset(state) => container.reconcile(&state),
                 };
                 let Some(answers) = answers else {
-                    container.stop_all();
                     return false;
                 };
                 for answer in answers {
-                    let pair = (next_pair.lock().unwrap())();
+                    let pair = next_pair();
                     match self.append(me, proposal(pair, answer)).await {
                         Outcome::Appended { offset } | Outcome::Duplicate { offset } => {
                             own_writes.fetch_max(offset, Ordering::AcqRel);
                         }
+                        Outcome::Rejected(_) if lapsed() => return false,
                         refused => self
                             .record()
                             .anomalies
@@ -515,9 +686,35 @@ impl Sim {
                 }
                 true
             },
-        )
-        .await;
+        );
+        // Biased, as every choice here: tokio's unbiased select draws from a generator outside
+        // the seed.
+        tokio::select! {
+            biased;
+            _ = heartbeats => {}
+            _ = subscription => {}
+        }
         container.stop_all();
+    }
+
+    /// A replica that believes it leads (stale leaders included), drawn from the seed: where a
+    /// container sends its heartbeat.
+    fn claimed_leader(&self) -> Option<NodeId> {
+        let claimants: Vec<NodeId> = self
+            .net
+            .running()
+            .into_iter()
+            .filter(|(id, raft, _)| {
+                let metrics = raft.metrics().borrow().clone();
+                metrics.state == ServerState::Leader && metrics.current_leader == Some(*id)
+            })
+            .map(|(id, _, _)| id)
+            .collect();
+        if claimants.is_empty() {
+            return None;
+        }
+        let pick = self.net.random(|rng| rng.gen_range(0..claimants.len()));
+        Some(claimants[pick])
     }
 
     /// The coordinator: the product's [`Controller`], beside whichever replica leads, reading
@@ -543,6 +740,7 @@ impl Sim {
             },
             ControllerConfig {
                 tick: Duration::from_millis(50),
+                session_timeout: SESSION_TIMEOUT,
                 ..ControllerConfig::default()
             },
         );
@@ -595,7 +793,7 @@ impl Sim {
         }
         while self.started.elapsed() < self.config.duration {
             self.pause(300..1500).await;
-            let kind = self.net.random(|rng| rng.gen_range(0..7));
+            let kind = self.net.random(|rng| rng.gen_range(0..8));
             let down = (1..=n).filter(|id| !self.net.is_up(*id)).count();
             let leader = self.leader().map(|(id, _, _)| id);
             let hold = Duration::from_millis(self.net.random(|rng| rng.gen_range(300..3000)));
@@ -624,6 +822,9 @@ impl Sim {
                 }
                 2 => {
                     let Some(leader) = leader else { continue };
+                    // Often longer than an election plus the session timeout: long enough
+                    // for the new leader to expire a container only the old one hears.
+                    let hold = hold * 2;
                     *counts.entry("leader isolations").or_default() += 1;
                     self.fault(format!("isolate leader {leader}"));
                     let others: Vec<NodeId> = (1..=n).filter(|id| *id != leader).collect();
@@ -658,6 +859,16 @@ impl Sim {
                     self.net.set_loss(loss);
                     tokio::time::sleep(hold).await;
                     self.net.set_loss(0);
+                }
+                7 => {
+                    // Longer than a container's lease, often longer than its session timeout.
+                    let index = self.net.random(|rng| rng.gen_range(1..=CONTAINERS as u64));
+                    let hold =
+                        Duration::from_millis(self.net.random(|rng| rng.gen_range(800..4000)));
+                    *counts.entry("containers cut off").or_default() += 1;
+                    self.fault(format!("cut container c{index} off"));
+                    let replicas: Vec<NodeId> = (1..=n).collect();
+                    self.partition(&[300 + index], &replicas, hold).await;
                 }
                 6 => {
                     let delay = self.net.random(|rng| rng.gen_range(5..60));
@@ -892,6 +1103,7 @@ impl Sim {
                 .sum::<u64>();
         report.task_starts = record.task_events.iter().filter(|e| e.running).count();
         report.task_stops = record.task_events.len() - report.task_starts;
+        report.lease_lapses = record.lease_lapses;
         report.simulated = self.started.elapsed();
 
         let mut digest = std::collections::hash_map::DefaultHasher::new();
@@ -1041,8 +1253,9 @@ impl Container<'_> {
     }
 }
 
-/// The controller's view of the simulated cluster: it leads while some replica does, reads
-/// that leader's JobState, and appends straight into its Raft (in process, beside the leader:
+/// The controller's view of the simulated cluster: it leads while some replica may act as
+/// leader by the product's rule (`lease::leads`), reads that replica's JobState and heartbeat
+/// table, and appends straight into its Raft (in process, beside the leader:
 /// no network hop), each append with the coordinator's own producer pair so that the
 /// checker accounts for it.
 struct SimPlane {
@@ -1055,19 +1268,25 @@ const COORDINATOR_PRODUCER: u64 = 400;
 
 impl ControlPlane for SimPlane {
     fn is_leader(&self) -> bool {
-        self.sim.leader().is_some()
+        self.sim.leading().is_some()
     }
 
     fn job_state(&self) -> JobState {
         self.sim
-            .leader()
-            .map(|(_, _, storage)| storage.job_state())
+            .leading()
+            .map(|(_, _, storage, _)| storage.job_state())
             .unwrap_or_default()
     }
 
-    /// The simulation's containers are never expired by silence: faults hit the replicas.
-    fn overdue_sessions(&self, _timeout: Duration) -> Vec<Session> {
-        Vec::new()
+    /// From the leading replica's heartbeat table, as `ReplicaHandle::overdue_sessions`.
+    fn overdue_sessions(&self, timeout: Duration) -> Vec<Session> {
+        let Some((_, raft, storage, authority)) = self.sim.leading() else {
+            return Vec::new();
+        };
+        let term = raft.metrics().borrow().current_term;
+        let mut liveness = authority.liveness.lock().unwrap();
+        liveness.follow_term(term, now_std());
+        liveness.overdue(&storage.job_state(), now_std(), timeout)
     }
 
     /// Every live container reports no lag: the scaling policy decides by the clock.
@@ -1079,7 +1298,7 @@ impl ControlPlane for SimPlane {
     }
 
     async fn append(&self, command: Command) -> Result<AppendAck, ApiError> {
-        let Some((_, raft, _)) = self.sim.leader() else {
+        let Some((_, raft, _, _)) = self.sim.leading() else {
             return Err(ApiError::Unavailable("no leader".into()));
         };
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
@@ -1140,4 +1359,9 @@ impl ContainerLauncher for SimLauncher {
             .unwrap()
             .insert(container.clone());
     }
+}
+
+/// Now on the simulation's clock, for the product's tables that take `std` instants.
+fn now_std() -> std::time::Instant {
+    Instant::now().into_std()
 }
