@@ -530,7 +530,8 @@ async fn all_replicas_restarted_keep_every_committed_entry() {
 }
 
 /// Goal: membership 3 → 4 → 3 with traffic flowing.
-/// Steps: a writer appends continuously; start replica 4 and add it (learner, then voter once
+/// Steps: a writer appends continuously; start replica 4, which refuses reads until it is a
+/// member, and add it (learner, then voter once
 /// caught up); remove replica 1 (a founding member, possibly the leader); the writer never
 /// fails for good; the final voters are {2, 3, 4}; replica 4 holds the same log as the others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -561,6 +562,13 @@ async fn membership_grows_to_four_and_shrinks_to_three_under_traffic() {
     };
 
     let joining = cluster.start_new(4, |_| {}).await.unwrap().member();
+    // Not a member yet: a read there would wait for nothing (it used to long-poll, empty).
+    let early = cluster
+        .replica(4)
+        .clone_handle()
+        .fetch(&FetchRequest::from(1), Duration::from_millis(200))
+        .await;
+    assert!(matches!(early, Err(ApiError::Unavailable(_))), "{early:?}");
     client.add_member(4, joining).await.unwrap();
     let voters = |cluster: &LocalCluster, id| -> BTreeSet<u64> {
         cluster
@@ -686,6 +694,13 @@ async fn a_lost_majority_is_recovered_by_forcing_a_new_cluster_from_one_survivor
         .await
         .unwrap();
     let joining = cluster.start_new(4, |_| {}).await.unwrap().member();
+    // Not a member yet: a read there would wait for nothing (it used to long-poll, empty).
+    let early = cluster
+        .replica(4)
+        .clone_handle()
+        .fetch(&FetchRequest::from(1), Duration::from_millis(200))
+        .await;
+    assert!(matches!(early, Err(ApiError::Unavailable(_))), "{early:?}");
     client.add_member(4, joining).await.unwrap();
     let voters: BTreeSet<u64> = cluster
         .replica(2)

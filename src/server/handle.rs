@@ -269,6 +269,20 @@ impl ReplicaHandle {
                 self.id()
             )));
         }
+        let member = self
+            .metrics()
+            .membership_config
+            .membership()
+            .get_node(&self.id())
+            .is_some();
+        if !member {
+            // Not yet added, or removed: nothing new will reach this log, and a long poll here
+            // would wait for nothing.
+            return Err(ApiError::Unavailable(format!(
+                "replica {} is not a member of the cluster; read from a member",
+                self.id()
+            )));
+        }
         let deadline = tokio::time::Instant::now() + max_wait;
         let mut applied = self.applied();
         // Offsets start at 1; a fetch from 0 means "from the beginning".

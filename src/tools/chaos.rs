@@ -108,6 +108,9 @@ enum Fault {
     AddUnreachable,
 }
 
+/// Replicas a run may start: the three, and the one membership changes add.
+const REPLICAS_MAX: u32 = 4;
+
 /// How long a partition lasts (at least; a leader's lasts until a new leader has committed).
 const PARTITION_HELD: Duration = Duration::from_millis(2_000);
 
@@ -144,7 +147,9 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
     anyhow::ensure!(!options.faults.is_empty(), "no fault to inject");
     let partitions = options.faults.contains(&FaultFamily::Partitions);
     // The firewall first: without nftables a partition run fails before it starts anything.
-    let firewall = partitions.then(Firewall::new).transpose()?;
+    let firewall = partitions
+        .then(|| Firewall::new((1..=REPLICAS_MAX).map(|id| UID_BASE + id)))
+        .transpose()?;
     let cluster = if partitions {
         ProcessCluster::with_own_uids(3, &snapshot_args, UID_BASE).await?
     } else {

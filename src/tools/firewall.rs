@@ -1,12 +1,17 @@
 //! Network partitions between real replica processes on one host, for `ctrlog chaos`.
 //!
 //! Each replica runs under its own uid ([`ProcessCluster::with_own_uids`](super::bench)), so
-//! nftables can tell whose packet it is: a rule in an `output` chain drops the packets that
-//! one replica's processes send to another's peer port. Loopback packets cross the output
-//! hook too, so this cuts real TCP connections on 127.0.0.1 the way a broken link does: no
-//! reset, no error, just silence until the rule is gone. Client ports are never matched, so a
-//! replica cut from its peers still answers its clients (the partition that check-quorum is
-//! for).
+//! nftables can tell whose connection it is: every connection a replica opens is marked with
+//! its uid in conntrack, and a cut drops the packets of one replica's connections to another's
+//! peer port. Loopback packets cross the output hook too, so this cuts real TCP connections on
+//! 127.0.0.1 the way a broken link does: no reset, no error, just silence until the rule is
+//! gone. Client ports are never matched, so a replica cut from its peers still answers its
+//! clients (the partition that check-quorum is for).
+//!
+//! Why conntrack marks and not the packet's socket owner: a connection the replica closes
+//! while the cut holds (it re-dials a silent peer) goes on resending as an orphaned socket,
+//! with no owner to match, and those packets walked through the cut, renewing a follower's
+//! leader lease from a leader that was supposed to be cut off.
 //!
 //! The rules live in a table of their own, named after this process, deleted on drop; they
 //! match only the replicas' uids, so nothing else on the host is affected. Needs root (or
@@ -23,15 +28,22 @@ pub struct Firewall {
 }
 
 impl Firewall {
-    /// Creates the table and its output chain, failing with what to do if nftables cannot be
-    /// used here.
-    pub fn new() -> anyhow::Result<Firewall> {
+    /// Creates the table, which marks every connection processes of `owners` open from now
+    /// on, and an empty chain of cuts; fails with what to do if nftables cannot be used here.
+    pub fn new(owners: impl IntoIterator<Item = u32>) -> anyhow::Result<Firewall> {
         let firewall = Firewall {
             table: format!("ctrlog_chaos_{}", std::process::id()),
         };
+        let marks: String = owners
+            .into_iter()
+            .map(|uid| format!("    ct state new meta skuid {uid} ct mark set {uid}\n"))
+            .collect();
         firewall
             .apply(&format!(
-                "table inet {table} {{\n  chain output {{ type filter hook output priority 0; policy accept; }}\n}}\n",
+                "table inet {table} {{\n  \
+                   chain marks {{\n    type filter hook output priority -10; policy accept;\n{marks}  }}\n  \
+                   chain cuts {{ type filter hook output priority 0; policy accept; }}\n\
+                 }}\n",
                 table = firewall.table
             ))
             .context(
@@ -41,19 +53,19 @@ impl Firewall {
         Ok(firewall)
     }
 
-    /// Drops what processes of `from_uid` send to TCP port `to_port`: the RPCs one replica
-    /// sends to another's peer port. Answers on connections the other side opened still pass,
-    /// so a cut is one-way; cut both directions for a full partition.
+    /// Drops what connections opened by processes of `from_uid` send to TCP port `to_port`:
+    /// the RPCs one replica sends to another's peer port. Answers on connections the other
+    /// side opened still pass, so a cut is one-way; cut both directions for a full partition.
     pub fn cut(&self, from_uid: u32, to_port: u16) -> anyhow::Result<()> {
         self.apply(&format!(
-            "add rule inet {} output meta skuid {from_uid} tcp dport {to_port} drop\n",
+            "add rule inet {} cuts ct mark {from_uid} tcp dport {to_port} drop\n",
             self.table
         ))
     }
 
     /// Removes every cut.
     pub fn heal(&self) -> anyhow::Result<()> {
-        self.apply(&format!("flush chain inet {} output\n", self.table))
+        self.apply(&format!("flush chain inet {} cuts\n", self.table))
     }
 
     fn apply(&self, rules: &str) -> anyhow::Result<()> {
