@@ -385,8 +385,8 @@ async fn removing_a_learner_removes_it_and_an_unreachable_member_leaves_nothing(
     );
 
     match handle.add_member(5, unreachable_member()).await {
-        Err(ApiError::Unavailable(why)) => assert!(why.contains("removed"), "{why}"),
-        other => panic!("expected Unavailable, got {other:?}"),
+        Err(ApiError::Rejected(why)) => assert!(why.contains("removed"), "{why}"),
+        other => panic!("expected Rejected, got {other:?}"),
     }
     assert_eq!(
         members(&cluster, leader),

@@ -522,13 +522,15 @@ impl ReplicaHandle {
                     raft.change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
                         .await
                         .map_err(ApiError::from)?;
-                    return Err(ApiError::Unavailable(format!(
+                    // Refused, not `Unavailable`: the change is over, and a client retrying a
+                    // retriable error would add and remove the replica again until its deadline.
+                    return Err(ApiError::Rejected(format!(
                         "replica {id} did not answer within {LEARNER_FIRST_CONTACT_MAX:?}; \
                          it was removed again"
                     )));
                 }
                 Err(_) => {
-                    return Err(ApiError::Unavailable(format!(
+                    return Err(ApiError::Rejected(format!(
                         "learner {id} did not catch up within {MEMBER_CATCH_UP_TIMEOUT:?}; it \
                          stays a learner (`ctrlog members remove --id {id}` removes it)"
                     )))

@@ -551,18 +551,37 @@ impl Injector {
                 Ok(client) => client.status().await.map_err(anyhow::Error::from),
                 Err(error) => Err(error),
             };
+            let probe = match &status {
+                // What an append there meets now: a leader that cannot commit says why here.
+                Ok(s) if s.role == "Leader" => {
+                    let options = ClientOptions {
+                        retry_deadline: Duration::ZERO,
+                        request_timeout: Duration::from_secs(2),
+                        ..ClientOptions::default()
+                    };
+                    let addr = self.cluster.client_addrs()[i].clone();
+                    let answer = match ControlClient::connect_with(&[addr], options).await {
+                        Ok(client) => client
+                            .append(Command::custom(1, 1, b"probe".to_vec()))
+                            .await
+                            .map(|ack| ack.offset)
+                            .map_err(anyhow::Error::from),
+                        Err(error) => Err(error.into()),
+                    };
+                    format!("; an append there: {answer:?}")
+                }
+                _ => String::new(),
+            };
             lines.push(match status {
-                Ok(s) => {
-                    format!(
-                    "  replica {} ({voter}): {} in term {}, leader {:?}, applied {}, members {:?}",
+                Ok(s) => format!(
+                    "  replica {} ({voter}): {} in term {}, leader {:?}, applied {}, members {:?}{probe}",
                     i + 1,
                     s.role,
                     s.term,
                     s.leader_id,
                     s.applied_offset,
                     s.members.iter().map(|m| (m.id, m.voter)).collect::<Vec<_>>()
-                )
-                }
+                ),
                 Err(error) => format!("  replica {} ({voter}): {error}", i + 1),
             });
         }
