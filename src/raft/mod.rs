@@ -27,6 +27,7 @@
 // in our helpers would only add a conversion at every call.
 #![allow(clippy::result_large_err)]
 
+pub mod elector;
 pub mod log_store;
 pub mod meta_store;
 pub mod network;

@@ -16,6 +16,7 @@ use openraft::error::{NetworkError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use tarpc::{client, context};
 
+use super::elector::ElectionTimer;
 use super::types::*;
 use crate::client::tls::{dial, framed};
 use crate::client::Member;
@@ -62,6 +63,8 @@ pub trait RaftRpc {
 pub struct PeerNetwork {
     /// Mutual TLS to the peers: the CA and this replica's own certificate.
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// The replica's election timer, told when a voter refuses it for a shorter log.
+    pub elections: Option<Arc<ElectionTimer>>,
 }
 
 impl PeerNetwork {
@@ -93,6 +96,7 @@ impl PeerNetwork {
             target,
             addr: node.peer_addr.clone(),
             tls: self.tls.clone(),
+            elections: self.elections.clone(),
             client: None,
             unanswered_since: None,
         }
@@ -112,6 +116,7 @@ pub struct PeerClient {
     target: NodeId,
     addr: String,
     tls: Option<Arc<rustls::ClientConfig>>,
+    elections: Option<Arc<ElectionTimer>>,
     client: Option<RaftRpcClient>,
     /// When the oldest call not answered on this connection was sent, if any is; calls that
     /// openraft abandoned at their TTL count, since their answers never came.
@@ -255,10 +260,16 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         request: VoteRequest,
         option: RPCOption,
     ) -> Result<VoteResponse, RpcError> {
-        self.call(&option, |client, ctx| async move {
-            client.vote(ctx, request).await
-        })
-        .await
+        let sent = request.clone();
+        let answer = self
+            .call(&option, |client, ctx| async move {
+                client.vote(ctx, request).await
+            })
+            .await;
+        if let (Some(elections), Ok(answer)) = (&self.elections, &answer) {
+            elections.received_vote(self.target, &sent, answer);
+        }
+        answer
     }
 }
 

@@ -15,6 +15,7 @@ use super::tls::certificate_names_node;
 use crate::client::tls::framed;
 use crate::log::vocabulary::LEVEL_MAX;
 use crate::log::Level;
+use crate::raft::elector::ElectionTimer;
 use crate::raft::network::{RaftRpc, RaftRpcRequest, RaftRpcResponse, PEER_FRAME_BYTES_MAX};
 use crate::raft::types::*;
 use crate::NodeId;
@@ -22,6 +23,8 @@ use crate::NodeId;
 #[derive(Clone)]
 struct RaftRpcServer {
     raft: Raft,
+    /// Told of every leader this replica accepts and every vote it grants.
+    elections: Arc<ElectionTimer>,
     /// The certificate the calling peer presented (TLS only): it must name the node that
     /// each request claims to come from.
     peer: Option<Arc<PeerCertificate>>,
@@ -63,7 +66,9 @@ impl RaftRpc for RaftRpcServer {
         request: AppendEntriesRequest,
     ) -> Result<AppendEntriesResponse, RaftError> {
         self.check_sender(request.vote.leader_id().voted_for().unwrap_or_default())?;
-        self.raft.append_entries(request).await
+        let answer = self.raft.append_entries(request).await?;
+        self.elections.answered_append_entries(&answer);
+        Ok(answer)
     }
 
     async fn vote(
@@ -72,7 +77,9 @@ impl RaftRpc for RaftRpcServer {
         request: VoteRequest,
     ) -> Result<VoteResponse, RaftError> {
         self.check_sender(request.vote.leader_id().voted_for().unwrap_or_default())?;
-        self.raft.vote(request).await
+        let answer = self.raft.vote(request).await?;
+        self.elections.answered_vote(&answer);
+        Ok(answer)
     }
 
     async fn install_snapshot(
@@ -81,7 +88,13 @@ impl RaftRpc for RaftRpcServer {
         request: InstallSnapshotRequest,
     ) -> Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>> {
         self.check_sender(request.vote.leader_id().voted_for().unwrap_or_default())?;
-        self.raft.install_snapshot(request).await
+        let sender_vote = request.vote;
+        let answer = self.raft.install_snapshot(request).await?;
+        // The receiver answers with its own vote: the sender's when it accepted it as leader.
+        if answer.vote == sender_vote {
+            self.elections.heard_leader();
+        }
+        Ok(answer)
     }
 
     /// Names no sender to check: with TLS on, only the cluster's CA's certificates get here.
@@ -105,12 +118,14 @@ pub async fn bind_peers(addr: SocketAddr) -> std::io::Result<PeerListener> {
 pub async fn serve_peers(
     listener: PeerListener,
     raft: Raft,
+    elections: Arc<ElectionTimer>,
     tls: Option<TlsAcceptor>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     serve_each_connection("peer", listener, tls, stop, move |accepted| {
         let server = RaftRpcServer {
             raft: raft.clone(),
+            elections: elections.clone(),
             peer: accepted.peer_certificate.map(|der| {
                 Arc::new(PeerCertificate {
                     der,

@@ -20,6 +20,7 @@ use super::telemetry::Telemetry;
 use super::tls::ReplicaTls;
 use crate::client::{Member, ANSWER_ENVELOPE_BYTES_MAX};
 use crate::jobs::Liveness;
+use crate::raft::elector::{self, ElectionTimer, ElectionTiming};
 use crate::raft::meta_store::Closed;
 use crate::raft::network::{PeerNetwork, RAFT_PAYLOAD_ENTRIES_MAX};
 use crate::raft::proposer::Proposer;
@@ -91,6 +92,8 @@ fn raft_config(config: &ReplicaConfig) -> Result<openraft::Config, StartError> {
         heartbeat_interval: config.heartbeat_interval_ms,
         election_timeout_min: config.election_timeout_min_ms,
         election_timeout_max: config.election_timeout_max_ms,
+        // ctrlog stands for election itself (raft::elector), re-drawing the timeout each time.
+        enable_elect: false,
         // A chunk is applied with an fsync of sled on the receiver; give it time.
         install_snapshot_timeout: 10_000,
         max_payload_entries: RAFT_PAYLOAD_ENTRIES_MAX,
@@ -130,8 +133,16 @@ impl Replica {
             .transpose()
             .map_err(StartError::Auth)?
             .map(Arc::new);
+        let elections = Arc::new(ElectionTimer::new(
+            ElectionTiming {
+                timeout_min: Duration::from_millis(config.election_timeout_min_ms),
+                timeout_max: Duration::from_millis(config.election_timeout_max_ms),
+            },
+            rand::random(),
+        ));
         let peers = PeerNetwork {
             tls: tls.as_ref().map(|t| t.to_peers.clone()),
+            elections: Some(elections.clone()),
         };
         let raft = Raft::new(
             config.id,
@@ -180,6 +191,7 @@ impl Replica {
             tokio::spawn(serve_peers(
                 peer_listener,
                 raft.clone(),
+                elections.clone(),
                 tls.as_ref().map(|t| t.peers.clone()),
                 stopping.clone(),
             )),
@@ -195,6 +207,12 @@ impl Replica {
                 stopping.clone(),
             )),
         ];
+        tasks.push(tokio::spawn(elector::drive(
+            raft.clone(),
+            config.id,
+            elections,
+            stopping.clone(),
+        )));
         tasks.push(tokio::spawn(lease::track(
             lease,
             raft.metrics(),

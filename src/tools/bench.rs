@@ -224,6 +224,13 @@ impl ProcessCluster {
         self.dir.path()
     }
 
+    /// Leaves the folder (the replicas' data and `replica-N.log` files) in place when the
+    /// cluster is dropped, for a failure to be looked into; returns its path.
+    pub fn keep_files(&mut self) -> &Path {
+        self.dir.disable_cleanup(true);
+        self.dir.path()
+    }
+
     /// Replica `i`'s (0-based) data directory.
     pub fn replica_dir(&self, i: usize) -> PathBuf {
         self.dir.path().join(format!("replica-{}", i + 1))

@@ -256,8 +256,10 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
         tracing::info!(round, ?fault, leader = leader + 1, "fault");
         if let Err(error) = injector.inject(fault, leader).await {
             let replicas = injector.describe().await;
+            let kept = injector.cluster.keep_files().display().to_string();
             return Err(error.context(format!(
-                "round {round}: {fault:?} with replica {} leading; now:\n{replicas}",
+                "round {round}: {fault:?} with replica {} leading; now:\n{replicas}\n\
+                 the replicas' data and logs are kept in {kept}",
                 leader + 1
             )));
         }
@@ -574,11 +576,13 @@ impl Injector {
             };
             lines.push(match status {
                 Ok(s) => format!(
-                    "  replica {} ({voter}): {} in term {}, leader {:?}, applied {}, members {:?}{probe}",
+                    "  replica {} ({voter}): {} in term {}, leader {:?}, log to {:?}, applied index {:?} (offset {}), members {:?}{probe}",
                     i + 1,
                     s.role,
                     s.term,
                     s.leader_id,
+                    s.last_log_index,
+                    s.applied_index,
                     s.applied_offset,
                     s.members.iter().map(|m| (m.id, m.voter)).collect::<Vec<_>>()
                 ),

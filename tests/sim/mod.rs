@@ -41,6 +41,7 @@ use ctrlog::log::{
     Batch, Command, ContainerId, Epoch, Filter, Input, LogEntry, Offset, ProducerSeq, Proposal,
     RegisterContainer, Target, TaskId, TaskStarted, TaskStopped,
 };
+use ctrlog::raft::elector::{self, ElectionTimer, ElectionTiming};
 use ctrlog::raft::types::{ClientWriteError, Raft};
 use ctrlog::server::lease::{self, QuorumLease};
 use ctrlog::tools::checker::{
@@ -75,6 +76,9 @@ const CONTAINER_LEASE: Duration = Duration::from_millis(1_200);
 /// The shortest election timeout a replica may draw here: a leader's quorum lease holds this
 /// long after a quorum acknowledged it, as a real replica's holds for `election_timeout_min`.
 const ELECTION_TIMEOUT_MIN_MS: u64 = 300;
+/// The longest, and openraft's leader lease: wider than a replica's default, so that the
+/// timeouts of a run's replicas spread as widely as the old per-incarnation draws did.
+const ELECTION_TIMEOUT_MAX_MS: u64 = 600;
 
 /// One run's parameters; everything else follows from the seed.
 #[derive(Clone, Debug)]
@@ -245,16 +249,19 @@ impl Sim {
     // ---- replicas ----------------------------------------------------------------------------
 
     async fn start_replica(self: &Arc<Self>, id: NodeId) {
-        // A per-incarnation election timeout from the seed (openraft draws its own timeout from
-        // a thread-local generator; a one-millisecond range pins it).
-        let timeout = self
-            .net
-            .random(|rng| rng.gen_range(ELECTION_TIMEOUT_MIN_MS..600));
+        // The product's election timer, seeded from the run's seed; openraft's own (off here,
+        // as in a replica) draws from a thread-local generator.
+        let timing = ElectionTiming {
+            timeout_min: Duration::from_millis(ELECTION_TIMEOUT_MIN_MS),
+            timeout_max: Duration::from_millis(ELECTION_TIMEOUT_MAX_MS),
+        };
+        let elections = Arc::new(ElectionTimer::new(timing, self.net.random(|rng| rng.gen())));
         let config = openraft::Config {
             cluster_name: "sim".into(),
             heartbeat_interval: 50,
-            election_timeout_min: timeout,
-            election_timeout_max: timeout + 1,
+            election_timeout_min: ELECTION_TIMEOUT_MIN_MS,
+            election_timeout_max: ELECTION_TIMEOUT_MAX_MS,
+            enable_elect: false,
             max_payload_entries: 64,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(200),
             max_in_snapshot_log_to_keep: 50,
@@ -276,6 +283,7 @@ impl Sim {
             SimNetwork {
                 net: self.net.clone(),
                 from: id,
+                elections: elections.clone(),
             },
             storage.log.clone(),
             storage.state_machine.clone(),
@@ -285,10 +293,11 @@ impl Sim {
             Ok(raft) => {
                 let lease = Arc::new(QuorumLease::new(
                     Duration::from_millis(ELECTION_TIMEOUT_MIN_MS),
-                    Duration::from_millis(600),
+                    Duration::from_millis(ELECTION_TIMEOUT_MAX_MS),
                 ));
                 let (tracking, stop) = tokio::sync::watch::channel(false);
-                tokio::task::spawn_local(lease::track(lease.clone(), raft.metrics(), stop));
+                tokio::task::spawn_local(lease::track(lease.clone(), raft.metrics(), stop.clone()));
+                tokio::task::spawn_local(elector::drive(raft.clone(), id, elections.clone(), stop));
                 let authority = Authority {
                     lease,
                     liveness: Mutex::new(Liveness::new(0, now_std())),
@@ -298,7 +307,7 @@ impl Sim {
                     .lock()
                     .unwrap()
                     .insert(id, Arc::new(authority));
-                self.net.bring_up(id, raft, storage)
+                self.net.bring_up(id, raft, storage, elections)
             }
             // openraft refuses storage that lost what it had acknowledged.
             Err(error) => self
@@ -414,8 +423,8 @@ impl Sim {
             };
             let answer = self
                 .net
-                .call(me, node, CLIENT_TIMEOUT, |raft, _| async move {
-                    raft.client_write(batch).await
+                .call(me, node, CLIENT_TIMEOUT, |callee| async move {
+                    callee.raft.client_write(batch).await
                 })
                 .await;
             match answer {
@@ -501,8 +510,8 @@ impl Sim {
         while next <= self.final_offset.load(Ordering::Acquire) {
             let answer = self
                 .net
-                .call(me, node, CLIENT_TIMEOUT, |_, storage| async move {
-                    storage.fetch(next, 64)
+                .call(me, node, CLIENT_TIMEOUT, |callee| async move {
+                    callee.storage.fetch(next, 64)
                 })
                 .await;
             match answer {
@@ -624,8 +633,8 @@ impl Sim {
                     let answer = match claimant {
                         Some(to) => self
                             .net
-                            .call(me, to, CLIENT_TIMEOUT, |raft, storage| async move {
-                                self.accept_heartbeat(to, &raft, &storage, id, epoch)
+                            .call(me, to, CLIENT_TIMEOUT, |callee| async move {
+                                self.accept_heartbeat(to, &callee.raft, &callee.storage, id, epoch)
                             })
                             .await
                             .ok(),

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ctrlog::client::Member;
+use ctrlog::raft::elector::ElectionTimer;
 use ctrlog::raft::types::*;
 use ctrlog::raft::TypeConfig;
 use ctrlog::NodeId;
@@ -34,11 +35,13 @@ pub enum Failure {
     TimedOut,
 }
 
-/// A running replica.
+/// A running replica, as a call reaches it.
 #[derive(Clone)]
-struct Incarnation {
-    raft: Raft,
-    storage: Storage,
+pub struct Incarnation {
+    pub raft: Raft,
+    pub storage: Storage,
+    /// Its election timer, which the peer traffic it answers moves (as the real peer port's).
+    pub elections: Arc<ElectionTimer>,
     generation: u64,
 }
 
@@ -87,7 +90,13 @@ impl Net {
         draw(&mut self.lock().rng)
     }
 
-    pub fn bring_up(&self, id: NodeId, raft: Raft, storage: Storage) {
+    pub fn bring_up(
+        &self,
+        id: NodeId,
+        raft: Raft,
+        storage: Storage,
+        elections: Arc<ElectionTimer>,
+    ) {
         let mut state = self.lock();
         state.generations += 1;
         let generation = state.generations;
@@ -96,6 +105,7 @@ impl Net {
             Incarnation {
                 raft,
                 storage,
+                elections,
                 generation,
             },
         );
@@ -165,7 +175,7 @@ impl Net {
         call: F,
     ) -> Result<T, Failure>
     where
-        F: FnOnce(Raft, Storage) -> Fut,
+        F: FnOnce(Incarnation) -> Fut,
         Fut: Future<Output = T>,
     {
         let deadline = Instant::now() + timeout;
@@ -179,14 +189,15 @@ impl Net {
         let Some(callee) = self.lock().up.get(&to).cloned() else {
             return Err(Failure::Refused);
         };
-        let answer = tokio::time::timeout_at(deadline, call(callee.raft, callee.storage))
+        let generation = callee.generation;
+        let answer = tokio::time::timeout_at(deadline, call(callee))
             .await
             .map_err(|_| Failure::TimedOut)?;
         let same_incarnation = self
             .lock()
             .up
             .get(&to)
-            .is_some_and(|i| i.generation == callee.generation);
+            .is_some_and(|i| i.generation == generation);
         if !same_incarnation {
             // The process died while handling the call: the connection broke.
             return Err(Failure::Refused);
@@ -208,12 +219,15 @@ impl Net {
 pub struct SimNetwork {
     pub net: Arc<Net>,
     pub from: NodeId,
+    /// The sender's election timer, told when a voter refuses it for a shorter log.
+    pub elections: Arc<ElectionTimer>,
 }
 
 pub struct SimPeer {
     net: Arc<Net>,
     from: NodeId,
     to: NodeId,
+    elections: Arc<ElectionTimer>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for SimNetwork {
@@ -224,6 +238,7 @@ impl RaftNetworkFactory<TypeConfig> for SimNetwork {
             net: self.net.clone(),
             from: self.from,
             to: target,
+            elections: self.elections.clone(),
         }
     }
 }
@@ -236,12 +251,12 @@ impl SimPeer {
     ) -> Result<T, RPCError<NodeId, Member, openraft::error::RaftError<NodeId, E>>>
     where
         E: std::error::Error,
-        F: FnOnce(Raft) -> Fut,
+        F: FnOnce(Incarnation) -> Fut,
         Fut: Future<Output = Result<T, openraft::error::RaftError<NodeId, E>>>,
     {
         let answer = self
             .net
-            .call(self.from, self.to, option.hard_ttl(), |raft, _| call(raft))
+            .call(self.from, self.to, option.hard_ttl(), call)
             .await;
         match answer {
             Ok(Ok(response)) => Ok(response),
@@ -262,10 +277,11 @@ impl RaftNetwork<TypeConfig> for SimPeer {
         request: AppendEntriesRequest,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse, RpcError> {
-        self.rpc(
-            &option,
-            |raft| async move { raft.append_entries(request).await },
-        )
+        self.rpc(&option, |callee| async move {
+            let answer = callee.raft.append_entries(request).await?;
+            callee.elections.answered_append_entries(&answer);
+            Ok(answer)
+        })
         .await
     }
 
@@ -274,8 +290,13 @@ impl RaftNetwork<TypeConfig> for SimPeer {
         request: InstallSnapshotRequest,
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse, RpcError<InstallSnapshotError>> {
-        self.rpc(&option, |raft| async move {
-            raft.install_snapshot(request).await
+        self.rpc(&option, |callee| async move {
+            let sender_vote = request.vote;
+            let answer = callee.raft.install_snapshot(request).await?;
+            if answer.vote == sender_vote {
+                callee.elections.heard_leader();
+            }
+            Ok(answer)
         })
         .await
     }
@@ -285,7 +306,17 @@ impl RaftNetwork<TypeConfig> for SimPeer {
         request: VoteRequest,
         option: RPCOption,
     ) -> Result<VoteResponse, RpcError> {
-        self.rpc(&option, |raft| async move { raft.vote(request).await })
-            .await
+        let sent = request.clone();
+        let answer = self
+            .rpc(&option, |callee| async move {
+                let answer = callee.raft.vote(request).await?;
+                callee.elections.answered_vote(&answer);
+                Ok(answer)
+            })
+            .await;
+        if let Ok(answer) = &answer {
+            self.elections.received_vote(self.to, &sent, answer);
+        }
+        answer
     }
 }

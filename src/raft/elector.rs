@@ -1,0 +1,399 @@
+//! When this replica stands for election: ctrlog's timer in place of openraft's.
+//!
+//! openraft 0.9's own election timer has two habits that stretch failover under load
+//! (RELIABILITY.md, "Failover"):
+//! * each replica draws its election timeout once, at start, so two followers that drew close
+//!   values split their votes at every election, round after round;
+//! * a candidate refused by a voter with a longer log waits an extra `2 × election_timeout_max`
+//!   at its next election, and the flag is cleared only when it next stands, so a replica that
+//!   lost one election on its log is still slow at a failover many terms later.
+//!
+//! So replicas run with openraft's timer off (`enable_elect = false`) and [`drive`] stands for
+//! them through `Raft::trigger().elect()`, on an [`ElectionTimer`] that the peer port feeds:
+//! * a follower that heard the leader (an `AppendEntries` or snapshot chunk it accepted) stands
+//!   `lease + random(min..max)` later, where the lease is openraft's leader lease
+//!   (`election_timeout_max`), within which every voter that heard the same leader refuses any
+//!   candidate: standing earlier could only bump the term and depose a live leader;
+//! * a replica that granted its vote, or stood itself, stands again `random(min..max)` later,
+//!   drawn afresh each time, so candidates that collided once are unlikely to collide again;
+//! * a candidate a voter refused with a longer log waits a further `election_timeout_max` at its
+//!   next try only, so the longer log stands first; hearing a leader clears it;
+//! * two candidates that stood in the same term refuse each other (each voted for itself): the
+//!   one with the longer log, or the higher id if the logs are equal, stands again at once in
+//!   the next term, which the other grants, instead of both waiting a timeout and perhaps
+//!   colliding again. Under load a vote round takes tens of milliseconds (two `fdatasync`s and
+//!   a busy Raft core), so two draws from a 150 ms range collide often enough to matter;
+//! * a candidacy that no peer answered at all doubles the wait before the next (up to
+//!   [`UNANSWERED_BACKOFF_MAX`] doublings). openraft 0.9 has no pre-vote: a replica whose
+//!   requests cannot get out (a one-way partition) would otherwise stand every timeout, its
+//!   term racing ahead, and every replica that can win would adopt that term from its refusal
+//!   and drop its own candidacy, round after round (seen in `ctrlog chaos`: 60 s without a
+//!   leader). Backing off lets the others' terms overtake it.
+//!
+//! Safety is openraft's alone: who may vote for whom (the voters' lease and log checks) is
+//! unchanged; this decides only when a replica asks.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+
+use super::types::{AppendEntriesResponse, Raft, VoteRequest, VoteResponse};
+use crate::NodeId;
+
+/// Doublings of the wait after candidacies in a row that no peer answered: at most 8 × the
+/// timeout (3.6 s with the defaults) between such tries.
+pub const UNANSWERED_BACKOFF_MAX: u32 = 3;
+
+/// The replica's election timing, from its configuration.
+#[derive(Clone, Copy, Debug)]
+pub struct ElectionTiming {
+    pub timeout_min: Duration,
+    pub timeout_max: Duration,
+}
+
+impl ElectionTiming {
+    /// openraft's leader lease: a voter refuses candidates this long after it heard a leader.
+    fn lease(&self) -> Duration {
+        self.timeout_max
+    }
+}
+
+/// When this replica next stands, as the peer port's traffic moves it.
+pub struct ElectionTimer {
+    timing: ElectionTiming,
+    state: Mutex<TimerState>,
+    hastened: Hastened,
+}
+
+/// `ElectionTimer` moved `stand_at` earlier: [`drive`] wakes.
+type Hastened = tokio::sync::Notify;
+
+struct TimerState {
+    stand_at: Instant,
+    refused_for_log: bool,
+    /// This replica stood since it last heard a leader, and no peer has answered since.
+    unanswered: bool,
+    /// Candidacies in a row that no peer answered.
+    unanswered_in_a_row: u32,
+    random: StdRng,
+}
+
+impl TimerState {
+    fn draw(&mut self, timing: &ElectionTiming) -> Duration {
+        self.random
+            .gen_range(timing.timeout_min..timing.timeout_max)
+    }
+}
+
+impl ElectionTimer {
+    /// A timer whose first election is one random timeout away, as openraft's is after a
+    /// start (a restarted replica's vote carries no lease). `seed` draws the timeouts, so that
+    /// a simulation replays; a replica seeds from the OS.
+    pub fn new(timing: ElectionTiming, seed: u64) -> ElectionTimer {
+        let mut state = TimerState {
+            stand_at: Instant::now(),
+            refused_for_log: false,
+            unanswered: false,
+            unanswered_in_a_row: 0,
+            random: StdRng::seed_from_u64(seed),
+        };
+        let first = state.draw(&timing);
+        state.stand_at += first;
+        ElectionTimer {
+            timing,
+            state: Mutex::new(state),
+            hastened: Hastened::new(),
+        }
+    }
+
+    fn with<T>(&self, change: impl FnOnce(&mut TimerState, &ElectionTiming) -> T) -> T {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        change(&mut state, &self.timing)
+    }
+
+    /// When this replica stands next, unless the timer moves before then.
+    pub fn stand_at(&self) -> Instant {
+        self.with(|state, _| state.stand_at)
+    }
+
+    /// A leader was heard: stand only once its lease and a fresh timeout have passed.
+    pub fn heard_leader(&self) {
+        self.with(|state, timing| {
+            state.refused_for_log = false;
+            state.unanswered = false;
+            state.unanswered_in_a_row = 0;
+            state.stand_at = Instant::now() + timing.lease() + state.draw(timing);
+        });
+    }
+
+    /// This replica granted its vote: give that candidate a fresh timeout to win.
+    fn granted_vote(&self) {
+        self.with(|state, timing| {
+            let stand_at = Instant::now() + state.draw(timing);
+            state.stand_at = state.stand_at.max(stand_at);
+        });
+    }
+
+    /// A voter refused this replica's candidacy and holds a longer log.
+    fn refused_for_log(&self) {
+        self.with(|state, _| state.refused_for_log = true);
+    }
+
+    /// This replica must wait (it leads, or does not vote): look again a timeout later.
+    fn wait_again(&self) {
+        self.with(|state, timing| state.stand_at = Instant::now() + state.draw(timing));
+    }
+
+    /// This replica stands now: the next try is a fresh timeout away, doubled for each
+    /// unanswered candidacy in a row, plus a lease if a longer log refused the last one.
+    fn standing(&self) {
+        self.with(|state, timing| {
+            if std::mem::replace(&mut state.unanswered, true) {
+                state.unanswered_in_a_row += 1;
+            } else {
+                state.unanswered_in_a_row = 0;
+            }
+            let doublings = state.unanswered_in_a_row.min(UNANSWERED_BACKOFF_MAX);
+            let mut wait = state.draw(timing) * (1 << doublings);
+            if std::mem::take(&mut state.refused_for_log) {
+                wait += timing.lease();
+            }
+            state.stand_at = Instant::now() + wait;
+        });
+    }
+
+    /// Feeds the timer an `AppendEntries` answer this replica gives: anything but `HigherVote`
+    /// means it accepted the sender as leader.
+    pub fn answered_append_entries(&self, answer: &AppendEntriesResponse) {
+        if !matches!(answer, AppendEntriesResponse::HigherVote(_)) {
+            self.heard_leader();
+        }
+    }
+
+    /// Feeds the timer a vote this replica gives.
+    pub fn answered_vote(&self, answer: &VoteResponse) {
+        if answer.vote_granted {
+            self.granted_vote();
+        }
+    }
+
+    /// A rival candidate of the same term refused this one and would grant the next term.
+    fn stand_now(&self) {
+        self.with(|state, _| state.stand_at = Instant::now());
+        self.hastened.notify_one();
+    }
+
+    /// Feeds the timer `voter`'s answer to this replica's candidacy.
+    pub fn received_vote(&self, voter: NodeId, request: &VoteRequest, answer: &VoteResponse) {
+        self.with(|state, _| state.unanswered = false);
+        if answer.vote_granted {
+            return;
+        }
+        if answer.last_log_id > request.last_log_id {
+            self.refused_for_log();
+            return;
+        }
+        let (theirs, ours) = (&answer.vote, &request.vote);
+        let rival = !theirs.is_committed()
+            && theirs.leader_id().voted_for() == Some(voter)
+            && theirs.leader_id().term == ours.leader_id().term;
+        // Exactly one of two rivals wins this comparison, so they do not both stand again.
+        let ahead =
+            (request.last_log_id, ours.leader_id().voted_for()) > (answer.last_log_id, Some(voter));
+        if rival && ahead {
+            self.stand_now();
+        }
+    }
+}
+
+/// Stands for election whenever `timer` says so and this replica is a voter that does not
+/// lead; returns when Raft stops or `stop` fires.
+pub async fn drive(
+    raft: Raft,
+    id: NodeId,
+    timer: std::sync::Arc<ElectionTimer>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let metrics = raft.metrics();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(timer.stand_at()) => {}
+            _ = timer.hastened.notified() => {}
+            _ = stop.wait_for(|stopped| *stopped) => return,
+        }
+        if timer.stand_at() > Instant::now() {
+            // The leader was heard, or a vote granted, while this slept.
+            continue;
+        }
+        let (running, leads, votes) = {
+            let m = metrics.borrow();
+            let votes = m
+                .membership_config
+                .membership()
+                .voter_ids()
+                .any(|voter| voter == id);
+            (m.running_state.is_ok(), m.current_leader == Some(id), votes)
+        };
+        if !running {
+            return;
+        }
+        if leads || !votes {
+            timer.wait_again();
+            continue;
+        }
+        timer.standing();
+        tracing::info!(
+            replica = id,
+            "no leader heard within the election timeout; standing"
+        );
+        if raft.trigger().elect().await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TIMING: ElectionTiming = ElectionTiming {
+        timeout_min: Duration::from_millis(300),
+        timeout_max: Duration::from_millis(450),
+    };
+
+    fn wait(timer: &ElectionTimer) -> Duration {
+        timer.stand_at() - Instant::now()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_that_heard_a_leader_waits_its_lease_and_a_timeout() {
+        let timer = ElectionTimer::new(TIMING, 1);
+        for _ in 0..100 {
+            timer.heard_leader();
+            let wait = wait(&timer);
+            assert!(wait >= Duration::from_millis(750) && wait < Duration::from_millis(900));
+        }
+    }
+
+    /// openraft 0.9 draws once; a collision would repeat at every election.
+    #[tokio::test(start_paused = true)]
+    async fn every_try_draws_a_fresh_timeout() {
+        let timer = ElectionTimer::new(TIMING, 2);
+        let mut waits = std::collections::BTreeSet::new();
+        for _ in 0..20 {
+            timer.wait_again();
+            let wait = wait(&timer);
+            assert!(wait >= TIMING.timeout_min && wait < TIMING.timeout_max);
+            waits.insert(wait);
+        }
+        assert!(waits.len() > 10, "{waits:?}");
+    }
+
+    /// The longer log's replica stands first, once; openraft kept the delay for good.
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_for_a_shorter_log_delays_the_next_try_only() {
+        let timer = ElectionTimer::new(TIMING, 3);
+        let (ours, answer) = (vote(5, 1, Some(9)), refusal(&vote(4, 2, Some(10))));
+        timer.standing();
+        timer.received_vote(2, &ours, &answer);
+        timer.standing();
+        assert!(wait(&timer) >= TIMING.timeout_min + TIMING.lease());
+        timer.received_vote(3, &ours, &VoteResponse::new(ours.vote, None, true));
+        timer.standing();
+        assert!(wait(&timer) < TIMING.timeout_max);
+
+        timer.received_vote(2, &ours, &answer);
+        timer.heard_leader();
+        timer.standing();
+        assert!(
+            wait(&timer) < TIMING.timeout_max,
+            "hearing a leader clears it"
+        );
+    }
+
+    fn vote(term: u64, candidate: NodeId, last_log_index: Option<u64>) -> VoteRequest {
+        let last_log_id = last_log_index.map(|index| crate::raft::types::LogId {
+            leader_id: openraft::CommittedLeaderId::new(1, 1),
+            index,
+        });
+        VoteRequest::new(crate::raft::types::Vote::new(term, candidate), last_log_id)
+    }
+
+    fn refusal(by: &VoteRequest) -> VoteResponse {
+        VoteResponse::new(by.vote, by.last_log_id, false)
+    }
+
+    /// Two candidates of one term: the longer log, else the higher id, stands again at once.
+    #[tokio::test(start_paused = true)]
+    async fn of_two_rivals_only_the_one_ahead_stands_again_at_once() {
+        // (what, ours (term, id, last index), the voter's own candidacy, stands at once)
+        let cases = [
+            ("longer log", (5, 1, Some(10)), (5, 2, Some(9)), true),
+            ("shorter log", (5, 2, Some(9)), (5, 1, Some(10)), false),
+            (
+                "equal logs, higher id",
+                (5, 2, Some(10)),
+                (5, 1, Some(10)),
+                true,
+            ),
+            (
+                "equal logs, lower id",
+                (5, 1, Some(10)),
+                (5, 2, Some(10)),
+                false,
+            ),
+            (
+                "the voter is in another term",
+                (5, 2, Some(10)),
+                (6, 1, Some(10)),
+                false,
+            ),
+        ];
+        for (what, (term, id, last), (their_term, voter, their_last), at_once) in cases {
+            let timer = ElectionTimer::new(TIMING, 5);
+            timer.heard_leader();
+            let ours = vote(term, id, last);
+            timer.received_vote(voter, &ours, &refusal(&vote(their_term, voter, their_last)));
+            assert_eq!(timer.stand_at() <= Instant::now(), at_once, "{what}");
+        }
+
+        // A voter that voted for someone else is no rival of ours.
+        let timer = ElectionTimer::new(TIMING, 6);
+        timer.heard_leader();
+        let ours = vote(5, 3, Some(10));
+        timer.received_vote(1, &ours, &refusal(&vote(5, 2, Some(9))));
+        assert!(timer.stand_at() > Instant::now());
+    }
+
+    /// A replica whose requests cannot get out backs off instead of racing its term ahead.
+    #[tokio::test(start_paused = true)]
+    async fn unanswered_candidacies_back_off_until_a_peer_answers() {
+        let timer = ElectionTimer::new(TIMING, 7);
+        let max_after = |doublings: u32| TIMING.timeout_max * (1 << doublings);
+        timer.standing();
+        assert!(wait(&timer) < max_after(0), "the first try after a leader");
+        for doublings in 1..=UNANSWERED_BACKOFF_MAX + 2 {
+            timer.standing();
+            let capped = doublings.min(UNANSWERED_BACKOFF_MAX);
+            assert!(wait(&timer) >= TIMING.timeout_min * (1 << capped));
+            assert!(wait(&timer) < max_after(capped));
+        }
+        let ours = vote(9, 1, Some(9));
+        timer.received_vote(2, &ours, &refusal(&vote(9, 2, Some(9))));
+        timer.standing();
+        assert!(wait(&timer) < max_after(0), "an answer resets it");
+    }
+
+    /// Granting a vote never brings the next try forward past a leader's lease.
+    #[tokio::test(start_paused = true)]
+    async fn a_granted_vote_postpones_but_never_hastens() {
+        let timer = ElectionTimer::new(TIMING, 4);
+        timer.heard_leader();
+        let after_leader = timer.stand_at();
+        timer.granted_vote();
+        assert_eq!(timer.stand_at(), after_leader);
+    }
+}
