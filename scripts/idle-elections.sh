@@ -28,7 +28,14 @@ for id in 1 2 3; do
 done
 cluster="${clients[1]},${clients[2]},${clients[3]}"
 
-term() { "$ctrlog" status --cluster "$cluster" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["term"])'; }
+# The term once a leader is known (fails until then).
+term() {
+    "$ctrlog" status --cluster "$cluster" --json | python3 -c '
+import json, sys
+status = json.load(sys.stdin)
+assert status["leader_id"] is not None
+print(status["term"])'
+}
 for _ in $(seq 1 100); do term >/dev/null 2>&1 && break; sleep 0.1; done
 before="$(term)"
 echo "idle cluster term before: $before; loading the machine for ${seconds} s"
