@@ -14,15 +14,24 @@
 //!
 //! Protocol: each [`Proposer::propose`] sends its proposal with a oneshot sender and awaits the
 //! receiver. The task answers every sender exactly once: with the proposal's outcome once the
-//! batch is applied, or with an error if Raft refused or lost the batch. Proposals are handed
-//! to Raft in arrival order, so one producer's sequential appends are applied in order.
+//! batch is applied, or with an error if Raft refused or lost the batch, or if the term it was
+//! proposed in ended before it was applied. Proposals are handed to Raft in arrival order, so
+//! one producer's sequential appends are applied in order.
+//!
+//! The last case is not openraft's: openraft 0.9 answers a write's responder when its entry is
+//! applied here or truncated as a conflict, but not when a later snapshot install covers it,
+//! and such a responder waits forever. With its batch slot held, four of them stopped a
+//! leader's appends for good (seen in `ctrlog chaos`: a leader with a quorum, its log fully
+//! applied, every append timing out, after rounds that deposed it and caught it up by
+//! snapshot). So a batch is given up as soon as its term is over; its fate is then unknown to
+//! this replica, and the caller's idempotent retry learns it.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
-use super::types::Raft;
+use super::types::{Raft, RaftMetrics};
 use crate::client::ApiError;
 use crate::jobs::Outcome;
 use crate::log::{Batch, Proposal};
@@ -135,8 +144,28 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Resolves once this replica, which led in `term` as the metrics last said before a write,
+/// no longer leads in it. Never, if it did not lead then: Raft refuses that write itself, with
+/// the leader it knows.
+/// The metrics are read at the call, not when the future is first polled.
+fn term_over(mut metrics: watch::Receiver<RaftMetrics>) -> impl std::future::Future<Output = ()> {
+    let (id, term, led) = {
+        let m = metrics.borrow_and_update();
+        (m.id, m.current_term, m.current_leader == Some(m.id))
+    };
+    async move {
+        if !led {
+            return std::future::pending().await;
+        }
+        let _ = metrics
+            .wait_for(|m| m.current_term != term || m.current_leader != Some(id))
+            .await;
+    }
+}
+
 async fn run(raft: Raft, mut incoming: mpsc::Receiver<Pending>) {
     let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT_MAX));
+    let metrics = raft.metrics();
     let mut carried = None;
     while let Some(first) = next_first(&mut carried, &mut incoming).await {
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
@@ -152,6 +181,9 @@ async fn run(raft: Raft, mut incoming: mpsc::Receiver<Pending>) {
             appended_at_ms: now_ms(),
             proposals,
         };
+        // Taken before the write: if the term ends before the batch is applied, the batch is
+        // given up (see the module docs).
+        let term_over = term_over(metrics.clone());
         let receiver = match raft.client_write_ff(batch).await {
             Ok(receiver) => receiver,
             Err(_fatal) => {
@@ -161,17 +193,21 @@ async fn run(raft: Raft, mut incoming: mpsc::Receiver<Pending>) {
         };
         tokio::spawn(async move {
             let _permit = permit;
-            match receiver.await {
-                Ok(Ok(response)) => {
+            let outcome = tokio::select! {
+                outcome = receiver => outcome.ok(),
+                () = term_over => None,
+            };
+            match outcome {
+                Some(Ok(response)) => {
                     debug_assert_eq!(response.data.len(), replies.len());
                     for (reply, outcome) in replies.into_iter().zip(response.data) {
                         let _ = reply.send(Ok(outcome));
                     }
                 }
-                Ok(Err(refused)) => answer_all(replies, Err(refused.into())),
-                // The leader stepped down or stopped before the batch was applied: its fate is
-                // unknown, and an idempotent retry is how the caller learns it.
-                Err(_) => answer_all(
+                Some(Err(refused)) => answer_all(replies, Err(refused.into())),
+                // The leader stepped down or stopped before the batch was applied, or its term
+                // ended: its fate is unknown, and an idempotent retry is how the caller learns it.
+                None => answer_all(
                     replies,
                     Err(ApiError::Unavailable(
                         "leadership changed before the append was applied; retry".into(),
@@ -191,6 +227,41 @@ fn answer_all(replies: Vec<oneshot::Sender<ProposalResult>>, answer: ProposalRes
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::NodeId;
+
+    fn metrics(term: u64, leader: Option<NodeId>) -> RaftMetrics {
+        let mut m = RaftMetrics::new_initial(1);
+        m.current_term = term;
+        m.current_leader = leader;
+        m
+    }
+
+    /// A batch proposed by the leader of term 5 is given up when term 5 ends or this replica
+    /// stops leading, whatever openraft does with its responder; one proposed while not
+    /// leading is left for Raft to refuse with the leader it knows.
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_is_given_up_when_its_term_ends() {
+        let settles = |f: &mut (dyn std::future::Future<Output = ()> + Unpin)| {
+            futures::FutureExt::now_or_never(f).is_some()
+        };
+        for (what, next, over) in [
+            ("a new term", metrics(6, Some(1)), true),
+            ("another leader", metrics(5, Some(2)), true),
+            ("no leader known", metrics(5, None), true),
+            ("an apply in the same term", metrics(5, Some(1)), false),
+        ] {
+            let (publish, watched) = watch::channel(metrics(5, Some(1)));
+            let mut over_future = Box::pin(term_over(watched));
+            assert!(!settles(&mut over_future), "{what}: not before a change");
+            publish.send_replace(next);
+            assert_eq!(settles(&mut over_future), over, "{what}");
+        }
+
+        let (publish, watched) = watch::channel(metrics(5, Some(2)));
+        let mut over_future = Box::pin(term_over(watched));
+        publish.send_replace(metrics(6, Some(1)));
+        assert!(!settles(&mut over_future), "not leading at the write");
+    }
 
     /// A batch takes what is queued while it fits, never more than `BATCH_BYTES_MAX` unless
     /// one proposal alone is larger; what does not fit starts the next batch, in order.
