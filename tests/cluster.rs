@@ -529,6 +529,19 @@ async fn all_replicas_restarted_keep_every_committed_entry() {
     cluster.shutdown().await;
 }
 
+/// Starts replica 4, checks that it refuses reads while it is not a member (it used to
+/// long-poll a log nothing reaches, and answer empty), and adds it through `client`.
+async fn add_fourth_replica(cluster: &mut LocalCluster, client: &ControlClient) {
+    let joining = cluster.start_new(4, |_| {}).await.unwrap().member();
+    let early = cluster
+        .replica(4)
+        .clone_handle()
+        .fetch(&FetchRequest::from(1), Duration::from_millis(200))
+        .await;
+    assert!(matches!(early, Err(ApiError::Unavailable(_))), "{early:?}");
+    client.add_member(4, joining).await.unwrap();
+}
+
 /// Goal: membership 3 → 4 → 3 with traffic flowing.
 /// Steps: a writer appends continuously; start replica 4, which refuses reads until it is a
 /// member, and add it (learner, then voter once
@@ -561,15 +574,7 @@ async fn membership_grows_to_four_and_shrinks_to_three_under_traffic() {
         })
     };
 
-    let joining = cluster.start_new(4, |_| {}).await.unwrap().member();
-    // Not a member yet: a read there would wait for nothing (it used to long-poll, empty).
-    let early = cluster
-        .replica(4)
-        .clone_handle()
-        .fetch(&FetchRequest::from(1), Duration::from_millis(200))
-        .await;
-    assert!(matches!(early, Err(ApiError::Unavailable(_))), "{early:?}");
-    client.add_member(4, joining).await.unwrap();
+    add_fourth_replica(&mut cluster, &client).await;
     let voters = |cluster: &LocalCluster, id| -> BTreeSet<u64> {
         cluster
             .replica(id)
@@ -693,15 +698,7 @@ async fn a_lost_majority_is_recovered_by_forcing_a_new_cluster_from_one_survivor
     let client = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
         .await
         .unwrap();
-    let joining = cluster.start_new(4, |_| {}).await.unwrap().member();
-    // Not a member yet: a read there would wait for nothing (it used to long-poll, empty).
-    let early = cluster
-        .replica(4)
-        .clone_handle()
-        .fetch(&FetchRequest::from(1), Duration::from_millis(200))
-        .await;
-    assert!(matches!(early, Err(ApiError::Unavailable(_))), "{early:?}");
-    client.add_member(4, joining).await.unwrap();
+    add_fourth_replica(&mut cluster, &client).await;
     let voters: BTreeSet<u64> = cluster
         .replica(2)
         .metrics()

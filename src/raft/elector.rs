@@ -40,7 +40,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
-use super::types::{AppendEntriesResponse, Raft, VoteRequest, VoteResponse};
+use super::types::{
+    AppendEntriesResponse, InstallSnapshotResponse, Raft, Vote, VoteRequest, VoteResponse,
+};
 use crate::NodeId;
 
 /// Doublings of the wait after candidacies in a row that no peer answered: at most 8 × the
@@ -65,11 +67,9 @@ impl ElectionTiming {
 pub struct ElectionTimer {
     timing: ElectionTiming,
     state: Mutex<TimerState>,
-    hastened: Hastened,
+    /// Notified when `stand_at` moved earlier, so that [`drive`] wakes.
+    hastened: tokio::sync::Notify,
 }
-
-/// `ElectionTimer` moved `stand_at` earlier: [`drive`] wakes.
-type Hastened = tokio::sync::Notify;
 
 struct TimerState {
     stand_at: Instant,
@@ -105,7 +105,7 @@ impl ElectionTimer {
         ElectionTimer {
             timing,
             state: Mutex::new(state),
-            hastened: Hastened::new(),
+            hastened: tokio::sync::Notify::new(),
         }
     }
 
@@ -120,7 +120,7 @@ impl ElectionTimer {
     }
 
     /// A leader was heard: stand only once its lease and a fresh timeout have passed.
-    pub fn heard_leader(&self) {
+    fn heard_leader(&self) {
         self.with(|state, timing| {
             state.refused_for_log = false;
             state.unanswered = false;
@@ -169,6 +169,15 @@ impl ElectionTimer {
     /// means it accepted the sender as leader.
     pub fn answered_append_entries(&self, answer: &AppendEntriesResponse) {
         if !matches!(answer, AppendEntriesResponse::HigherVote(_)) {
+            self.heard_leader();
+        }
+    }
+
+    /// Feeds the timer a snapshot chunk's answer this replica gives to a sender of `sender`'s
+    /// vote: the receiver answers with its own vote, which is the sender's when it accepted it
+    /// as leader.
+    pub fn answered_install_snapshot(&self, sender: &Vote, answer: &InstallSnapshotResponse) {
+        if answer.vote == *sender {
             self.heard_leader();
         }
     }

@@ -90,10 +90,8 @@ impl RaftRpc for RaftRpcServer {
         self.check_sender(request.vote.leader_id().voted_for().unwrap_or_default())?;
         let sender_vote = request.vote;
         let answer = self.raft.install_snapshot(request).await?;
-        // The receiver answers with its own vote: the sender's when it accepted it as leader.
-        if answer.vote == sender_vote {
-            self.elections.heard_leader();
-        }
+        self.elections
+            .answered_install_snapshot(&sender_vote, &answer);
         Ok(answer)
     }
 

@@ -293,9 +293,9 @@ impl RaftNetwork<TypeConfig> for SimPeer {
         self.rpc(&option, |callee| async move {
             let sender_vote = request.vote;
             let answer = callee.raft.install_snapshot(request).await?;
-            if answer.vote == sender_vote {
-                callee.elections.heard_leader();
-            }
+            callee
+                .elections
+                .answered_install_snapshot(&sender_vote, &answer);
             Ok(answer)
         })
         .await
