@@ -1,7 +1,9 @@
 //! A live job for looking at the status page: three replicas with their HTTP ports on, a
-//! controller beside each, and two simulated containers running four tasks. Prints the
-//! leader's status page URL, then serves until SIGTERM or Ctrl-C (or for the seconds given),
-//! and removes its temporary directory.
+//! controller beside each, and simulated containers running four tasks. Before it prints the
+//! leader's status page URL the job has had something to chart: it started on two containers,
+//! scaled out to three on lag (a scale event and task moves) and lost its first leader. Then
+//! it serves until SIGTERM or Ctrl-C (or for the seconds given), and removes its temporary
+//! directory.
 //!
 //! `cargo run --example status_page [seconds]`; `scripts/check-status-page.sh` renders it in
 //! headless Chromium.
@@ -10,9 +12,8 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ctrlog::controller::{Controller, ControllerConfig, JobDriver, StaticInputs};
-use ctrlog::jobs::plan::{GroupByPartition, LagPolicy};
-use ctrlog::jobs::TaskPhase;
+use ctrlog::controller::{Capacity, Controller, ControllerConfig, JobDriver, StaticInputs};
+use ctrlog::jobs::plan::{settled, GroupByPartition, LagPolicy};
 use ctrlog::log::Input;
 use ctrlog::tools::container::{InProcessLauncher, SimOptions};
 use ctrlog::tools::local_job::{ControllerFactory, LocalJob};
@@ -29,9 +30,14 @@ async fn main() -> anyhow::Result<()> {
     })
     .await?;
     cluster.wait_for_leader(WAIT).await?;
+    let lag_file = dir.path().join("lag");
+    std::fs::write(&lag_file, "0")?;
     let launcher = Arc::new(InProcessLauncher::new(
         cluster.client_addrs(),
-        SimOptions::default(),
+        SimOptions {
+            lag_file: Some(lag_file.clone()),
+            ..SimOptions::default()
+        },
     ));
     let inputs: BTreeSet<Input> = (0..4)
         .map(|p| Input::new("kafka", "clicks", p))
@@ -42,22 +48,23 @@ async fn main() -> anyhow::Result<()> {
             JobDriver {
                 inputs: Box::new(StaticInputs(inputs.clone())),
                 grouper: Box::new(GroupByPartition),
-                policy: Box::new(LagPolicy::new(2, 2, u64::MAX, 0, Duration::from_secs(1))),
-                launcher: launcher.clone(),
+                // 2 to 3 containers: out above 1,000 lag per container, never back in.
+                policy: Box::new(LagPolicy::new(2, 3, 1_000, 0, Duration::from_secs(1))),
+                capacity: Capacity::Launched(launcher.clone()),
             },
             ControllerConfig::default(),
         )
     });
-    let job = LocalJob::start(cluster, factory);
-    job.wait_for_state("four tasks running", WAIT, |state| {
-        state.tasks().len() == 4
-            && state
-                .tasks()
-                .values()
-                .all(|t| matches!(t.phase, TaskPhase::Running { .. }))
-    })
-    .await?;
+    let mut job = LocalJob::start(cluster, factory);
+    job.wait_for_state("four tasks on two containers", WAIT, |s| settled(s, 4, 2))
+        .await?;
+    std::fs::write(&lag_file, "5000")?;
+    job.wait_for_state("four tasks on three containers", WAIT, |s| settled(s, 4, 3))
+        .await?;
+    job.kill(job.cluster.wait_for_leader(WAIT).await?).await;
     let leader = job.cluster.wait_for_leader(WAIT).await?;
+    // Past the next sample, so that the new leader's history shows its election.
+    tokio::time::sleep(ctrlog::server::history::SAMPLE_INTERVAL * 2).await;
     let url = job
         .cluster
         .replica(leader)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Renders a live replica's status page in headless Chromium (Debian's `chromium`) and checks
-# what the page's own script drew: the leader's role, both containers, and the four running
-# tasks. Leaves the screenshot at target/status-page.png.
+# what the page's own script drew: the leader's role, the containers, the four running tasks,
+# and the charts with their marks. Leaves the screenshot at target/status-page.png.
 #
 #   scripts/check-status-page.sh        (CI runs it after installing chromium)
 set -euo pipefail
@@ -49,7 +49,15 @@ expect 'Leader, term [0-9]'
 expect '<td>container-1</td>'
 expect '<td>container-2</td>'
 for p in 0 1 2 3; do expect "<td>partition-$p</td><td>running</td>"; done
-expect '<td>ack: partition-[0-3] started by container-[12]</td>'
+expect '<td>ack: partition-[0-3] started by container-[1-3]</td>'
+# The charts, from /history.json: a line in each, and the marks the example's job made (it
+# scaled out and lost its first leader before printing the URL).
+for chart in commits containers lag; do
+    expect "<svg id=\"chart-$chart\"[^>]*>.*<polyline class=\"series\""
+done
+expect 'class="mark leader"'
+expect 'class="mark scale"'
+expect 'lag of container-3'
 [ -s target/status-page.png ] || { echo "no screenshot was written" >&2; fail=1; }
 [ "$fail" = 0 ] && echo "status page OK: $url rendered, screenshot at target/status-page.png"
 exit "$fail"

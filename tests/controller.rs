@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ctrlog::client::{ApiError, ClientError, ControlClient};
-use ctrlog::controller::{ContainerLauncher, Controller, ControllerConfig, JobDriver, WatchedFile};
+use ctrlog::controller::{
+    Capacity, ContainerLauncher, Controller, ControllerConfig, JobDriver, WatchedFile,
+};
 use ctrlog::jobs::plan::{loads, settled, GroupByPartition, LagPolicy};
 use ctrlog::jobs::{ContainerStatus, JobState, TaskPhase};
 use ctrlog::log::*;
@@ -82,7 +84,7 @@ async fn harness(
                 inputs: Box::new(WatchedFile::new(&inputs_path)),
                 grouper: Box::new(GroupByPartition),
                 policy: Box::new(LagPolicy::new(2, 3, 1000, 100, Duration::from_millis(300))),
-                launcher: launcher.clone(),
+                capacity: Capacity::Launched(launcher.clone()),
             },
             ControllerConfig {
                 tick: Duration::from_millis(50),

@@ -1,4 +1,5 @@
-//! `ctrlog demo`, the README's first command, runs its whole scenario and its invariants hold.
+//! `ctrlog demo`, the README's first command, runs its whole scenario and its invariants hold,
+//! in this process and (`--serve`) on three `ctrlog serve` processes.
 
 use std::time::Duration;
 
@@ -7,10 +8,25 @@ use std::time::Duration;
 /// the invariant check, and no `ctrlog container` process it started may outlive it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_runs_its_scenario_and_its_invariants_hold() {
+    // The secure path is the demo's path: TLS everywhere, containers with tokens.
+    run_demo(&[], "TLS on both ports").await;
+}
+
+/// Goal: the same story runs on `ctrlog serve` processes whose only job configuration is the
+/// `[job]` section of their file, and leaves nothing behind either: the containers the killed
+/// leader launched outlive it and are ended with the demo.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_runs_on_serve_processes() {
+    run_demo(&["--serve"], "`ctrlog serve` processes").await;
+}
+
+async fn run_demo(flags: &[&str], mode: &str) {
     let data = tempfile::tempdir().unwrap();
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctrlog"));
     command
-        .args(["demo", "--data"])
+        .arg("demo")
+        .args(flags)
+        .arg("--data")
         .arg(data.path())
         .kill_on_drop(true);
     let output = tokio::time::timeout(Duration::from_secs(120), command.output())
@@ -24,8 +40,7 @@ async fn the_demo_runs_its_scenario_and_its_invariants_hold() {
         String::from_utf8_lossy(&output.stderr)
     );
     for expected in [
-        // The secure path is the demo's path: TLS everywhere, containers with tokens.
-        "TLS on both ports",
+        mode,
         "killing the leader",
         "ack: partition-",
         "schema change",

@@ -5,7 +5,7 @@ mod common;
 
 use common::{http_get as get, metric_sample as sample, WAIT};
 use ctrlog::client::ControlClient;
-use ctrlog::log::{Command, ContainerId, RegisterContainer, Target};
+use ctrlog::log::{Command, ContainerId, DesiredContainersV1, RegisterContainer, Target};
 use ctrlog::tools::{poll_until, LocalCluster, POLL_INTERVAL};
 use serde_json::Value;
 
@@ -82,9 +82,53 @@ async fn metrics_probes_and_the_status_page_follow_the_cluster() {
     assert_eq!(tail.len(), 11);
     assert_eq!(tail.last().unwrap()["offset"], last);
 
+    // No controller has recorded a desired count: an autoscaler must see no value, not 0.
+    assert_eq!(sample(&metrics, "ctrlog_desired_containers"), None);
+    client
+        .append(Command::DesiredContainersV1(DesiredContainersV1 {
+            count: 3,
+        }))
+        .await
+        .unwrap();
+    let desired = poll_until(
+        "the desired count in the metrics",
+        WAIT,
+        POLL_INTERVAL,
+        || async {
+            let (_, metrics) = get(http(follower), "/metrics").await;
+            sample(&metrics, "ctrlog_desired_containers").ok_or("not yet")
+        },
+    );
+    assert_eq!(
+        desired.await.unwrap(),
+        3.0,
+        "every replica reports the committed count"
+    );
+
+    // The charts' history: one sample a second of what this replica applied.
+    let samples = poll_until("two samples of history", WAIT, POLL_INTERVAL, || async {
+        let (_, history) = get(http(leader), "/history.json").await;
+        let samples: Vec<Value> = serde_json::from_str(&history).unwrap();
+        if samples.len() >= 2 && samples.last().unwrap()["desired"] == 3 {
+            Ok(samples)
+        } else {
+            Err(format!("{} samples", samples.len()))
+        }
+    })
+    .await
+    .unwrap();
+    let newest = samples.last().unwrap();
+    assert!(newest["applied_offset"].as_u64().unwrap() > last);
+    assert_eq!(newest["leader"], leader);
+    assert_eq!(newest["live"], 1);
+
     let (code, page) = get(http(leader), "/").await;
     assert_eq!(code, 200);
     assert!(page.contains("/status.json"), "the page polls the status");
+    assert!(
+        page.contains("/history.json"),
+        "the page charts the history"
+    );
     assert!(
         !page.contains("http://") && !page.contains("https://"),
         "the page loads nothing from elsewhere"

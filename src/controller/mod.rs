@@ -32,7 +32,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 pub use inputs::{InputSource, StaticInputs, WatchedFile};
-pub use launcher::{ContainerLauncher, ProcessLauncher};
+pub use launcher::{ContainerLauncher, LaunchSettings, ProcessLauncher, SettingsFn, STOP_GRACE};
 
 use crate::client::{ApiError, AppendAck};
 use crate::jobs::plan::{owed_acks, plan, Action, Grouper, Observed, ScalingPolicy};
@@ -124,8 +124,31 @@ pub struct JobDriver {
     pub grouper: Box<dyn Grouper>,
     /// How many containers the job should have.
     pub policy: Box<dyn ScalingPolicy>,
-    /// How containers start and stop.
-    pub launcher: Arc<dyn ContainerLauncher>,
+    /// Who starts and stops containers.
+    pub capacity: Capacity,
+}
+
+/// Who starts and stops the job's containers.
+#[derive(Clone)]
+pub enum Capacity {
+    /// The controller, through this launcher: it launches what the desired count lacks, and
+    /// drains and stops the newest containers beyond it.
+    Launched(Arc<dyn ContainerLauncher>),
+    /// An orchestrator outside ctrlog (a Kubernetes Deployment scaled on the
+    /// `ctrlog_desired_containers` gauge): the controller records the desired count and
+    /// spreads the tasks over whichever containers registered; it never launches, drains or
+    /// stops one. Containers that leave (`ContainerSession::leave`) or fall silent give their
+    /// tasks up to the others.
+    Orchestrated,
+}
+
+impl Capacity {
+    fn launcher(&self) -> Option<&Arc<dyn ContainerLauncher>> {
+        match self {
+            Capacity::Launched(launcher) => Some(launcher),
+            Capacity::Orchestrated => None,
+        }
+    }
 }
 
 /// The controller of one replica. Build it, then [`Controller::run`] it.
@@ -167,8 +190,14 @@ impl<P: ControlPlane> Controller<P> {
         }
     }
 
-    /// One tick: stand down if this replica no longer leads, else reconcile once.
+    /// One tick: let the launcher stop what the log ended, then stand down if this replica no
+    /// longer leads, else reconcile once.
     async fn tick(&mut self) {
+        if let Some(launcher) = self.driver.capacity.launcher() {
+            // On every replica: a container this one launched is stopped once the log ends
+            // it, whoever leads by then.
+            launcher.stop_ended(&self.plane.job_state());
+        }
         if !self.plane.is_leader() {
             if self.report.borrow().leading {
                 tracing::info!("controller stands down: leadership lost");
@@ -248,6 +277,7 @@ impl<P: ControlPlane> Controller<P> {
             overdue: self.plane.overdue_sessions(self.config.session_timeout),
             launching: self.launching.len(),
             desired_containers: desired,
+            orchestrated: self.driver.capacity.launcher().is_none(),
         };
         for action in plan(&state, &observed, self.driver.grouper.as_ref()) {
             let done = match action {
@@ -264,7 +294,9 @@ impl<P: ControlPlane> Controller<P> {
                     launched
                 }
                 Action::Stop(container) => {
-                    self.driver.launcher.stop(&container);
+                    if let Some(launcher) = self.driver.capacity.launcher() {
+                        launcher.stop(&container);
+                    }
                     true
                 }
             };
@@ -325,6 +357,9 @@ impl<P: ControlPlane> Controller<P> {
         attempt: u32,
         now: Instant,
     ) -> bool {
+        let Some(launcher) = self.driver.capacity.launcher().cloned() else {
+            return false; // the plan launches nothing for an orchestrated job
+        };
         let recorded_at = if records_launches(state) {
             let record = Command::LaunchContainer(LaunchContainer {
                 container: container.clone(),
@@ -342,7 +377,7 @@ impl<P: ControlPlane> Controller<P> {
             None
         };
         tracing::info!(%container, attempt, "launching a container");
-        if let Err(error) = self.driver.launcher.launch(&container) {
+        if let Err(error) = launcher.launch(&container) {
             tracing::error!(%container, %error, "launch failed");
         }
         self.launching.insert(
@@ -411,7 +446,12 @@ impl<P: ControlPlane> Controller<P> {
                 }
             }
             self.launching.remove(&container);
-            self.driver.launcher.stop(&container);
+            let Some(launcher) = self.driver.capacity.launcher() else {
+                // Recorded while the job launched its own containers: the orchestrator that
+                // owns them now starts its own.
+                continue;
+            };
+            launcher.stop(&container);
             if attempt < self.config.launch_attempts {
                 tracing::warn!(%container, attempt, "launch never registered; retrying");
                 let name = self.next_name(state);

@@ -266,7 +266,7 @@ fn controller_with(
             inputs: Box::new(StaticInputs(inputs(0..partitions))),
             grouper: Box::new(GroupByPartition),
             policy: Box::new(wanted.clone()),
-            launcher,
+            capacity: Capacity::Launched(launcher),
         },
         ControllerConfig::default(),
     )

@@ -108,6 +108,10 @@ pub struct Observed {
     pub launching: usize,
     /// The container count wanted (recorded in the log before it is acted on).
     pub desired_containers: u32,
+    /// Containers are started and stopped by an orchestrator outside ctrlog, which scales them
+    /// on the desired count: the plan neither launches nor drains, and spreads the tasks over
+    /// whichever containers registered.
+    pub orchestrated: bool,
 }
 
 /// One step of a plan.
@@ -222,8 +226,14 @@ pub fn plan(state: &JobState, observed: &Observed, grouper: &dyn Grouper) -> Vec
         })));
     }
 
-    // 3. Who should work: live containers minus the ones being drained.
-    let drain = draining(state, observed.desired_containers);
+    // 3. Who should work: live containers minus the ones being drained. An orchestrator
+    //    picks the containers it stops; draining others as well would stop one container too
+    //    many, and the orchestrator would start it again.
+    let drain = if observed.orchestrated {
+        BTreeSet::new()
+    } else {
+        draining(state, observed.desired_containers)
+    };
     let mut load: BTreeMap<ContainerId, (usize, Offset)> = state
         .live_sessions()
         .filter(|s| !drain.contains(&s.container))
@@ -333,7 +343,10 @@ pub fn plan(state: &JobState, observed: &Observed, grouper: &dyn Grouper) -> Vec
         }
     }
 
-    // 7. Capacity: launch what is missing.
+    // 7. Capacity: launch what is missing (an orchestrator starts its own).
+    if observed.orchestrated {
+        return actions;
+    }
     let live = state.live_sessions().count();
     let missing = (observed.desired_containers as usize).saturating_sub(live + observed.launching);
     if missing > 0 {
@@ -476,9 +489,9 @@ mod tests {
         assert!(plan(&state, &observed(0..4, 2), &GroupByPartition).is_empty());
     }
 
-    #[test]
-    fn scale_in_drains_the_newest_then_deregisters_and_stops_it() {
-        let state = state_after(vec![
+    /// Containers a (epoch 1) and b (epoch 2), each running one task.
+    fn two_containers_one_task_each() -> JobState {
+        state_after(vec![
             register("a"),
             register("b"),
             add(0..2),
@@ -486,7 +499,12 @@ mod tests {
             started(0, "a", 1),
             assign(1, "b", 2),
             started(1, "b", 2),
-        ]);
+        ])
+    }
+
+    #[test]
+    fn scale_in_drains_the_newest_then_deregisters_and_stops_it() {
+        let state = two_containers_one_task_each();
         assert_eq!(draining(&state, 1), BTreeSet::from([c("b")]));
         let actions = plan(&state, &observed(0..2, 1), &GroupByPartition);
         assert_eq!(
@@ -508,6 +526,28 @@ mod tests {
                     epoch: 2
                 })),
                 Action::Stop(c("b")),
+            ]
+        );
+    }
+
+    /// Goal: with an orchestrator owning the containers, the plan publishes nothing but task
+    /// work: over the desired count it drains nobody, under it it launches nothing, and the
+    /// tasks spread over every live container.
+    #[test]
+    fn an_orchestrated_job_neither_drains_nor_launches() {
+        let over = two_containers_one_task_each();
+        let orchestrated = |desired| Observed {
+            orchestrated: true,
+            ..observed(0..2, desired)
+        };
+        assert!(plan(&over, &orchestrated(1), &GroupByPartition).is_empty());
+        assert!(plan(&over, &orchestrated(5), &GroupByPartition).is_empty());
+        let unassigned = state_after(vec![register("a"), register("b"), add(0..2)]);
+        assert_eq!(
+            plan(&unassigned, &orchestrated(1), &GroupByPartition),
+            vec![
+                Action::Append(assign(0, "a", 1)),
+                Action::Append(assign(1, "b", 2)),
             ]
         );
     }

@@ -102,6 +102,19 @@ impl Authenticator {
     }
 }
 
+/// The token `tokens_file` gives the role `container:<container>`, if any: what a launcher
+/// hands the container it starts, so that each container holds only its own credential.
+/// Read afresh at each call, so that tokens added for new container names are found.
+pub fn container_token(
+    tokens_file: &Path,
+    container: &ContainerId,
+) -> Result<Option<String>, String> {
+    Ok(read_tokens(tokens_file)?
+        .into_iter()
+        .find(|(_, principal)| principal.role == Role::Container(container.clone()))
+        .map(|(token, _)| token))
+}
+
 /// `TOKEN ROLE` per line; blank lines and `#` comments are skipped. The token names its
 /// principal in messages by its line number, never by itself.
 fn read_tokens(path: &Path) -> Result<BTreeMap<String, Principal>, String> {

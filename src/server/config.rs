@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::config_error::refuse;
+pub use super::config_error::ConfigError;
+use super::job_config::{JobConfig, JobFlags};
 use crate::client::{Member, ANSWER_ENVELOPE_BYTES_MAX, APPEND_MANY_BYTES_MAX};
 use crate::log::{COMMAND_BYTES_MAX_DEFAULT, LOG_ENTRY_OVERHEAD_BYTES_MAX};
 use crate::raft::network::{PEER_FRAME_BYTES_MAX, RAFT_PAYLOAD_ENTRIES_MAX};
@@ -65,6 +68,9 @@ pub struct ReplicaConfig {
     /// commit); more are refused (`Overloaded`) until some finish. Bounds what one connection
     /// pins in bytes, where the count alone allows that many frames of the full size.
     pub client_append_bytes_in_flight_max: usize,
+    /// The job this replica coordinates with the others: its controller runs here and acts
+    /// while this replica leads. No controller runs when unset.
+    pub job: Option<JobConfig>,
 }
 
 impl Default for ReplicaConfig {
@@ -87,6 +93,7 @@ impl Default for ReplicaConfig {
             client_frame_bytes_max: 2 * COMMAND_BYTES_MAX_DEFAULT + (64 << 10),
             client_requests_in_flight_max: 1024,
             client_append_bytes_in_flight_max: 64 << 20,
+            job: None,
         }
     }
 }
@@ -147,6 +154,9 @@ pub struct ServeFlags {
     pub snapshot_logs_since_last: Option<u64>,
     #[arg(long)]
     pub snapshot_logs_to_keep: Option<u64>,
+    /// The `[job]` options.
+    #[command(flatten)]
+    pub job: JobFlags,
 }
 
 impl ServeFlags {
@@ -191,6 +201,7 @@ impl ServeFlags {
         if let Some(n) = self.snapshot_logs_to_keep {
             config.snapshot_logs_to_keep = n;
         }
+        self.job.lay_over(&mut config.job);
         if no_id {
             return Err(LoadError::NoId);
         }
@@ -232,21 +243,6 @@ pub const COMMAND_BYTES_MAX_LIMIT: usize = (PEER_FRAME_BYTES_MAX - ANSWER_ENVELO
 
 // A batch of the full size must fit where one command of the largest size does.
 const _: () = assert!(BATCH_BYTES_MAX <= COMMAND_BYTES_MAX_LIMIT);
-
-/// A configuration that cannot work, with the field at fault.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid configuration: {field}: {reason}")]
-pub struct ConfigError {
-    pub field: &'static str,
-    pub reason: String,
-}
-
-fn refuse(field: &'static str, reason: impl Into<String>) -> Result<(), ConfigError> {
-    Err(ConfigError {
-        field,
-        reason: reason.into(),
-    })
-}
 
 impl ReplicaConfig {
     /// Refuses combinations that would misbehave at run time, naming the field.
@@ -337,6 +333,9 @@ impl ReplicaConfig {
                     "names no tokens file and no certificates: nobody could connect",
                 )?;
             }
+        }
+        if let Some(job) = &self.job {
+            job.validate()?;
         }
         if !self.initial_members.is_empty() && !self.initial_members.contains_key(&self.id) {
             refuse(
@@ -541,9 +540,10 @@ mod tests {
 #[cfg(test)]
 mod shipped_examples {
     use super::*;
+    use crate::server::LauncherConfig;
 
-    /// The example configurations in `deploy/` parse, cover TLS and auth, and validate once
-    /// their files exist; a missing file is refused by its field's name.
+    /// The example configurations in `deploy/` parse, cover TLS, auth and a job, and validate
+    /// once their files exist; a missing file is refused by its field's name.
     #[test]
     fn the_example_configs_parse_and_validate() {
         let examples = [
@@ -566,7 +566,40 @@ mod shipped_examples {
             let tls = config.tls.as_mut().unwrap();
             (tls.ca_file, tls.cert_file, tls.key_file) = (file("ca"), file("cert"), file("key"));
             config.auth.as_mut().unwrap().tokens_file = Some(file("tokens"));
+            assert_eq!(config.validate().unwrap_err().field, "job.inputs_file");
+            let inputs = dir.path().join("inputs");
+            std::fs::write(&inputs, "kafka/events/0\n").unwrap();
+            config
+                .job
+                .as_mut()
+                .expect("the examples show a job")
+                .inputs_file = Some(inputs);
             config.validate().unwrap();
         }
+    }
+
+    /// The replica configuration in the Kubernetes manifest (a ConfigMap's `ctrlog.toml` key)
+    /// is one this build accepts, with the `--id` flag its StatefulSet passes, and runs its job
+    /// in external mode.
+    #[test]
+    fn the_kubernetes_config_map_holds_a_valid_replica_config() {
+        let manifest = include_str!("../../deploy/kubernetes/ctrlog.yaml");
+        let text: String = manifest
+            .lines()
+            .skip_while(|line| line.trim() != "ctrlog.toml: |")
+            .skip(1)
+            .take_while(|line| line.is_empty() || line.starts_with("    "))
+            .map(|line| format!("{}\n", line.get(4..).unwrap_or("")))
+            .collect();
+        let mut config: ReplicaConfig = toml::from_str(&text).unwrap();
+        config.id = 2;
+        assert_eq!(config.initial_members.len(), 3);
+        let job = config.job.as_mut().expect("the manifest runs a job");
+        assert_eq!(job.launcher, LauncherConfig::External {});
+        let dir = tempfile::tempdir().unwrap();
+        let inputs = dir.path().join("inputs");
+        std::fs::write(&inputs, "kafka/events/0\n").unwrap();
+        job.inputs_file = Some(inputs);
+        config.validate().unwrap();
     }
 }

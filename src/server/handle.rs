@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use openraft::{ChangeMembers, ServerState};
 
+use super::history::History;
 use super::lease::{self, QuorumLease};
 use super::telemetry::Telemetry;
 use crate::client::{
@@ -70,6 +71,8 @@ pub(super) struct Inner {
     pub(super) peers: PeerNetwork,
     pub(super) telemetry: Telemetry,
     pub(super) http_addr: Option<SocketAddr>,
+    /// The last minutes, for the status page's charts (sampled while the HTTP port runs).
+    pub(super) history: History,
 }
 
 /// A cheap, cloneable handle to a running replica: the library API.
@@ -79,6 +82,11 @@ pub struct ReplicaHandle {
 }
 
 impl ReplicaHandle {
+    /// The last minutes of the job as this replica sampled them.
+    pub fn history(&self) -> &History {
+        &self.inner.history
+    }
+
     pub fn id(&self) -> NodeId {
         self.inner.id
     }

@@ -9,10 +9,13 @@
 //! * `GET /readyz`: 200 when this replica knows a leader and has applied what it knows to be
 //!   committed, so it answers reads with current data; 503 otherwise, with the reason.
 //! * `GET /`: the status page, one self-contained HTML document (no external assets) that
-//!   polls `GET /status.json`: this replica's status, the job, and the recent log tail.
+//!   polls `GET /status.json` (this replica's status, the job, and the recent log tail) and
+//!   `GET /history.json` (the last ten minutes, sampled each second by
+//!   [`history`](super::history), which the page draws as charts).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -27,10 +30,11 @@ use prometheus_client::registry::Registry;
 use serde_json::json;
 
 use super::handle::ReplicaHandle;
+use super::history::{Sample, SAMPLE_INTERVAL};
 use super::json;
 use crate::client::FetchRequest;
 use crate::jobs::{ContainerStatus, TaskPhase};
-use crate::log::Filter;
+use crate::log::{ContainerId, Filter, TaskId};
 
 /// Entries the status page shows from the end of the log.
 const TAIL_ENTRIES: u32 = 20;
@@ -52,10 +56,12 @@ pub async fn serve_http(
     let app = Router::new()
         .route("/", get(status_page))
         .route("/status.json", get(status_json))
+        .route("/history.json", get(history_json))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .with_state(replica);
+        .with_state(replica.clone());
+    let sampling = tokio::spawn(record_history(replica, stop.clone()));
     let stopped = async move {
         let _ = stop.changed().await;
     };
@@ -64,6 +70,66 @@ pub async fn serve_http(
         .await
     {
         tracing::error!(%error, "the observability port stopped");
+    }
+    sampling.abort();
+}
+
+/// Each task's owner, by container name (a task between owners has none).
+type Owners = BTreeMap<TaskId, ContainerId>;
+
+/// What the replica shows now; `owners` holds the previous sample's task owners and is
+/// brought up to date.
+fn sample(replica: &ReplicaHandle, owners: &mut Owners) -> Sample {
+    let metrics = replica.metrics();
+    let (applied_offset, desired, live, now_owned) = replica.read_state(|job| {
+        let owned: Owners = job
+            .tasks()
+            .iter()
+            .filter_map(|(task, t)| Some((task.clone(), t.phase.owner()?.container.clone())))
+            .collect();
+        (
+            job.last_offset(),
+            job.desired_containers().map(|d| d.count),
+            job.live_sessions().count(),
+            owned,
+        )
+    });
+    let moved = now_owned
+        .iter()
+        .filter(|(task, owner)| owners.get(*task).is_some_and(|before| before != *owner))
+        .count();
+    // A task between owners keeps its last one, so that a move spanning samples counts once.
+    owners.extend(now_owned);
+    let lag = replica
+        .reported_lag()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(container, lag)| (container.to_string(), lag))
+        .collect();
+    Sample {
+        at_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+        applied_offset,
+        term: metrics.current_term,
+        leader: metrics.current_leader,
+        desired,
+        live,
+        moved,
+        lag,
+    }
+}
+
+/// Samples `replica` into its history every [`SAMPLE_INTERVAL`] until `stop` fires.
+async fn record_history(replica: ReplicaHandle, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let mut ticker = tokio::time::interval(SAMPLE_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut owners = Owners::new();
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = ticker.tick() => replica.history().push(sample(&replica, &mut owners)),
+        }
     }
 }
 
@@ -156,7 +222,8 @@ async fn metrics(State(replica): State<ReplicaHandle>) -> Response {
             };
             phases[i] += 1;
         }
-        (live, phases, job.pending().len())
+        let desired = job.desired_containers().map(|d| i64::from(d.count));
+        (live, phases, job.pending().len(), desired)
     });
     gauge(
         &mut registry,
@@ -164,6 +231,17 @@ async fn metrics(State(replica): State<ReplicaHandle>) -> Response {
         "Live container sessions",
         job.0 as i64,
     );
+    // Absent until the controller first records a count: an autoscaler reading 0 would stop
+    // every container of a job that has not decided yet.
+    if let Some(desired) = job.3 {
+        gauge(
+            &mut registry,
+            "desired_containers",
+            "Containers the job's controller wants, as last committed (what an autoscaler \
+             scales the containers' Deployment to when the launcher is external)",
+            desired,
+        );
+    }
     let tasks = Family::<PhaseLabel, Gauge>::default();
     for (phase, count) in ["unassigned", "starting", "running", "stopping"]
         .into_iter()
@@ -296,6 +374,10 @@ async fn status_json(State(replica): State<ReplicaHandle>) -> Response {
         "tail": tail,
     }))
     .into_response()
+}
+
+async fn history_json(State(replica): State<ReplicaHandle>) -> Response {
+    axum::Json(replica.history().samples()).into_response()
 }
 
 async fn status_page() -> Html<&'static str> {

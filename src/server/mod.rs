@@ -5,7 +5,8 @@
 //!
 //! [`Replica`] is a running replica (start, shutdown, [`serve`]); [`ReplicaHandle`] is its
 //! library API and the [`ControlPlane`](crate::controller::ControlPlane) its controller
-//! drives; [`ReplicaConfig`] is what `ctrlog serve` reads, flags over a TOML file.
+//! drives; [`ReplicaConfig`] is what `ctrlog serve` reads, flags over a TOML file, and
+//! [`job`] the controller it runs when that file has a `[job]` section ([`job_config`]).
 //!
 //! Invariants:
 //!
@@ -20,9 +21,13 @@
 
 pub mod auth;
 pub mod config;
+mod config_error;
 mod connections;
 pub mod handle;
+pub mod history;
 pub mod http;
+pub mod job;
+pub mod job_config;
 pub mod json;
 pub mod lease;
 pub mod peers;
@@ -35,4 +40,5 @@ pub use config::{
     parse_members, AuthConfig, ConfigError, LoadError, ReplicaConfig, ServeFlags, TlsFiles,
 };
 pub use handle::ReplicaHandle;
+pub use job_config::{JobConfig, LauncherConfig, ScalingConfig};
 pub use replica::{force_new_cluster, serve, Replica, StartError};

@@ -184,6 +184,7 @@ impl Replica {
                 peers,
                 telemetry: Telemetry::default(),
                 http_addr,
+                history: Default::default(),
             }),
         };
         let (stop, stopping) = tokio::sync::watch::channel(false);
@@ -301,7 +302,18 @@ pub async fn serve(
     config: ReplicaConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), StartError> {
+    let job = config.job.clone();
+    let controller_config = config.clone();
     let replica = Replica::start(config).await?;
+    // Every replica with a job runs its controller; only the leader's acts.
+    let (stop_controller, controller_stopped) = tokio::sync::oneshot::channel::<()>();
+    let controller = job.map(|job| {
+        let controller = super::job::controller(&controller_config, &job, replica.clone_handle());
+        tracing::info!(launcher = ?job.launcher, "running the job's controller");
+        tokio::spawn(controller.run(async move {
+            let _ = controller_stopped.await;
+        }))
+    });
     // A replica whose Raft core stopped on a fatal (storage) error must not linger as a
     // zombie: exit, so that a supervisor restarts it and recovery runs.
     let mut metrics = replica.raft().metrics();
@@ -313,6 +325,10 @@ pub async fn serve(
         _ = fatal => Err(StartError::Raft("the Raft core stopped on a fatal error".into())),
     };
     tracing::info!(id = replica.id(), "shutting down");
+    let _ = stop_controller.send(());
+    if let Some(controller) = controller {
+        let _ = controller.await;
+    }
     replica.shutdown().await;
     result
 }

@@ -34,6 +34,8 @@ pub struct ProcessCluster {
     /// Replica `i` runs as uid and gid `base + i + 1` (see [`with_own_uids`](Self::with_own_uids)).
     uid_base: Option<u32>,
     addrs: Vec<(String, String)>,
+    /// Each replica's observability port, when the cluster serves them.
+    http_addrs: Vec<Option<std::net::SocketAddr>>,
     extra: Vec<String>,
     /// Tokio worker threads per replica (`TOKIO_WORKER_THREADS`), see [`worker_threads_each`].
     worker_threads: usize,
@@ -58,7 +60,26 @@ pub fn worker_threads_each(replicas: usize) -> usize {
     (cores / (replicas + 1)).max(1)
 }
 
+/// A port free on 127.0.0.1 now, for a replica started later. It is drawn below the kernel's
+/// ephemeral range where that leaves room: a port from inside it may be taken in the meantime
+/// as the local port of any outgoing connection (a client, another test's replicas), and the
+/// replica would then fail to start with "address in use".
 fn free_port() -> std::io::Result<u16> {
+    use rand::Rng;
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    const LOWEST: u16 = 10_000;
+    if ephemeral_low > LOWEST + 1_000 {
+        let mut rng = rand::thread_rng();
+        for _ in 0..100 {
+            let port = rng.gen_range(LOWEST..ephemeral_low);
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
@@ -78,7 +99,17 @@ impl ProcessCluster {
         size: u64,
         extra: &[String],
     ) -> anyhow::Result<ProcessCluster> {
-        ProcessCluster::launch(exe, size, extra, None).await
+        ProcessCluster::launch(exe, size, extra, None, false).await
+    }
+
+    /// Starts `size` replicas of the `ctrlog` binary at `exe`, each serving its observability
+    /// port too (see [`http_addr`](Self::http_addr)).
+    pub async fn start_with_http(
+        exe: PathBuf,
+        size: u64,
+        extra: &[String],
+    ) -> anyhow::Result<ProcessCluster> {
+        ProcessCluster::launch(exe, size, extra, None, true).await
     }
 
     /// Starts `size` replicas as [`start`](Self::start) does, each under a uid of its own
@@ -90,7 +121,7 @@ impl ProcessCluster {
         uid_base: u32,
     ) -> anyhow::Result<ProcessCluster> {
         let exe = std::env::current_exe().context("finding this executable")?;
-        ProcessCluster::launch(exe, size, extra, Some(uid_base)).await
+        ProcessCluster::launch(exe, size, extra, Some(uid_base), false).await
     }
 
     async fn launch(
@@ -98,13 +129,19 @@ impl ProcessCluster {
         size: u64,
         extra: &[String],
         uid_base: Option<u32>,
+        http: bool,
     ) -> anyhow::Result<ProcessCluster> {
         let mut addrs = Vec::new();
+        let mut http_addrs = Vec::new();
         for _ in 0..size {
             addrs.push((
                 format!("127.0.0.1:{}", free_port()?),
                 format!("127.0.0.1:{}", free_port()?),
             ));
+            http_addrs.push(match http {
+                true => Some(std::net::SocketAddr::from(([127, 0, 0, 1], free_port()?))),
+                false => None,
+            });
         }
         let members = addrs
             .iter()
@@ -127,6 +164,7 @@ impl ProcessCluster {
             initial: size as usize,
             uid_base,
             addrs,
+            http_addrs,
             extra: extra.to_vec(),
             worker_threads: worker_threads_each(size as usize),
             children: Vec::new(),
@@ -137,6 +175,17 @@ impl ProcessCluster {
         }
         let client = ControlClient::connect(&cluster.client_addrs()).await?;
         client.leader_status().await?;
+        // A leader needs only two: a third that failed to start would go unnoticed until a
+        // fault the cluster could have survived takes it down.
+        for i in 0..size as usize {
+            if let Some(status) = cluster.exited(i) {
+                anyhow::bail!(
+                    "replica {} exited at start ({status}): {}",
+                    i + 1,
+                    cluster.log_tail(i, 5)
+                );
+            }
+        }
         Ok(cluster)
     }
 
@@ -147,6 +196,7 @@ impl ProcessCluster {
             format!("127.0.0.1:{}", free_port()?),
             format!("127.0.0.1:{}", free_port()?),
         ));
+        self.http_addrs.push(None);
         let i = self.addrs.len() - 1;
         self.children.push(Some(self.spawn(i)?));
         Ok(i)
@@ -170,6 +220,11 @@ impl ProcessCluster {
             .expect("addresses are built from a port")
     }
 
+    /// Replica `i`'s observability port, if the cluster was started with them.
+    pub fn http_addr(&self, i: usize) -> Option<std::net::SocketAddr> {
+        self.http_addrs.get(i).copied().flatten()
+    }
+
     /// The uid replica `i` runs under, if each has its own.
     pub fn uid(&self, i: usize) -> Option<u32> {
         self.uid_base.map(|base| base + i as u32 + 1)
@@ -188,6 +243,9 @@ impl ProcessCluster {
             .args(["--client-addr", client]);
         if i < self.initial {
             process.args(["--initial-members", &self.members]);
+        }
+        if let Some(http) = self.http_addr(i) {
+            process.args(["--http-addr", &http.to_string()]);
         }
         if let Some(uid) = self.uid(i) {
             std::fs::create_dir_all(&data)?;
@@ -304,6 +362,28 @@ impl Drop for ProcessCluster {
             self.kill(i);
         }
     }
+}
+
+/// The live processes whose command line names `path`: the containers a job under `path`
+/// started (they outlive the replicas that launched them), for a test or the demo to end.
+pub fn processes_mentioning(path: &Path) -> Vec<libc::pid_t> {
+    let needle = path.display().to_string();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .filter(|pid| *pid != std::process::id() as libc::pid_t)
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            // A zombie (state Z) has ended; only its parent's wait is missing.
+            let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map_or(true, |stat| {
+                    stat.rsplit(") ").next().is_some_and(|s| s.starts_with('Z'))
+                });
+            !zombie && String::from_utf8_lossy(&cmdline).contains(&needle)
+        })
+        .collect()
 }
 
 /// The user kind of the commands the bench writes, so that against a running cluster it can

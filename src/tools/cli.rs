@@ -389,9 +389,10 @@ pub fn state_text(at: &StateAt) -> String {
         });
     let _ = writeln!(
         out,
-        "state as of offset {}; vocabulary level {}; desired containers: {desired}",
+        "state as of offset {}; vocabulary level {}; desired containers: {desired}; live: {}",
         at.offset,
-        state.level()
+        state.level(),
+        state.live_sessions().count()
     );
     let _ = writeln!(out, "\nCONTAINER             EPOCH  STATUS        LOCATION");
     for (id, record) in state.containers() {

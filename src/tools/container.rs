@@ -161,9 +161,15 @@ pub async fn run_simulated_container(
     let mut commands = session.commands();
     let mut watchdog = tokio::time::interval(Duration::from_millis(50));
     tokio::pin!(shutdown);
+    // Asked to stop (SIGTERM from a launcher or an orchestrator scaling in): leave the job
+    // after stopping work, so that the tasks move now rather than after the session timeout.
+    let mut leave = false;
     let result = loop {
         tokio::select! {
-            _ = &mut shutdown => break Ok(()),
+            _ = &mut shutdown => {
+                leave = true;
+                break Ok(());
+            }
             refusal = session.fenced() => {
                 tracing::warn!(%container, %refusal, "fenced; stopping all work");
                 break Ok(());
@@ -237,8 +243,20 @@ pub async fn run_simulated_container(
         }
     };
     worker.stop_all();
+    if leave {
+        // Refused if the controller deregistered it first (a drain), which is as good.
+        match tokio::time::timeout(LEAVE_TIMEOUT, session.leave()).await {
+            Ok(Ok(ack)) => tracing::info!(%container, offset = ack.offset, "left the job"),
+            Ok(Err(error)) => tracing::info!(%container, %error, "not left"),
+            Err(_) => tracing::warn!(%container, "leaving timed out; the session will expire"),
+        }
+    }
     result
 }
+
+/// How long a container asked to stop tries to leave the job before it exits anyway; within
+/// the launchers' grace period ([`STOP_GRACE`](crate::controller::STOP_GRACE)).
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A container running as a task: how to ask it to stop, and the task.
 type Running = (oneshot::Sender<()>, JoinHandle<()>);

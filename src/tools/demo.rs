@@ -7,6 +7,9 @@
 //! killed in the middle of a move; a schema change is broadcast and acked by every container;
 //! lag falls and the job scales back in. The log is printed as a timeline as it commits, then a
 //! summary, and the demo fails unless the invariants held.
+//!
+//! `--serve` runs the same story on three `ctrlog serve` processes instead, configured only by
+//! the `[job]` section of their TOML file (the process launcher): what a deployment runs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -16,17 +19,19 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{ensure, Context};
 use futures::StreamExt;
 
+use super::bench::{processes_mentioning, ProcessCluster};
 use super::checker::{double_runs, longest_unowned, read_reports};
 use super::local_cluster::LocalCluster;
 use super::local_job::{ControllerFactory, LocalJob};
+use super::wait::{poll_until, POLL_INTERVAL};
 use crate::client::{ClientOptions, ControlClient, SubscriptionItem};
 use crate::controller::{
-    Controller, ControllerConfig, ControllerReport, JobDriver, ProcessLauncher, WatchedFile,
+    Capacity, Controller, ControllerReport, JobDriver, ProcessLauncher, WatchedFile,
 };
-use crate::jobs::plan::{settled, GroupByPartition, LagPolicy};
+use crate::jobs::plan::{settled, GroupByPartition};
 use crate::jobs::{ContainerStatus, JobState, TaskPhase};
 use crate::log::{Command, LogEntry, Offset, SchemaChange};
-use crate::server::{AuthConfig, TlsFiles};
+use crate::server::{AuthConfig, JobConfig, LauncherConfig, ScalingConfig, TlsFiles};
 use crate::NodeId;
 
 /// Each step of the scenario must finish within this.
@@ -150,33 +155,112 @@ fn follow_timeline(client: Arc<ControlClient>, started_ms: u64) -> Timeline {
     }
 }
 
-async fn until(
-    job: &LocalJob,
-    what: &str,
-    condition: impl Fn(&JobState) -> bool,
-) -> anyhow::Result<JobState> {
-    Ok(job.wait_for_state(what, STEP, condition).await?)
+/// What the story needs of the replicas running the job: in this process ([`LocalJob`]) or as
+/// `ctrlog serve` processes ([`ServedJob`]).
+trait DemoCluster {
+    /// Waits until the job state satisfies `condition`.
+    async fn until(
+        &self,
+        what: &str,
+        condition: impl Fn(&JobState) -> bool,
+    ) -> anyhow::Result<JobState>;
+    async fn leader(&self) -> anyhow::Result<NodeId>;
+    /// Kills replica `id` as a crash would; returns what its controller reported, when the
+    /// controller ran in this process.
+    async fn kill(&mut self, id: NodeId) -> Option<ControllerReport>;
+    /// What the controllers in this process reported (none when they run in the replicas').
+    fn reports(&self) -> Vec<ControllerReport>;
+}
+
+impl DemoCluster for LocalJob {
+    async fn until(
+        &self,
+        what: &str,
+        condition: impl Fn(&JobState) -> bool,
+    ) -> anyhow::Result<JobState> {
+        Ok(self.wait_for_state(what, STEP, condition).await?)
+    }
+
+    async fn leader(&self) -> anyhow::Result<NodeId> {
+        Ok(self.cluster.wait_for_leader(STEP).await?)
+    }
+
+    async fn kill(&mut self, id: NodeId) -> Option<ControllerReport> {
+        LocalJob::kill(self, id).await
+    }
+
+    fn reports(&self) -> Vec<ControllerReport> {
+        LocalJob::reports(self).into_values().collect()
+    }
+}
+
+/// Three `ctrlog serve` processes whose `[job]` section runs the job.
+struct ServedJob {
+    cluster: ProcessCluster,
+    client: Arc<ControlClient>,
+}
+
+impl DemoCluster for ServedJob {
+    async fn until(
+        &self,
+        what: &str,
+        condition: impl Fn(&JobState) -> bool,
+    ) -> anyhow::Result<JobState> {
+        let reached = poll_until(what, STEP, POLL_INTERVAL, || async {
+            match self.client.state(0).await {
+                Ok(at) if condition(&at.state) => Ok(at.state),
+                Ok(_) => Err("not yet".to_string()),
+                Err(error) => Err(error.to_string()),
+            }
+        });
+        Ok(reached.await?)
+    }
+
+    async fn leader(&self) -> anyhow::Result<NodeId> {
+        let status = self.client.leader_status().await?;
+        status.leader_id.context("no leader known")
+    }
+
+    async fn kill(&mut self, id: NodeId) -> Option<ControllerReport> {
+        self.cluster.kill(id as usize - 1);
+        None
+    }
+
+    fn reports(&self) -> Vec<ControllerReport> {
+        Vec::new()
+    }
 }
 
 fn step(text: &str) {
     println!("\n== {text}");
 }
 
-/// Runs the demo. Data goes under `data`, or a fresh temporary directory that is removed after.
-pub async fn run(data: Option<PathBuf>) -> anyhow::Result<()> {
+/// Runs the demo, its replicas in this process or, with `serve`, as `ctrlog serve` processes.
+/// Data goes under `data`, or a fresh temporary directory that is removed after.
+pub async fn run(data: Option<PathBuf>, serve: bool) -> anyhow::Result<()> {
     let temporary = data.is_none();
     let dir = data.unwrap_or_else(|| {
         std::env::temp_dir().join(format!("ctrlog-demo-{}", std::process::id()))
     });
     std::fs::create_dir_all(&dir)?;
-    let result = scenario(&dir).await;
+    let result = match serve {
+        false => in_process(&dir).await,
+        true => on_serve_processes(&dir).await,
+    };
+    // Containers outlive the replicas that launched them (as in a deployment); the demo's
+    // end is theirs too.
+    for pid in processes_mentioning(&dir) {
+        // SAFETY: kill(2) on a container process of this demo; no memory is involved.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
     if temporary {
         let _ = std::fs::remove_dir_all(&dir);
     }
     result
 }
 
-async fn scenario(dir: &Path) -> anyhow::Result<()> {
+/// The files the story drives the job with.
+fn demo_files(dir: &Path) -> anyhow::Result<Files> {
     let files = Files {
         inputs: dir.join("inputs.txt"),
         lag: dir.join("lag.txt"),
@@ -186,10 +270,57 @@ async fn scenario(dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(&files.logs)?;
     write_inputs(&files.inputs, 0..4)?;
     std::fs::write(&files.lag, "0")?;
-    let started = Instant::now();
+    Ok(files)
+}
+
+/// How the containers run: fast heartbeats, a lease well inside the session timeout, the lag
+/// and report files.
+fn container_args(files: &Files) -> Vec<String> {
+    [
+        "--heartbeat-ms",
+        "200",
+        "--lease-ms",
+        "1500",
+        "--stop-delay-ms",
+        "300",
+        "--lag-file",
+        &files.lag.display().to_string(),
+        "--report-file",
+        &files.reports.display().to_string(),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// The job both kinds of demo run: a short tick and session timeout for a demo of seconds, and
+/// 2 to 3 containers, out above 1,000 lag per container and in below 100.
+fn demo_job(files: &Files, launcher: LauncherConfig) -> JobConfig {
+    JobConfig {
+        inputs_file: Some(files.inputs.clone()),
+        tick_ms: 50,
+        session_timeout_ms: 3000,
+        scaling: ScalingConfig {
+            min: 2,
+            max: 3,
+            scale_out_lag: 1_000,
+            scale_in_lag: 100,
+            cooldown_ms: 1_000,
+        },
+        launcher,
+        ..JobConfig::default()
+    }
+}
+
+fn started_clock() -> (Instant, u64) {
     let started_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
+    (Instant::now(), started_ms)
+}
+
+async fn in_process(dir: &Path) -> anyhow::Result<()> {
+    let files = demo_files(dir)?;
+    let (started, started_ms) = started_clock();
 
     step(&format!(
         "3 replicas on loopback, data under {}",
@@ -216,26 +347,20 @@ async fn scenario(dir: &Path) -> anyhow::Result<()> {
             &seeds.join(","),
             "--id",
             "{id}",
-            "--heartbeat-ms",
-            "200",
-            "--lease-ms",
-            "1500",
-            "--stop-delay-ms",
-            "300",
-            "--lag-file",
-            &files.lag.display().to_string(),
-            "--report-file",
-            &files.reports.display().to_string(),
             "--ca",
             &security.ca.display().to_string(),
             "--token",
             &security.container_token("{id}"),
         ]
         .map(String::from)
-        .to_vec(),
+        .into_iter()
+        .chain(container_args(&files))
+        .collect(),
         Some(files.logs.clone()),
     ));
     let factory: ControllerFactory = {
+        // The launcher is this process's own, not the configuration's.
+        let job = demo_job(&files, LauncherConfig::External {});
         let (inputs, launcher) = (files.inputs.clone(), launcher.clone());
         Arc::new(move |replica| {
             Controller::new(
@@ -243,44 +368,105 @@ async fn scenario(dir: &Path) -> anyhow::Result<()> {
                 JobDriver {
                     inputs: Box::new(WatchedFile::new(&inputs)),
                     grouper: Box::new(GroupByPartition),
-                    policy: Box::new(LagPolicy::new(2, 3, 1_000, 100, Duration::from_secs(1))),
-                    launcher: launcher.clone(),
+                    policy: Box::new(job.scaling.policy()),
+                    capacity: Capacity::Launched(launcher.clone()),
                 },
-                ControllerConfig {
-                    tick: Duration::from_millis(50),
-                    session_timeout: Duration::from_secs(3),
-                    ..ControllerConfig::default()
-                },
+                job.controller_config(),
             )
         })
     };
     let mut job = LocalJob::start(cluster, factory);
     let client = Arc::new(ControlClient::connect_with(&seeds, security.operator()?).await?);
+    let verdict = story(&mut job, client, &files, started, started_ms).await;
+    job.shutdown().await;
+    drop(launcher); // kills any container process still running
+    verdict
+}
+
+/// The replicas' shared TOML file in `--serve` mode: only the job (identity and addresses are
+/// flags), with the process launcher running `ctrlog container`.
+fn job_config(files: &Files) -> anyhow::Result<String> {
+    let exe = std::env::current_exe().context("finding this executable")?;
+    let mut command = vec![
+        exe.display().to_string(),
+        "container".into(),
+        "--id".into(),
+        "{id}".into(),
+        "--cluster".into(),
+        "{cluster}".into(),
+    ];
+    command.extend(container_args(files));
+    let launcher = LauncherConfig::Process {
+        command,
+        log_dir: Some(files.logs.clone()),
+    };
+    let job = demo_job(files, launcher);
+    #[derive(serde::Serialize)]
+    struct JobFile {
+        job: JobConfig,
+    }
+    Ok(toml::to_string(&JobFile { job })?)
+}
+
+async fn on_serve_processes(dir: &Path) -> anyhow::Result<()> {
+    let files = demo_files(dir)?;
+    let (started, started_ms) = started_clock();
+    let config = dir.join("job.toml");
+    std::fs::write(&config, job_config(&files)?)?;
+    step(&format!(
+        "3 `ctrlog serve` processes, each started with --config {}",
+        config.display()
+    ));
+    let exe = std::env::current_exe().context("finding this executable")?;
+    let cluster =
+        ProcessCluster::start_with(exe, 3, &["--config".into(), config.display().to_string()])
+            .await?;
+    let seeds = cluster.client_addrs();
+    let client = Arc::new(ControlClient::connect(&seeds).await?);
+    let leader = client
+        .leader_status()
+        .await?
+        .leader_id
+        .context("no leader")?;
+    println!(
+        "   replica {leader} leads; the controller in each replica runs the job, the leader's \
+         launching `ctrlog container` processes (plain TCP: the in-process demo shows TLS)"
+    );
+    let mut job = ServedJob { cluster, client };
+    let client = job.client.clone();
+    story(&mut job, client, &files, started, started_ms).await
+}
+
+/// The scenario, on either kind of cluster.
+async fn story(
+    job: &mut impl DemoCluster,
+    client: Arc<ControlClient>,
+    files: &Files,
+    started: Instant,
+    started_ms: u64,
+) -> anyhow::Result<()> {
     let mut timeline = follow_timeline(client.clone(), started_ms);
 
     step("start: 4 input partitions, 2 containers");
-    until(&job, "4 tasks running on 2 containers", |s| {
-        settled(s, 4, 2)
-    })
-    .await?;
+    job.until("4 tasks running on 2 containers", |s| settled(s, 4, 2))
+        .await?;
 
     step("4 new partitions appear in the inputs file");
     write_inputs(&files.inputs, 0..8)?;
-    until(&job, "8 tasks running on 2 containers", |s| {
-        settled(s, 8, 2)
-    })
-    .await?;
+    job.until("8 tasks running on 2 containers", |s| settled(s, 8, 2))
+        .await?;
 
     step("lag rises: the policy scales out to 3 containers and moves tasks onto the new one");
     std::fs::write(&files.lag, "5000")?;
-    let old_leader = job.cluster.wait_for_leader(STEP).await?;
-    let mid_move = until(&job, "a task in the middle of a move", |s| {
-        crate::jobs::plan::loads(s).len() == 3
-            && s.tasks()
-                .values()
-                .any(|t| matches!(t.phase, TaskPhase::Stopping { .. }))
-    })
-    .await?;
+    let old_leader = job.leader().await?;
+    let mid_move = job
+        .until("a task in the middle of a move", |s| {
+            crate::jobs::plan::loads(s).len() == 3
+                && s.tasks()
+                    .values()
+                    .any(|t| matches!(t.phase, TaskPhase::Stopping { .. }))
+        })
+        .await?;
     let moving: Vec<String> = mid_move
         .tasks()
         .iter()
@@ -292,19 +478,17 @@ async fn scenario(dir: &Path) -> anyhow::Result<()> {
         moving.join(", ")
     ));
     let killed_at = Instant::now();
-    let last_before = job.cluster.replica(old_leader).applied_offset();
-    let mut reports = vec![job.kill(old_leader).await.unwrap_or_default()];
-    let new_leader = job.cluster.wait_for_leader(STEP).await?;
-    until(&job, "a commit under the new leader", |s| {
+    let last_before = mid_move.last_offset();
+    let mut reports: Vec<ControllerReport> = job.kill(old_leader).await.into_iter().collect();
+    let new_leader = job.leader().await?;
+    job.until("a commit under the new leader", |s| {
         s.last_offset() > last_before
     })
     .await?;
     let failover = killed_at.elapsed();
     println!("   replica {new_leader} leads after {failover:.2?}; its controller resumes the move");
-    until(&job, "8 tasks running on 3 containers", |s| {
-        settled(s, 8, 3)
-    })
-    .await?;
+    job.until("8 tasks running on 3 containers", |s| settled(s, 8, 3))
+        .await?;
     let move_done = killed_at.elapsed();
     println!("   the interrupted move completed {move_done:.2?} after the kill");
 
@@ -317,34 +501,32 @@ async fn scenario(dir: &Path) -> anyhow::Result<()> {
         }))
         .await?
         .offset;
-    until(&job, "every container acked the schema", |s| {
+    job.until("every container acked the schema", |s| {
         !s.pending().contains_key(&schema)
     })
     .await?;
 
     step("lag falls: the policy scales in, draining one container first");
     std::fs::write(&files.lag, "0")?;
-    let end = until(&job, "8 tasks running on 2 containers", |s| {
-        settled(s, 8, 2)
-            && s.containers()
-                .values()
-                .any(|r| r.status == ContainerStatus::Deregistered)
-    })
-    .await?;
+    let end = job
+        .until("8 tasks running on 2 containers", |s| {
+            settled(s, 8, 2)
+                && s.containers()
+                    .values()
+                    .any(|r| r.status == ContainerStatus::Deregistered)
+        })
+        .await?;
     let printed_all = timeline
         .printed
         .wait_for(|printed| *printed >= end.last_offset());
     tokio::time::timeout(STEP, printed_all)
         .await
         .context("the timeline did not reach the end of the log")??;
-    reports.extend(job.reports().into_values());
+    reports.extend(job.reports());
     timeline.task.abort();
 
     let log = timeline.seen.lock().expect("never poisoned").clone();
-    let verdict = check_and_summarise(&end, &log, &reports, &files, failover, move_done, started);
-    job.shutdown().await;
-    drop(launcher); // kills any container process still running
-    verdict
+    check_and_summarise(&end, &log, &reports, files, failover, move_done, started)
 }
 
 fn check_and_summarise(
@@ -426,11 +608,18 @@ fn check_and_summarise(
             acknowledged.insert(*offset);
         }
     }
+    let controllers = match reports.is_empty() {
+        // Their acknowledgements are in the replicas' processes, not here.
+        true => "the controllers ran in the replicas".to_string(),
+        false => format!(
+            "all {} acknowledged controller commands are in the log",
+            acknowledged.len()
+        ),
+    };
     println!(
         "\n== invariants held: every input in exactly one running task; no task ran on two \
-         containers ({} container reports); all {} acknowledged controller commands are in the log",
+         containers ({} container reports); {controllers}",
         events.len(),
-        acknowledged.len()
     );
     Ok(())
 }

@@ -33,7 +33,8 @@ use std::time::Duration;
 
 use ctrlog::client::{ApiError, AppendAck, Member};
 use ctrlog::controller::{
-    ContainerLauncher, ControlPlane, Controller, ControllerConfig, JobDriver, StaticInputs,
+    Capacity, ContainerLauncher, ControlPlane, Controller, ControllerConfig, JobDriver,
+    StaticInputs,
 };
 use ctrlog::jobs::plan::{GroupByPartition, ScalingPolicy};
 use ctrlog::jobs::{JobState, Liveness, Outcome, Session, TaskPhase};
@@ -745,7 +746,7 @@ impl Sim {
                     started: self.started,
                     after: self.config.duration * 2 / 3,
                 }),
-                launcher: Arc::new(SimLauncher(self.clone())),
+                capacity: Capacity::Launched(Arc::new(SimLauncher(self.clone()))),
             },
             ControllerConfig {
                 tick: Duration::from_millis(50),

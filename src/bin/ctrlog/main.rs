@@ -81,6 +81,10 @@ enum Cmd {
         /// Where the replicas keep their data (a fresh temporary directory by default).
         #[arg(long)]
         data: Option<PathBuf>,
+        /// Run the replicas as three `ctrlog serve` processes configured by a `[job]` section,
+        /// as a deployment does, instead of in this process.
+        #[arg(long)]
+        serve: bool,
     },
     /// Certificates for TLS.
     Certs {
@@ -154,7 +158,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Container(args) => client::container(args, flags).await?,
         Cmd::Bench(args) => bench::bench(args, &flags, &mut out).await?,
         Cmd::Chaos(args) => bench::chaos(args, &mut out).await?,
-        Cmd::Demo { data } => ctrlog::tools::demo::run(data).await?,
+        Cmd::Demo { data, serve } => ctrlog::tools::demo::run(data, serve).await?,
         Cmd::Certs {
             action:
                 CertsCmd::Generate {

@@ -1,0 +1,90 @@
+//! The controller `ctrlog serve` runs from the `[job]` section of its configuration
+//! ([`job_config`](super::job_config)). Every replica with a `[job]` runs one; only the
+//! leader's acts (see [`controller`](crate::controller)). Without `[job]` a replica runs none.
+
+use std::sync::Arc;
+
+use super::auth::container_token;
+use super::config::ReplicaConfig;
+use super::handle::ReplicaHandle;
+use super::job_config::{parse_inputs, GrouperName, JobConfig, LauncherConfig};
+use crate::controller::{
+    Capacity, Controller, InputSource, JobDriver, LaunchSettings, ProcessLauncher, SettingsFn,
+    StaticInputs, WatchedFile,
+};
+use crate::jobs::plan::GroupByPartition;
+use crate::log::ContainerId;
+
+/// The controller `ctrlog serve` runs beside `replica`, as `config`'s `[job]` describes.
+/// `config` was validated.
+pub fn controller(
+    config: &ReplicaConfig,
+    job: &JobConfig,
+    replica: ReplicaHandle,
+) -> Controller<ReplicaHandle> {
+    let inputs: Box<dyn InputSource> = match (&job.inputs, &job.inputs_file) {
+        (_, Some(path)) => Box::new(WatchedFile::new(path)),
+        (inputs, None) => Box::new(StaticInputs(
+            parse_inputs(inputs.as_deref().unwrap_or_default()).expect("validated"),
+        )),
+    };
+    let capacity = match &job.launcher {
+        LauncherConfig::External {} => Capacity::Orchestrated,
+        LauncherConfig::Process { command, log_dir } => {
+            let launcher =
+                ProcessLauncher::new(&command[0], command[1..].to_vec(), log_dir.clone())
+                    .keep_running_on_drop()
+                    .with_settings(launch_settings(config, replica.clone()));
+            Capacity::Launched(Arc::new(launcher))
+        }
+    };
+    let driver = JobDriver {
+        inputs,
+        grouper: Box::new(match job.grouper {
+            GrouperName::Partition => GroupByPartition,
+        }),
+        policy: Box::new(job.scaling.policy()),
+        capacity,
+    };
+    Controller::new(replica, driver, job.controller_config())
+}
+
+/// What a launched container connects with: the members' client addresses as they are at the
+/// launch, the CA of `[tls]`, and its own token from the tokens file of `[auth]`.
+fn launch_settings(config: &ReplicaConfig, replica: ReplicaHandle) -> SettingsFn {
+    let ca = config
+        .tls
+        .as_ref()
+        .map(|tls| tls.ca_file.display().to_string());
+    let tokens_file = config.auth.as_ref().and_then(|a| a.tokens_file.clone());
+    Box::new(move |container: &ContainerId| {
+        let cluster = replica
+            .status()
+            .members
+            .iter()
+            .map(|m| m.member.client_addr.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut settings = LaunchSettings {
+            placeholders: vec![
+                ("cluster", cluster.clone()),
+                ("ca", ca.clone().unwrap_or_default()),
+            ],
+            env: vec![("CTRLOG_CLUSTER".into(), cluster)],
+        };
+        if let Some(ca) = &ca {
+            settings.env.push(("CTRLOG_CA".into(), ca.clone()));
+        }
+        if let Some(path) = &tokens_file {
+            let token = container_token(path, container)?.ok_or_else(|| {
+                format!(
+                    "{} gives no token the role container:{container}; add one per container \
+                     name the job may launch",
+                    path.display()
+                )
+            })?;
+            settings.env.push(("CTRLOG_TOKEN".into(), token));
+        }
+        Ok(settings)
+    })
+}

@@ -1,0 +1,415 @@
+//! The `[job]` section of a replica's configuration, and the `ctrlog serve` flags for its
+//! common fields. A replica with the section runs the job's controller (`job.rs` builds it).
+//!
+//! The names are a contract with operators' files: `inputs` or `inputs_file`,
+//! `session_timeout_ms`, `[job.scaling]` `min` and `max`, and `[job.launcher]` `kind`
+//! (`process` with `command`, or `external`) keep their meaning in every later build.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::config_error::{refuse, ConfigError};
+use crate::controller::{ControllerConfig, WatchedFile};
+use crate::jobs::plan::LagPolicy;
+use crate::log::{ContainerId, Input};
+
+/// The `[job]` section.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JobConfig {
+    /// The inputs, each `system/stream/partition`. Give this or `inputs_file`.
+    pub inputs: Option<Vec<String>>,
+    /// A file with one `system/stream/partition` per line (`#` starts a comment), re-read when
+    /// it changes: a partition that appears is added and assigned at once. An edit that does
+    /// not parse keeps the last good set.
+    pub inputs_file: Option<PathBuf>,
+    /// A container silent for longer is expired and its tasks reassigned. Containers stop
+    /// work after their own lease (`ctrlog container --lease-ms`), which must be shorter.
+    pub session_timeout_ms: u64,
+    /// How inputs group into tasks.
+    pub grouper: GrouperName,
+    /// How often the controller re-plans.
+    pub tick_ms: u64,
+    /// A launched container that has not registered within this is stopped and launched
+    /// again, up to `launch_attempts` times (`process` launcher).
+    pub launch_timeout_ms: u64,
+    pub launch_attempts: u32,
+    /// Containers the controller launches are named `{container_prefix}-{n}`.
+    pub container_prefix: String,
+    pub scaling: ScalingConfig,
+    pub launcher: LauncherConfig,
+}
+
+impl Default for JobConfig {
+    fn default() -> Self {
+        let controller = ControllerConfig::default();
+        JobConfig {
+            inputs: None,
+            inputs_file: None,
+            session_timeout_ms: controller.session_timeout.as_millis() as u64,
+            grouper: GrouperName::Partition,
+            tick_ms: controller.tick.as_millis() as u64,
+            launch_timeout_ms: controller.launch_timeout.as_millis() as u64,
+            launch_attempts: controller.launch_attempts,
+            container_prefix: controller.container_prefix,
+            scaling: ScalingConfig::default(),
+            launcher: LauncherConfig::External {},
+        }
+    }
+}
+
+/// The groupers a configuration can name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GrouperName {
+    /// Samza's default: task `partition-N` holds partition N of every input stream.
+    Partition,
+}
+
+/// `[job.scaling]`: the lag policy ([`LagPolicy`]). One container is added while the lag per
+/// container exceeds `scale_out_lag`, one drained while it is below `scale_in_lag`, within
+/// `[min, max]`, at most once per `cooldown_ms`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScalingConfig {
+    pub min: u32,
+    pub max: u32,
+    pub scale_out_lag: u64,
+    pub scale_in_lag: u64,
+    pub cooldown_ms: u64,
+}
+
+impl ScalingConfig {
+    /// The policy this section describes.
+    pub fn policy(&self) -> LagPolicy {
+        LagPolicy::new(
+            self.min,
+            self.max,
+            self.scale_out_lag,
+            self.scale_in_lag,
+            Duration::from_millis(self.cooldown_ms),
+        )
+    }
+}
+
+impl Default for ScalingConfig {
+    fn default() -> Self {
+        ScalingConfig {
+            min: 1,
+            max: 1,
+            scale_out_lag: 10_000,
+            scale_in_lag: 1_000,
+            cooldown_ms: 30_000,
+        }
+    }
+}
+
+/// `[job.launcher]`: who starts containers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum LauncherConfig {
+    /// The controller launches nothing: it publishes the desired count (in the log, in
+    /// `ctrlog state`, as the `ctrlog_desired_containers` gauge) and an orchestrator starts
+    /// containers that register themselves (`deploy/kubernetes/`).
+    // A struct variant, so that a stray field (`command` left over) is refused.
+    External {},
+    /// The leader runs each container as a process on its host.
+    Process {
+        /// The program and its arguments. `{id}` becomes the container's name, `{cluster}` the
+        /// members' client addresses (comma-separated) and `{ca}` the CA file of `[tls]`. The
+        /// process also finds them in `CTRLOG_CLUSTER` and `CTRLOG_CA`, and, with `[auth]`, its
+        /// own token in `CTRLOG_TOKEN`: the one the tokens file gives `container:<name>`.
+        command: Vec<String>,
+        /// Each container's output goes to `{log_dir}/{id}.log`; discarded when unset.
+        log_dir: Option<PathBuf>,
+    },
+}
+
+/// The `ctrlog serve` flags for the common fields of `[job]`; any of them given makes the
+/// replica run a controller, laid over the file's section (or the defaults).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct JobFlags {
+    /// Run the job's controller, its inputs listed in this file (`[job] inputs_file`).
+    #[arg(long, conflicts_with = "job_inputs")]
+    pub job_inputs_file: Option<PathBuf>,
+    /// Run the job's controller with these inputs (`[job] inputs`), e.g. kafka/events/0,kafka/events/1.
+    #[arg(long, value_delimiter = ',')]
+    pub job_inputs: Option<Vec<String>>,
+    /// `[job] session_timeout_ms`.
+    #[arg(long)]
+    pub job_session_timeout_ms: Option<u64>,
+    /// `[job.scaling] min`.
+    #[arg(long)]
+    pub job_min_containers: Option<u32>,
+    /// `[job.scaling] max`.
+    #[arg(long)]
+    pub job_max_containers: Option<u32>,
+    /// `[job.launcher] kind = "external"`: publish the desired count for an orchestrator.
+    #[arg(long, conflicts_with = "job_launch_command")]
+    pub job_external_launcher: bool,
+    /// `[job.launcher] kind = "process"` with this command, split at spaces, e.g.
+    /// "ctrlog container --id {id} --cluster {cluster}".
+    #[arg(long)]
+    pub job_launch_command: Option<String>,
+}
+
+impl JobFlags {
+    /// Lays the flags given over `job`.
+    pub fn lay_over(self, job: &mut Option<JobConfig>) {
+        let given = self.job_inputs_file.is_some()
+            || self.job_inputs.is_some()
+            || self.job_session_timeout_ms.is_some()
+            || self.job_min_containers.is_some()
+            || self.job_max_containers.is_some()
+            || self.job_external_launcher
+            || self.job_launch_command.is_some();
+        if !given {
+            return;
+        }
+        let job = job.get_or_insert_with(JobConfig::default);
+        if let Some(path) = self.job_inputs_file {
+            (job.inputs_file, job.inputs) = (Some(path), None);
+        }
+        if let Some(inputs) = self.job_inputs {
+            (job.inputs, job.inputs_file) = (Some(inputs), None);
+        }
+        if let Some(ms) = self.job_session_timeout_ms {
+            job.session_timeout_ms = ms;
+        }
+        if let Some(min) = self.job_min_containers {
+            job.scaling.min = min;
+        }
+        if let Some(max) = self.job_max_containers {
+            job.scaling.max = max;
+        }
+        if self.job_external_launcher {
+            job.launcher = LauncherConfig::External {};
+        }
+        if let Some(command) = self.job_launch_command {
+            let log_dir = match &job.launcher {
+                LauncherConfig::Process { log_dir, .. } => log_dir.clone(),
+                LauncherConfig::External {} => None,
+            };
+            job.launcher = LauncherConfig::Process {
+                command: command.split_whitespace().map(String::from).collect(),
+                log_dir,
+            };
+        }
+    }
+}
+
+impl Default for LauncherConfig {
+    fn default() -> Self {
+        LauncherConfig::External {}
+    }
+}
+
+/// The placeholders a process launcher's command may use.
+const PLACEHOLDERS: [&str; 3] = ["id", "cluster", "ca"];
+
+impl JobConfig {
+    /// Refuses a section that could not run a job, naming the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        match (&self.inputs, &self.inputs_file) {
+            (Some(_), Some(_)) => refuse("job.inputs", "give inputs or inputs_file, not both")?,
+            (None, None) => refuse(
+                "job.inputs",
+                "give inputs = [\"system/stream/partition\", ...] or inputs_file",
+            )?,
+            (Some(inputs), None) => {
+                parse_inputs(inputs).map_err(|reason| ConfigError {
+                    field: "job.inputs",
+                    reason,
+                })?;
+            }
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("{}: {e}", path.display()))
+                    .and_then(|text| {
+                        WatchedFile::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+                    });
+                if let Err(reason) = text {
+                    refuse("job.inputs_file", reason)?;
+                }
+            }
+        }
+        if self.session_timeout_ms < 1000 {
+            refuse(
+                "job.session_timeout_ms",
+                "must be at least 1000: containers heartbeat several times within it, and it \
+                 must outlast a leader's failover or every failover expires them",
+            )?;
+        }
+        if self.tick_ms == 0 || self.tick_ms >= self.session_timeout_ms {
+            refuse(
+                "job.tick_ms",
+                "must be at least 1 and below session_timeout_ms",
+            )?;
+        }
+        if self.launch_timeout_ms < 1000 {
+            refuse("job.launch_timeout_ms", "must be at least 1000")?;
+        }
+        if self.launch_attempts == 0 {
+            refuse("job.launch_attempts", "must be at least 1")?;
+        }
+        if let Err(error) = ContainerId::new(format!("{}-1", self.container_prefix)) {
+            refuse("job.container_prefix", error.to_string())?;
+        }
+        let scaling = &self.scaling;
+        if scaling.min == 0 {
+            refuse(
+                "job.scaling.min",
+                "must be at least 1: only running containers report the lag that scales out",
+            )?;
+        }
+        if scaling.max < scaling.min {
+            refuse("job.scaling.max", "must be at least min")?;
+        }
+        if scaling.scale_in_lag >= scaling.scale_out_lag {
+            refuse(
+                "job.scaling.scale_in_lag",
+                "must be below scale_out_lag, or the job scales out and straight back in",
+            )?;
+        }
+        if let LauncherConfig::Process { command, log_dir } = &self.launcher {
+            validate_command(command)?;
+            if let Some(dir) = log_dir.as_ref().filter(|d| !d.is_dir()) {
+                refuse(
+                    "job.launcher.log_dir",
+                    format!("{} is not a directory", dir.display()),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The controller's timing and limits.
+    pub fn controller_config(&self) -> ControllerConfig {
+        ControllerConfig {
+            tick: Duration::from_millis(self.tick_ms),
+            session_timeout: Duration::from_millis(self.session_timeout_ms),
+            launch_timeout: Duration::from_millis(self.launch_timeout_ms),
+            launch_attempts: self.launch_attempts,
+            container_prefix: self.container_prefix.clone(),
+        }
+    }
+}
+
+pub(crate) fn parse_inputs(inputs: &[String]) -> Result<BTreeSet<Input>, String> {
+    inputs
+        .iter()
+        .map(|text| text.parse().map_err(|e| format!("{text:?}: {e}")))
+        .collect()
+}
+
+fn validate_command(command: &[String]) -> Result<(), ConfigError> {
+    let Some(program) = command.first() else {
+        return refuse("job.launcher.command", "must name a program");
+    };
+    if program.contains('/') && !std::path::Path::new(program).is_file() {
+        refuse(
+            "job.launcher.command",
+            format!("{program} is not a file (a name without a slash is looked up in PATH)"),
+        )?;
+    }
+    if !command.iter().any(|arg| arg.contains("{id}")) {
+        refuse(
+            "job.launcher.command",
+            "must pass the container its name, {id}: it registers under that name",
+        )?;
+    }
+    for arg in command {
+        let mut rest = arg.as_str();
+        while let Some(open) = rest.find('{') {
+            let Some(close) = rest[open..].find('}') else {
+                break;
+            };
+            let name = &rest[open + 1..open + close];
+            if !PLACEHOLDERS.contains(&name) {
+                refuse(
+                    "job.launcher.command",
+                    format!("unknown placeholder {{{name}}}; known: {{id}}, {{cluster}}, {{ca}}"),
+                )?;
+            }
+            rest = &rest[open + close + 1..];
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(text: &str) -> Result<JobConfig, String> {
+        let job: JobConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+        job.validate().map_err(|e| e.field.to_string())?;
+        Ok(job)
+    }
+
+    #[test]
+    fn the_fixed_names_parse() {
+        let job = job(r#"
+            inputs = ["kafka/events/0", "kafka/events/1"]
+            session_timeout_ms = 4000
+            [scaling]
+            min = 2
+            max = 5
+            scale_out_lag = 500
+            scale_in_lag = 50
+            [launcher]
+            kind = "process"
+            command = ["ctrlog", "container", "--id", "{id}", "--cluster", "{cluster}"]
+        "#)
+        .unwrap();
+        assert_eq!(job.scaling.max, 5);
+        assert!(matches!(job.launcher, LauncherConfig::Process { .. }));
+        let external = self::job("inputs = []\n[launcher]\nkind = \"external\"").unwrap();
+        assert_eq!(external.launcher, LauncherConfig::External {});
+    }
+
+    /// Each bad section is refused by the field at fault.
+    #[test]
+    fn errors_name_the_field() {
+        let cases = [
+            ("session_timeout_ms = 100", "job.inputs"),
+            ("inputs = [\"kafka/events/x\"]", "job.inputs"),
+            ("inputs = []\ninputs_file = \"/x\"", "job.inputs"),
+            ("inputs_file = \"/nonexistent/inputs\"", "job.inputs_file"),
+            ("inputs = []\nsession_timeout_ms = 100", "job.session_timeout_ms"),
+            ("inputs = []\n[scaling]\nmin = 3\nmax = 2", "job.scaling.max"),
+            ("inputs = []\n[scaling]\nmin = 0", "job.scaling.min"),
+            (
+                "inputs = []\n[scaling]\nscale_out_lag = 5\nscale_in_lag = 5",
+                "job.scaling.scale_in_lag",
+            ),
+            (
+                "inputs = []\n[launcher]\nkind = \"process\"\ncommand = []",
+                "job.launcher.command",
+            ),
+            (
+                "inputs = []\n[launcher]\nkind = \"process\"\ncommand = [\"ctrlog\", \"container\"]",
+                "job.launcher.command",
+            ),
+            (
+                "inputs = []\n[launcher]\nkind = \"process\"\ncommand = [\"x\", \"{id}\", \"{tokn}\"]",
+                "job.launcher.command",
+            ),
+            ("inputs = []\ncontainer_prefix = \"a b\"", "job.container_prefix"),
+        ];
+        for (text, field) in cases {
+            assert_eq!(job(text).unwrap_err(), field, "{text}");
+        }
+        // Unknown names and kinds are parse errors that name them.
+        let unknown = job("inputs = []\n[launcher]\nkind = \"yarn\"").unwrap_err();
+        assert!(unknown.contains("yarn"), "{unknown}");
+        let typo = job("inputs = []\n[scaling]\nmaximum = 3").unwrap_err();
+        assert!(typo.contains("maximum"), "{typo}");
+        let extra =
+            job("inputs = []\n[launcher]\nkind = \"external\"\ncommand = [\"x\"]").unwrap_err();
+        assert!(extra.contains("command"), "{extra}");
+    }
+}

@@ -1,0 +1,393 @@
+//! `ctrlog serve` runs the job: three replica processes, started from one `deploy/`-style file
+//! with a `[job]` section and no other code, coordinate real `ctrlog container` processes.
+//! Inputs added to the watched file are assigned, the lag the containers report scales the
+//! job out and in, a leader killed in the middle of a task move hands the move to the next
+//! leader, and the containers' own reports show no task run on two containers at once. Both
+//! launchers: `process` (the leader runs the containers) and `external` (an orchestrator
+//! played by this file reads `ctrlog_desired_containers` and starts and stops them).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command as Process, Stdio};
+use std::time::Duration;
+
+use common::{http_get, metric_sample};
+use ctrlog::client::ControlClient;
+use ctrlog::jobs::plan::settled;
+use ctrlog::jobs::{ContainerStatus, JobState, TaskPhase};
+use ctrlog::tools::bench::{processes_mentioning, ProcessCluster};
+use ctrlog::tools::checker::{double_runs, read_reports};
+use ctrlog::tools::cli::state_text;
+use ctrlog::tools::poll_until;
+
+/// Each step's deadline: a debug build of four processes on a shared 2-core machine.
+const STEP: Duration = Duration::from_secs(60);
+
+const EXE: &str = env!("CARGO_BIN_EXE_ctrlog");
+
+/// The files of one job, in a folder of its own that names every process it started.
+struct JobFiles {
+    dir: tempfile::TempDir,
+}
+
+impl JobFiles {
+    fn new() -> JobFiles {
+        let dir = tempfile::Builder::new()
+            .prefix("ctrlog-job-")
+            .tempdir()
+            .unwrap();
+        std::fs::create_dir(dir.path().join("containers")).unwrap();
+        let files = JobFiles { dir };
+        files.set_partitions(0..2);
+        files.set_lag(0);
+        files
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Rewrites the inputs file as an operator would, atomically.
+    fn set_partitions(&self, partitions: std::ops::Range<u32>) {
+        let text: String = partitions.map(|p| format!("kafka/events/{p}\n")).collect();
+        let next = self.path("inputs.next");
+        std::fs::write(&next, text).unwrap();
+        std::fs::rename(next, self.path("inputs")).unwrap();
+    }
+
+    /// The lag every running task reports.
+    fn set_lag(&self, lag: u64) {
+        std::fs::write(self.path("lag"), lag.to_string()).unwrap();
+    }
+
+    /// The arguments every container runs with, after its name and the cluster.
+    fn container_args(&self) -> Vec<String> {
+        [
+            "--heartbeat-ms",
+            "100",
+            "--lease-ms",
+            "1500",
+            // A stop takes a second, so that a move is in flight long enough to kill the
+            // leader in the middle of it.
+            "--stop-delay-ms",
+            "1000",
+            "--lag-file",
+            &self.path("lag").display().to_string(),
+            "--report-file",
+            &self.path("reports.jsonl").display().to_string(),
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
+    /// The replicas' shared configuration file: only the job; identity and addresses come
+    /// from the flags, as they would from each host's own file.
+    fn write_config(&self, launcher: &str) -> PathBuf {
+        let config = format!(
+            r#"# What every replica of this job is started with (see deploy/replica-1.toml).
+[job]
+inputs_file = "{inputs}"
+session_timeout_ms = 3000
+
+[job.scaling]
+min = 1
+max = 3
+scale_out_lag = 1000
+scale_in_lag = 100
+cooldown_ms = 1000
+
+[job.launcher]
+{launcher}
+"#,
+            inputs = self.path("inputs").display(),
+        );
+        let path = self.path("job.toml");
+        std::fs::write(&path, config).unwrap();
+        path
+    }
+
+    fn reports_hold_no_double_run(&self) {
+        let events = read_reports(&self.path("reports.jsonl")).unwrap();
+        assert!(!events.is_empty(), "the containers reported nothing");
+        let violations = double_runs(&events);
+        assert!(violations.is_empty(), "{violations:#?}");
+    }
+
+    /// The container processes of this job, by a replica or by the orchestrator here (the
+    /// replicas name the folder too, in `--config`).
+    fn container_pids(&self) -> Vec<i32> {
+        processes_mentioning(self.dir.path())
+            .into_iter()
+            .filter(|pid| {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                cmdline.split(|b| *b == 0).nth(1) == Some(b"container".as_slice())
+            })
+            .collect()
+    }
+}
+
+/// Containers outlive the replicas that launched them (`ProcessLauncher::
+/// keep_running_on_drop`); the test's own end must not leave them behind.
+impl Drop for JobFiles {
+    fn drop(&mut self) {
+        for pid in self.container_pids() {
+            // SAFETY: kill(2) on a process this test's job started; no memory involved.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Waits until the job state satisfies `condition`; on failure shows the state and each
+/// replica's last words.
+async fn wait_for_state(
+    client: &ControlClient,
+    cluster: &ProcessCluster,
+    what: &str,
+    condition: impl Fn(&JobState) -> bool,
+) -> JobState {
+    let found = poll_until(what, STEP, Duration::from_millis(50), || async {
+        match client.state(0).await {
+            Ok(at) if condition(&at.state) => Ok(at.state),
+            Ok(at) => Err(state_text(&at)),
+            Err(error) => Err(error.to_string()),
+        }
+    })
+    .await;
+    found.unwrap_or_else(|error| {
+        let logs: String = (0..3)
+            .map(|i| format!("--- replica {}:\n{}\n", i + 1, cluster.log_tail(i, 40)))
+            .collect();
+        panic!("{error}\n{logs}")
+    })
+}
+
+/// Three `ctrlog serve` processes, each started with `--config` naming the job's file (and
+/// its observability port on), and a client of theirs.
+async fn start_replicas(files: &JobFiles, launcher: &str) -> (ProcessCluster, ControlClient) {
+    let config = files.write_config(launcher);
+    let config_flag = ["--config".to_string(), config.display().to_string()];
+    let cluster = ProcessCluster::start_with_http(EXE.into(), 3, &config_flag)
+        .await
+        .unwrap();
+    let client = ControlClient::connect(&cluster.client_addrs())
+        .await
+        .unwrap();
+    (cluster, client)
+}
+
+fn desired(state: &JobState) -> Option<u32> {
+    state.desired_containers().map(|d| d.count)
+}
+
+fn leader_index(status: &ctrlog::client::Status) -> usize {
+    status.leader_id.expect("a leader") as usize - 1
+}
+
+/// Goal: with `kind = "process"`, the leader's host runs the containers: it launches the
+/// minimum, scales out on lag and in without it, assigns inputs added to the file, and a
+/// leader killed while a task is moving leaves the move to the next leader; the containers
+/// the dead leader launched keep working and leave when the new leader drains them.
+/// Steps: 2 inputs, then 4; lag up (scale out to 3, killing the leader once a move is in
+/// flight); the killed replica restarted; lag down (scale in to 1). Then the containers'
+/// reports show no double run and one container process is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_process_launcher_runs_the_job_through_a_leader_kill() {
+    let files = JobFiles::new();
+    let mut command = vec![
+        EXE.to_string(),
+        "container".into(),
+        "--id".into(),
+        "{id}".into(),
+        "--cluster".into(),
+        "{cluster}".into(),
+    ];
+    command.extend(files.container_args());
+    let launcher = format!(
+        "kind = \"process\"\ncommand = {}\nlog_dir = \"{}\"",
+        toml::Value::from(command),
+        files.path("containers").display()
+    );
+    let (mut cluster, client) = start_replicas(&files, &launcher).await;
+
+    wait_for_state(&client, &cluster, "2 tasks on the minimum of 1", |s| {
+        settled(s, 2, 1)
+    })
+    .await;
+    files.set_partitions(0..4);
+    wait_for_state(&client, &cluster, "the 2 new inputs assigned", |s| {
+        settled(s, 4, 1)
+    })
+    .await;
+
+    files.set_lag(1000);
+    wait_for_state(&client, &cluster, "a task moving to a new container", |s| {
+        s.tasks()
+            .values()
+            .any(|t| matches!(t.phase, TaskPhase::Stopping { .. }))
+    })
+    .await;
+    let killed = leader_index(&client.leader_status().await.unwrap());
+    cluster.kill(killed);
+    let scaled_out = wait_for_state(&client, &cluster, "4 tasks on 3 containers", |s| {
+        desired(s) == Some(3) && settled(s, 4, 3)
+    })
+    .await;
+    let new_leader = leader_index(&client.leader_status().await.unwrap());
+    assert_ne!(new_leader, killed);
+    cluster.restart(killed).unwrap();
+
+    files.set_lag(0);
+    let scaled_in = wait_for_state(&client, &cluster, "4 tasks back on 1 container", |s| {
+        desired(s) == Some(1) && settled(s, 4, 1)
+    })
+    .await;
+    let drained: Vec<_> = scaled_out
+        .live_sessions()
+        .filter(|s| scaled_in.live_session(&s.container).is_none())
+        .map(|s| s.container)
+        .collect();
+    assert_eq!(drained.len(), 2, "{}", scaled_in.containers().len());
+    for container in &drained {
+        assert_eq!(
+            scaled_in.containers()[container].status,
+            ContainerStatus::Deregistered,
+            "{container} was drained, not expired"
+        );
+    }
+    poll_until(
+        "the drained containers' processes to end",
+        STEP,
+        Duration::from_millis(50),
+        || {
+            let pids = files.container_pids();
+            std::future::ready(if pids.len() == 1 {
+                Ok(())
+            } else {
+                Err(format!("{pids:?}"))
+            })
+        },
+    )
+    .await
+    .unwrap();
+    files.reports_hold_no_double_run();
+}
+
+/// The orchestrator's side of the `external` launcher, as a Kubernetes Deployment under an
+/// autoscaler would be: it reads the desired count from a replica's `/metrics`, starts
+/// `ctrlog container` processes under names of its own, and stops the newest with SIGTERM.
+struct Orchestrator {
+    running: Vec<(String, Child)>,
+    started: u32,
+}
+
+impl Orchestrator {
+    /// One reconcile: returns the count it scaled to, if the metric was readable.
+    async fn reconcile(&mut self, cluster: &ProcessCluster, files: &JobFiles) -> Option<usize> {
+        let mut desired = None;
+        for i in 0..3 {
+            let Some(addr) = cluster.http_addr(i) else {
+                continue;
+            };
+            // A killed replica's port refuses; `http_get` would panic on it.
+            if tokio::net::TcpStream::connect(addr).await.is_err() {
+                continue;
+            }
+            let (200, text) = http_get(addr, "/metrics").await else {
+                continue;
+            };
+            desired = metric_sample(&text, "ctrlog_desired_containers");
+            if desired.is_some() {
+                break;
+            }
+        }
+        let desired = desired? as usize;
+        self.running
+            .retain_mut(|(_, child)| child.try_wait().ok().flatten().is_none());
+        while self.running.len() < desired {
+            self.started += 1;
+            let name = format!("worker-{}", self.started);
+            let child = Process::new(EXE)
+                .args(["container", "--id", &name, "--cluster"])
+                .arg(cluster.client_addrs().join(","))
+                .args(files.container_args())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            self.running.push((name, child));
+        }
+        while self.running.len() > desired {
+            let (_, child) = self.running.pop().expect("more than desired");
+            // SAFETY: kill(2) on a child this orchestrator started; no memory involved.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        }
+        Some(desired)
+    }
+}
+
+/// Goal: with `kind = "external"`, the controller launches nothing: it publishes the desired
+/// count as `ctrlog_desired_containers`, an orchestrator scales containers to it, and the
+/// job follows whatever containers register, out and back in; a container the orchestrator
+/// stops leaves the job cleanly (deregistered, not expired). Steps: 4 inputs; lag up to
+/// scale out to 3; lag down to scale in to 1; the reports show no double run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orchestrator_scales_an_external_job_on_the_published_count() {
+    let files = JobFiles::new();
+    files.set_partitions(0..4);
+    let (cluster, client) = start_replicas(&files, "kind = \"external\"").await;
+    let mut orchestrator = Orchestrator {
+        running: Vec::new(),
+        started: 0,
+    };
+    type Condition = fn(&JobState) -> bool;
+    let steps: [(&str, Condition); 3] = [
+        ("4 tasks on the minimum of 1", |s| settled(s, 4, 1)),
+        ("scaled out to 3", |s| {
+            desired(s) == Some(3) && settled(s, 4, 3)
+        }),
+        ("scaled back in to 1", |s| {
+            desired(s) == Some(1) && settled(s, 4, 1)
+        }),
+    ];
+    let mut last = JobState::default();
+    for (n, (what, condition)) in steps.into_iter().enumerate() {
+        match n {
+            1 => files.set_lag(1000),
+            2 => files.set_lag(0),
+            _ => {}
+        }
+        // The orchestrator reconciles between the checks, as a scaler polls on its period.
+        let deadline = tokio::time::Instant::now() + STEP;
+        loop {
+            orchestrator.reconcile(&cluster, &files).await;
+            let at = client.state(0).await.unwrap();
+            if condition(&at.state) {
+                last = at.state;
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the job did not reach \"{what}\":\n{}",
+                state_text(&at)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let left: Vec<_> = last
+        .containers()
+        .iter()
+        .filter(|(_, r)| r.status != ContainerStatus::Live)
+        .map(|(c, r)| (c.to_string(), r.status))
+        .collect();
+    assert_eq!(
+        left,
+        vec![
+            ("worker-2".to_string(), ContainerStatus::Deregistered),
+            ("worker-3".to_string(), ContainerStatus::Deregistered),
+        ],
+        "the containers the orchestrator stopped left the job cleanly"
+    );
+    files.reports_hold_no_double_run();
+}
