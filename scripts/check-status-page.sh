@@ -58,6 +58,7 @@ done
 expect 'class="mark leader"'
 expect 'class="mark scale"'
 expect 'lag of container-3'
+expect '(desired 3, live 3)'
 [ -s target/status-page.png ] || { echo "no screenshot was written" >&2; fail=1; }
 [ "$fail" = 0 ] && echo "status page OK: $url rendered, screenshot at target/status-page.png"
 exit "$fail"

@@ -221,7 +221,7 @@ async fn the_process_launcher_runs_the_job_through_a_leader_kill() {
     .await;
 
     files.set_lag(1000);
-    wait_for_state(&client, &cluster, "a task moving to a new container", |s| {
+    let mid_move = wait_for_state(&client, &cluster, "a task moving to a new container", |s| {
         s.tasks()
             .values()
             .any(|t| matches!(t.phase, TaskPhase::Stopping { .. }))
@@ -233,6 +233,16 @@ async fn the_process_launcher_runs_the_job_through_a_leader_kill() {
         desired(s) == Some(3) && settled(s, 4, 3)
     })
     .await;
+    // The containers the killed leader launched kept working through its death: the same
+    // sessions are live, none was expired and replaced.
+    for session in mid_move.live_sessions() {
+        assert_eq!(
+            scaled_out.live_session(&session.container),
+            Some(session.clone()),
+            "{} outlived the replica that launched it",
+            session.container
+        );
+    }
     let new_leader = leader_index(&client.leader_status().await.unwrap());
     assert_ne!(new_leader, killed);
     cluster.restart(killed).unwrap();

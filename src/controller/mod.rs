@@ -193,11 +193,19 @@ impl<P: ControlPlane> Controller<P> {
     /// One tick: let the launcher stop what the log ended, then stand down if this replica no
     /// longer leads, else reconcile once.
     async fn tick(&mut self) {
-        if let Some(launcher) = self.driver.capacity.launcher() {
-            // On every replica: a container this one launched is stopped once the log ends
-            // it, whoever leads by then.
-            launcher.stop_ended(&self.plane.job_state());
-        }
+        let Some(launcher) = self.driver.capacity.launcher() else {
+            return self.lead_or_stand_down(None).await;
+        };
+        // On every replica: a container this one launched is stopped once the log ends it,
+        // whoever leads by then.
+        let state = self.plane.job_state();
+        launcher.stop_ended(&state);
+        self.lead_or_stand_down(Some(state)).await;
+    }
+
+    /// Stands down if this replica no longer leads, else reconciles once, from `state` when
+    /// the tick already read it.
+    async fn lead_or_stand_down(&mut self, state: Option<JobState>) {
         if !self.plane.is_leader() {
             if self.report.borrow().leading {
                 tracing::info!("controller stands down: leadership lost");
@@ -214,13 +222,13 @@ impl<P: ControlPlane> Controller<P> {
             tracing::info!("controller active: this replica leads");
             self.report.send_modify(|r| r.leading = true);
         }
-        self.reconcile().await;
+        let state = state.unwrap_or_else(|| self.plane.job_state());
+        self.reconcile(state).await;
     }
 
-    /// One round: launch bookkeeping and the report, the desired count, then the plan. It
-    /// reads the JobState once.
-    async fn reconcile(&mut self) {
-        let state = self.plane.job_state();
+    /// One round from `state`, read once for it: launch bookkeeping and the report, the
+    /// desired count, then the plan.
+    async fn reconcile(&mut self, state: JobState) {
         let now = Instant::now();
         if records_launches(&state) {
             self.follow_recorded_launches(&state, now);

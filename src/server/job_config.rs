@@ -371,6 +371,43 @@ mod tests {
         assert_eq!(external.launcher, LauncherConfig::External {});
     }
 
+    /// Flags lay over the file's section, and any of them alone makes a job.
+    #[test]
+    fn flags_lay_over_the_section() {
+        let mut job = Some(self::job("inputs = [\"kafka/events/0\"]").unwrap());
+        JobFlags {
+            job_inputs_file: Some("/etc/ctrlog/inputs".into()),
+            job_max_containers: Some(4),
+            job_launch_command: Some("ctrlog container --id {id}".into()),
+            ..JobFlags::default()
+        }
+        .lay_over(&mut job);
+        let job = job.unwrap();
+        assert_eq!(job.inputs, None, "the file replaces the inline list");
+        assert_eq!(job.scaling.max, 4);
+        assert_eq!(
+            job.launcher,
+            LauncherConfig::Process {
+                command: vec![
+                    "ctrlog".into(),
+                    "container".into(),
+                    "--id".into(),
+                    "{id}".into()
+                ],
+                log_dir: None,
+            }
+        );
+        let mut none = None;
+        JobFlags::default().lay_over(&mut none);
+        assert_eq!(none, None, "no flag, no job");
+        JobFlags {
+            job_external_launcher: true,
+            ..JobFlags::default()
+        }
+        .lay_over(&mut none);
+        assert_eq!(none.unwrap().launcher, LauncherConfig::External {});
+    }
+
     /// Each bad section is refused by the field at fault.
     #[test]
     fn errors_name_the_field() {
