@@ -173,8 +173,11 @@ impl ProcessCluster {
             let child = cluster.spawn(i)?;
             cluster.children.push(Some(child));
         }
-        let client = ControlClient::connect(&cluster.client_addrs()).await?;
-        client.leader_status().await?;
+        let led = async {
+            let client = ControlClient::connect(&cluster.client_addrs()).await?;
+            client.leader_status().await
+        };
+        let led = led.await;
         // A leader needs only two: a third that failed to start would go unnoticed until a
         // fault the cluster could have survived takes it down.
         for i in 0..size as usize {
@@ -186,6 +189,7 @@ impl ProcessCluster {
                 );
             }
         }
+        led?;
         Ok(cluster)
     }
 
