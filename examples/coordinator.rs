@@ -231,14 +231,8 @@ async fn run_three() -> anyhow::Result<()> {
     for controller in controllers {
         controller.await?;
     }
-    for container in launcher
-        .running
-        .lock()
-        .unwrap()
-        .keys()
-        .cloned()
-        .collect::<Vec<_>>()
-    {
+    let containers: Vec<ContainerId> = launcher.running.lock().unwrap().keys().cloned().collect();
+    for container in containers {
         launcher.stop(&container);
     }
     for replica in replicas {
