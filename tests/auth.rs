@@ -43,6 +43,8 @@ impl Setup {
             ),
         )
         .unwrap();
+        let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+        std::fs::set_permissions(&tokens, private).unwrap();
         let data = tempfile::tempdir().unwrap();
         let dir = pki.path().to_path_buf();
         let cluster = LocalCluster::start(data.path(), 3, move |c| {
@@ -228,4 +230,153 @@ async fn roles_allow_their_own_actions_and_forbid_the_rest() {
     let members = setup.cluster.replica(leader).status().members.len();
     assert_eq!(members, 3, "the forbidden membership change did nothing");
     setup.cluster.shutdown().await;
+}
+
+/// Goal: `ctrlog vocabulary raise` works on a secured cluster, and only for an admin. The
+/// old CLI asked each member for its levels over a connection without the caller's TLS or
+/// token, so on a cluster like this one it could never raise; now the leader asks its peers
+/// over the peer port. Steps: an operator's raise is `Forbidden` and nothing is applied; an
+/// admin's raise to 2 is recorded and every replica's state shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_an_admin_raises_the_vocabulary_level_and_it_works_over_tls() {
+    let setup = Setup::start().await;
+    let before = applied_offset(&setup).await;
+    let operator = setup.client(None, Some(OPERATOR_TOKEN)).await.unwrap();
+    let refused = api_error(ctrlog::tools::cli::raise_level(&operator, 2).await);
+    assert!(is_forbidden(&refused), "{refused:?}");
+    assert_eq!(applied_offset(&setup).await, before, "nothing applied");
+
+    let admin = setup.client(None, Some(ADMIN_TOKEN)).await.unwrap();
+    let ack = ctrlog::tools::cli::raise_level(&admin, 2).await.unwrap();
+    setup
+        .cluster
+        .wait_for_applied(ack.offset, WAIT)
+        .await
+        .unwrap();
+    for id in setup.cluster.running_ids() {
+        assert_eq!(setup.cluster.replica(id).status().vocabulary_level, 2);
+    }
+}
+
+/// Goal: with `[auth]` on, the observability port gives away nothing the client port would
+/// not: the job's pages need a token whose role may read, payloads need an operator who asks
+/// for them, a foreign `Host` (DNS rebinding) is refused, and a client that never finishes its
+/// headers (slow loris) is cut off. Probes and metrics stay open. Steps: an operator appends a
+/// payload; each request is tried without, with the wrong and with the right credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_port_needs_the_client_ports_credentials() {
+    use common::http_get_with;
+    let setup = Setup::start().await;
+    let leader = setup.cluster.wait_for_leader(WAIT).await.unwrap();
+    let http = setup.cluster.replica(leader).http_addr().unwrap();
+    let operator = setup.client(None, Some(OPERATOR_TOKEN)).await.unwrap();
+    let secret = "written-by-the-operator-only";
+    let ack = operator
+        .append_to(
+            Target::All,
+            Command::custom(1, 1, secret.as_bytes().to_vec()),
+        )
+        .await
+        .unwrap();
+    setup
+        .cluster
+        .wait_for_applied(ack.offset, WAIT)
+        .await
+        .unwrap();
+    let host = format!("Host: {http}\r\n");
+    let with_token = |token: &str| format!("{host}Authorization: Bearer {token}\r\n");
+
+    for open in ["/metrics", "/healthz", "/"] {
+        assert_eq!(http_get_with(http, open, &host).await.0, 200, "{open}");
+    }
+    for guarded in ["/status.json", "/history.json"] {
+        let (code, body) = http_get_with(http, guarded, &host).await;
+        assert_eq!(code, 401, "{guarded} without a token: {body}");
+        assert_eq!(
+            http_get_with(http, guarded, &with_token("not-a-token-at-all"))
+                .await
+                .0,
+            401
+        );
+    }
+    let (code, body) = http_get_with(http, "/status.json", &with_token(OPERATOR_TOKEN)).await;
+    assert_eq!(code, 200);
+    assert!(!body.contains(secret), "no payloads unless asked for");
+    let (code, body) = http_get_with(
+        http,
+        "/status.json?payloads=true",
+        &with_token(OPERATOR_TOKEN),
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert!(body.contains(secret), "an operator who asks sees them");
+    // A container may read the job (a reset needs it) but not others' payloads.
+    assert_eq!(
+        http_get_with(http, "/status.json", &with_token(C1_TOKEN))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        http_get_with(http, "/status.json?payloads=true", &with_token(C1_TOKEN))
+            .await
+            .0,
+        403
+    );
+
+    let rebound = format!("Host: attacker.example:{}\r\n", http.port());
+    assert_eq!(http_get_with(http, "/metrics", &rebound).await.0, 421);
+
+    // Headers that never end: the port closes the connection after its header timeout.
+    let mut slow = tokio::net::TcpStream::connect(http).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut slow, b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(
+        ctrlog::server::http::HEADER_READ_TIMEOUT * 3,
+        tokio::io::AsyncReadExt::read_to_end(&mut slow, &mut rest),
+    )
+    .await;
+    assert!(closed.is_ok(), "the port still waits on unfinished headers");
+}
+
+/// Goal: the CLI takes its token from a file (`--token-file`), keeping it out of `ps`, and
+/// it is the credential the cluster checks. Steps: `ctrlog status` with the operator's token
+/// in a file succeeds; an empty token file is refused before anything is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_reads_its_token_from_a_file() {
+    let setup = Setup::start().await;
+    let run = |token: &str| {
+        let file = setup.pki.path().join(format!("token-{}", token.len()));
+        std::fs::write(&file, format!("{token}\n")).unwrap();
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctrlog"));
+        command
+            .arg("status")
+            .arg("--cluster")
+            .arg(setup.cluster.client_addrs().join(","))
+            .arg("--ca")
+            .arg(ctrlog::tools::certs::ca_file(setup.pki.path()))
+            .arg("--token-file")
+            .arg(&file)
+            .env("RUST_LOG", "off")
+            .kill_on_drop(true);
+        async move {
+            tokio::time::timeout(WAIT, command.output())
+                .await
+                .unwrap()
+                .unwrap()
+        }
+    };
+    let served = run(OPERATOR_TOKEN).await;
+    assert!(
+        served.status.success(),
+        "{}",
+        String::from_utf8_lossy(&served.stderr)
+    );
+    // A file without a token is refused before anything is sent.
+    let empty = run("").await;
+    assert!(!empty.status.success());
+    let said = String::from_utf8_lossy(&empty.stderr);
+    assert!(said.contains("holds no token"), "{said}");
 }

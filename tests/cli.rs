@@ -174,7 +174,9 @@ async fn cli_appends_tails_and_reports_status_as_documented() {
 
     let too_high = ctrlog(&addrs, &["vocabulary", "raise", "--level", "99"]).await;
     assert!(!too_high.status.success());
-    assert!(String::from_utf8_lossy(&too_high.stderr).contains("upgrade it before raising"));
+    assert!(
+        String::from_utf8_lossy(&too_high.stderr).contains("upgrade every replica before raising")
+    );
     let raised = stdout_of(&ctrlog(&addrs, &["vocabulary", "raise", "--level", "2"]).await);
     assert!(
         raised.contains("vocabulary level 2 recorded at offset 4"),
@@ -306,4 +308,42 @@ async fn force_new_cluster_refuses_a_directory_without_a_log() {
     assert!(stderr.contains("holds no log"), "{stderr}");
     assert!(stderr.contains(data.to_str().unwrap()), "{stderr}");
     assert!(!data.exists(), "nothing was created");
+}
+
+/// Goal: a flag that looks like TLS but is not is refused, never silently plaintext. Steps:
+/// `serve` given the client's `--ca/--cert/--key` (its own are `--tls-*`) exits 2 naming the
+/// flag and the right ones, before opening anything; a client given `--cert/--key` without
+/// `--ca` exits 1 saying it needs `--ca`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flags_that_look_like_tls_but_are_not_are_refused() {
+    let data = tempfile::tempdir().unwrap();
+    let data_dir = data.path().join("replica").display().to_string();
+    let serve = ctrlog(
+        "",
+        &[
+            "serve", "--id", "1", "--data", &data_dir, "--ca", "ca.pem", "--cert", "n.pem",
+            "--key", "k.pem",
+        ],
+    )
+    .await;
+    assert_eq!(serve.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&serve.stderr);
+    assert!(
+        said.contains("--ca is a flag of the client subcommands"),
+        "{said}"
+    );
+    assert!(said.contains("--tls-ca"), "{said}");
+    assert!(
+        !data.path().join("replica").exists(),
+        "the replica did not start"
+    );
+
+    let half = ctrlog(
+        "127.0.0.1:1",
+        &["status", "--cert", "c.pem", "--key", "k.pem"],
+    )
+    .await;
+    assert_eq!(half.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&half.stderr);
+    assert!(said.contains("need --ca"), "{said}");
 }

@@ -57,8 +57,8 @@ pub enum ClientError {
 }
 
 /// How a client retries. The defaults suit a container: ride out several elections, and
-/// notice a dead connection within seconds.
-#[derive(Clone, Debug)]
+/// notice a dead connection within seconds. Its `Debug` never shows the token.
+#[derive(Clone)]
 pub struct ClientOptions {
     /// How long one call keeps retrying (failover, reconnects) before it gives up.
     pub retry_deadline: Duration,
@@ -75,6 +75,18 @@ pub struct ClientOptions {
     /// A bearer token presented on every connection (`authenticate`), where the cluster
     /// requires credentials and this client has no certificate it knows.
     pub token: Option<String>,
+}
+
+impl std::fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("retry_deadline", &self.retry_deadline)
+            .field("request_timeout", &self.request_timeout)
+            .field("subscription_linger", &self.subscription_linger)
+            .field("tls", &self.tls.is_some())
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 impl Default for ClientOptions {
@@ -715,4 +727,20 @@ async fn state_in_chunks(
             last_error.unwrap_or_default()
         ),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_never_shows_the_token() {
+        let options = ClientOptions {
+            token: Some("s3cret-token-value".into()),
+            ..ClientOptions::default()
+        };
+        let shown = format!("{options:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+    }
 }

@@ -101,9 +101,13 @@ pub enum Rejection {
     /// container it is for.
     #[error("this command must be addressed to {expected}")]
     WrongTarget { expected: Target },
-    /// The level is above what the replica that received the append supports; upgrade every
-    /// replica first. (Checked on append by the leader, not by the state machine.)
-    #[error("vocabulary level {requested} is above the {supported} this replica supports")]
+    /// The level is above what the leader, or another member the leader asked, supports;
+    /// upgrade every replica first. (Checked on append by the leader, not by the state
+    /// machine.)
+    #[error(
+        "vocabulary level {requested} is above the {supported} a replica of this cluster \
+         supports: upgrade every replica before raising it"
+    )]
     LevelUnsupported { requested: Level, supported: Level },
     /// The vocabulary level only goes up.
     #[error("the vocabulary level is {current}; {requested} does not raise it")]

@@ -6,8 +6,8 @@
 //!
 //! * `container:<id>`: register, deregister, heartbeat, fetch its own commands and acknowledge,
 //!   each only as container `<id>`; read the job state (a reset needs it) and the status;
-//! * `operator`: append any command, read everything;
-//! * `admin`: everything, including membership changes and snapshots.
+//! * `operator`: append any command but a vocabulary raise, read everything;
+//! * `admin`: everything, including membership changes, snapshots and vocabulary raises.
 //!
 //! Anything else is `Unauthorized` (no accepted credential) or `Forbidden` (the role may not),
 //! counted in the metrics, and nothing is applied.
@@ -21,6 +21,7 @@ use rustls::pki_types::CertificateDer;
 use super::config::AuthConfig;
 use super::tls::certificate_names;
 use crate::client::{ApiError, FetchRequest};
+use crate::log::vocabulary::kinds;
 use crate::log::{Command, ContainerId, Filter, Proposal};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -175,6 +176,11 @@ pub fn authorize(principal: &Principal, action: &Action<'_>) -> Result<(), ApiEr
         (Role::Operator, Action::Membership) => forbidden("change the membership".into()),
         (Role::Operator, Action::Snapshot) => forbidden("take snapshots".into()),
         (Role::Operator, Action::Heartbeat(id)) => forbidden(format!("heartbeat as {id}")),
+        (Role::Operator, Action::Append(proposal))
+            if proposal.frame.kind == kinds::SET_VOCABULARY_LEVEL =>
+        {
+            forbidden("raise the vocabulary level".into())
+        }
         (Role::Operator, _) => Ok(()),
         (Role::Container(_), Action::Read) => Ok(()),
         (Role::Container(me), Action::Heartbeat(id)) if me == *id => Ok(()),

@@ -29,10 +29,19 @@ pub struct ReplicaConfig {
     /// Where this replica serves `/metrics`, `/healthz`, `/readyz` and its status page (HTTP).
     /// Off when unset.
     pub http_addr: Option<SocketAddr>,
+    /// Host names the observability port answers to, besides IP addresses and `localhost`
+    /// (a request naming any other host is refused, so that a web page elsewhere cannot reach
+    /// the port through DNS rebinding). E.g. the replica's DNS name, for a browser.
+    pub http_allowed_hosts: Vec<String>,
     /// TLS on the client and peer ports (PEM files). Plain TCP when unset.
     pub tls: Option<TlsFiles>,
-    /// Who may do what on the client port. Anyone may do anything when unset.
+    /// Who may do what on the client port. Anyone may do anything when unset. Needs `tls`:
+    /// without it tokens would cross the network in clear and the peer port would accept Raft
+    /// messages from anyone.
     pub auth: Option<AuthConfig>,
+    /// Allows `auth` without `tls`, for a closed test network only: tokens then cross the
+    /// network in clear and the peer port checks no sender. Refused unless set.
+    pub insecure_plaintext: bool,
     /// The sled database (vote, snapshots) and the WAL (the Raft log) live here.
     pub data_dir: PathBuf,
     /// The founding members, each with its address pair. The lowest id initialises the cluster
@@ -80,8 +89,10 @@ impl Default for ReplicaConfig {
             peer_addr: "127.0.0.1:0".parse().expect("literal address"),
             client_addr: "127.0.0.1:0".parse().expect("literal address"),
             http_addr: None,
+            http_allowed_hosts: Vec::new(),
             tls: None,
             auth: None,
+            insecure_plaintext: false,
             data_dir: PathBuf::new(),
             initial_members: BTreeMap::new(),
             heartbeat_interval_ms: 50,
@@ -318,14 +329,43 @@ impl ReplicaConfig {
             }
         }
         if let Some(auth) = &self.auth {
+            if self.tls.is_none() && !self.insecure_plaintext {
+                refuse(
+                    "auth",
+                    "needs [tls]: without it tokens cross the network in clear and the peer \
+                     port accepts Raft messages from anyone who reaches it (set \
+                     insecure_plaintext = true only on a closed test network)",
+                )?;
+            }
             if !auth.certificates.is_empty() && self.tls.is_none() {
                 refuse("auth.certificates", "client certificates need tls")?;
             }
-            if let Some(path) = auth.tokens_file.as_ref().filter(|p| !p.is_file()) {
-                refuse(
-                    "auth.tokens_file",
-                    format!("{} is not a readable file", path.display()),
-                )?;
+            if let Some(path) = &auth.tokens_file {
+                if !path.is_file() {
+                    refuse(
+                        "auth.tokens_file",
+                        format!("{} is not a readable file", path.display()),
+                    )?;
+                }
+                let mode = std::os::unix::fs::PermissionsExt::mode(
+                    &std::fs::metadata(path)
+                        .map_err(|e| ConfigError {
+                            field: "auth.tokens_file",
+                            reason: e.to_string(),
+                        })?
+                        .permissions(),
+                );
+                if mode & 0o077 != 0 {
+                    refuse(
+                        "auth.tokens_file",
+                        format!(
+                            "{} is readable by others than its owner (mode {:o}): its tokens \
+                             are credentials; chmod 600 it",
+                            path.display(),
+                            mode & 0o777
+                        ),
+                    )?;
+                }
             }
             if auth.tokens_file.is_none() && auth.certificates.is_empty() {
                 refuse(
@@ -344,6 +384,46 @@ impl ReplicaConfig {
             )?;
         }
         Ok(())
+    }
+}
+
+impl ReplicaConfig {
+    /// What this configuration leaves open, one sentence each, for a prominent warning at
+    /// start: a port not bound to loopback that serves without TLS or without credentials.
+    pub fn exposure_warnings(&self) -> Vec<String> {
+        let exposed = |addr: &SocketAddr| !addr.ip().is_loopback();
+        let mut warnings = Vec::new();
+        if self.insecure_plaintext {
+            warnings.push(
+                "insecure_plaintext = true: tokens cross the network in clear and the peer port \
+                 checks no sender"
+                    .to_string(),
+            );
+        }
+        if self.tls.is_none() && exposed(&self.peer_addr) {
+            warnings.push(format!(
+                "the peer port {} serves without TLS: anyone who reaches it can send Raft \
+                 messages (AppendEntries, InstallSnapshot) and rewrite the log",
+                self.peer_addr
+            ));
+        }
+        if exposed(&self.client_addr) {
+            if self.tls.is_none() {
+                warnings.push(format!(
+                    "the client port {} serves without TLS: commands and credentials cross the \
+                     network in clear",
+                    self.client_addr
+                ));
+            }
+            if self.auth.is_none() {
+                warnings.push(format!(
+                    "the client port {} asks for no credentials: anyone who reaches it may \
+                     append, change the membership and take snapshots",
+                    self.client_addr
+                ));
+            }
+        }
+        warnings
     }
 }
 
@@ -525,6 +605,53 @@ mod tests {
         }
     }
 
+    /// Goal: a lock without a door is refused: `[auth]` without `[tls]` would check tokens
+    /// sent in clear while the peer port takes Raft messages from anyone. Only the loudly
+    /// named escape allows it, and every open port is named in the start-up warnings.
+    #[test]
+    fn auth_without_tls_is_refused_unless_insecure_plaintext() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = dir.path().join("tokens");
+        std::fs::write(&tokens, "0123456789abcdef0123 admin\n").unwrap();
+        let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+        std::fs::set_permissions(&tokens, private).unwrap();
+        let mut config = ReplicaConfig {
+            data_dir: "x".into(),
+            auth: Some(AuthConfig {
+                tokens_file: Some(tokens.clone()),
+                certificates: BTreeMap::new(),
+            }),
+            ..ReplicaConfig::default()
+        };
+        let error = config.validate().unwrap_err();
+        assert_eq!(error.field, "auth");
+        assert!(error.reason.contains("needs [tls]"), "{error}");
+        assert!(config.exposure_warnings().is_empty(), "loopback ports only");
+
+        config.insecure_plaintext = true;
+        config.validate().unwrap();
+        // Its tokens are credentials: a file others may read is refused.
+        let shared = std::os::unix::fs::PermissionsExt::from_mode(0o644);
+        std::fs::set_permissions(&tokens, shared).unwrap();
+        let error = config.validate().unwrap_err();
+        assert_eq!(error.field, "auth.tokens_file");
+        assert!(error.reason.contains("chmod 600"), "{error}");
+        config.peer_addr = "10.0.0.1:7001".parse().unwrap();
+        config.client_addr = "0.0.0.0:7000".parse().unwrap();
+        let warnings = config.exposure_warnings().join("\n");
+        assert!(warnings.contains("insecure_plaintext"), "{warnings}");
+        assert!(warnings.contains("peer port 10.0.0.1:7001"), "{warnings}");
+        assert!(
+            warnings.contains("client port 0.0.0.0:7000 serves without TLS"),
+            "{warnings}"
+        );
+        config.auth = None;
+        assert!(config
+            .exposure_warnings()
+            .join("\n")
+            .contains("asks for no credentials"));
+    }
+
     #[test]
     fn toml_file_needs_only_what_differs() {
         let config: ReplicaConfig = toml::from_str(
@@ -565,7 +692,10 @@ mod shipped_examples {
             assert_eq!(error.field, "tls.ca_file", "{error}");
             let tls = config.tls.as_mut().unwrap();
             (tls.ca_file, tls.cert_file, tls.key_file) = (file("ca"), file("cert"), file("key"));
-            config.auth.as_mut().unwrap().tokens_file = Some(file("tokens"));
+            let tokens = file("tokens");
+            let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+            std::fs::set_permissions(&tokens, private).unwrap();
+            config.auth.as_mut().unwrap().tokens_file = Some(tokens);
             assert_eq!(config.validate().unwrap_err().field, "job.inputs_file");
             let inputs = dir.path().join("inputs");
             std::fs::write(&inputs, "kafka/events/0\n").unwrap();

@@ -22,7 +22,7 @@ use crate::controller::ControlPlane;
 use crate::jobs::{JobState, Liveness, Outcome, Rejection, Session};
 use crate::log::vocabulary::{LEVEL_KNOWN_TO_EVERY_RELEASE, LEVEL_MAX};
 use crate::log::{
-    Command, ContainerId, Epoch, Filter, Offset, Proposal, Target, TaskId, CUSTOM_KIND_MIN,
+    Command, ContainerId, Epoch, Filter, Level, Offset, Proposal, Target, TaskId, CUSTOM_KIND_MIN,
 };
 use crate::raft::log_store::LogStore;
 use crate::raft::network::PeerNetwork;
@@ -197,6 +197,7 @@ impl ReplicaHandle {
                     }
                     .into());
                 }
+                self.check_members_know_level(c.level).await?;
             }
         }
         if self.leads_without_quorum() {
@@ -580,6 +581,39 @@ impl ReplicaHandle {
                 supported,
                 recorded,
             });
+        }
+        Ok(())
+    }
+
+    /// Refuses to raise the vocabulary level to `level` unless every other member's build says
+    /// it knows it: one that did not would stop applying (or decide commands differently)
+    /// once the level is recorded. The leader asks over the peer port, with its own
+    /// credentials, so the caller needs none beyond the right to append the raise.
+    async fn check_members_know_level(&self, level: Level) -> Result<(), ApiError> {
+        let membership = self.metrics().membership_config.membership().clone();
+        for (id, member) in membership.nodes() {
+            if *id == self.inner.id {
+                continue;
+            }
+            let supported = self
+                .inner
+                .peers
+                .vocabulary_level_max(*id, member, MEMBER_LEVEL_ANSWER_MAX)
+                .await
+                .map_err(|why| {
+                    ApiError::Rejected(format!(
+                        "replica {id} did not say which vocabulary levels it knows ({why}); \
+                         the level was not raised"
+                    ))
+                })?;
+            if supported < level {
+                tracing::warn!(member = id, supported, level, "vocabulary raise refused");
+                return Err(Rejection::LevelUnsupported {
+                    requested: level,
+                    supported,
+                }
+                .into());
+            }
         }
         Ok(())
     }

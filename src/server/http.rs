@@ -8,20 +8,30 @@
 //! * `GET /healthz`: 200 while the Raft core runs (503 once it stopped on a fatal error).
 //! * `GET /readyz`: 200 when this replica knows a leader and has applied what it knows to be
 //!   committed, so it answers reads with current data; 503 otherwise, with the reason.
-//! * `GET /`: the status page, one self-contained HTML document (no external assets) that
-//!   polls `GET /status.json` (this replica's status, the job, and the recent log tail) and
+//! * `GET /`: the status page, one self-contained HTML document (no external assets and no
+//!   data: it asks for a token when the replica requires one) that
+//!   polls `GET /status.json` (this replica's status, the job, and the recent log tail,
+//!   payloads only with `?payloads=true`) and
 //!   `GET /history.json` (the last ten minutes, sampled each second by
 //!   [`history`](super::history), which the page draws as charts).
+//!
+//! Who may read the job's pages, and from which host names, is
+//! [`page_access`](super::page_access)'s; every request's headers must arrive within
+//! [`HEADER_READ_TIMEOUT`].
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::extract::State;
-use axum::http::{header, StatusCode};
+use std::sync::Arc;
+
+use axum::extract::{FromRef, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -32,6 +42,7 @@ use serde_json::json;
 use super::handle::ReplicaHandle;
 use super::history::{Sample, SAMPLE_INTERVAL};
 use super::json;
+use super::page_access::PageAccess;
 use crate::client::FetchRequest;
 use crate::jobs::{ContainerStatus, TaskPhase};
 use crate::log::{ContainerId, Filter, TaskId};
@@ -47,12 +58,34 @@ pub async fn bind_http(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListe
     tokio::net::TcpListener::bind(addr).await
 }
 
-/// Serves the observability port until `stop` fires (then finishes the requests in progress).
+/// How long a client may take to send a request's headers (a slow-loris defence): a probe or a
+/// scrape sends them at once.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the handlers share: the replica, and who may read what.
+#[derive(Clone)]
+struct Port {
+    replica: ReplicaHandle,
+    access: Arc<PageAccess>,
+}
+
+impl FromRef<Port> for ReplicaHandle {
+    fn from_ref(port: &Port) -> ReplicaHandle {
+        port.replica.clone()
+    }
+}
+
+/// Serves the observability port until `stop` fires, each connection on a task of its own.
 pub async fn serve_http(
     listener: tokio::net::TcpListener,
     replica: ReplicaHandle,
+    access: PageAccess,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let port = Port {
+        replica: replica.clone(),
+        access: Arc::new(access),
+    };
     let app = Router::new()
         .route("/", get(status_page))
         .route("/status.json", get(status_json))
@@ -60,18 +93,61 @@ pub async fn serve_http(
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .with_state(replica.clone());
+        .layer(axum::middleware::from_fn_with_state(
+            port.clone(),
+            check_host,
+        ))
+        .with_state(port);
     let sampling = tokio::spawn(record_history(replica, stop.clone()));
-    let stopped = async move {
-        let _ = stop.changed().await;
-    };
-    if let Err(error) = axum::serve(listener, app)
-        .with_graceful_shutdown(stopped)
-        .await
-    {
-        tracing::error!(%error, "the observability port stopped");
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let stream = tokio::select! {
+            _ = stop.changed() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    // Out of descriptors, most likely: let some connections end first.
+                    tracing::warn!(%error, "the observability port could not accept");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let service = TowerToHyperService::new(app.clone());
+        connections.spawn(async move {
+            let served = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+            if let Err(error) = served {
+                tracing::debug!(%error, "observability connection ended");
+            }
+        });
+        while connections.try_join_next().is_some() {}
     }
+    connections.shutdown().await;
     sampling.abort();
+}
+
+/// Refuses a request for a host name this port does not answer to (DNS rebinding).
+async fn check_host(
+    State(port): State<Port>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok());
+    if !port.access.host_allowed(host) {
+        return (
+            StatusCode::MISDIRECTED_REQUEST,
+            "this port answers to IP addresses, localhost and http_allowed_hosts only\n",
+        )
+            .into_response();
+    }
+    next.run(request).await
 }
 
 /// Each task's owner, by container name (a task between owners has none).
@@ -329,7 +405,31 @@ async fn readyz(State(replica): State<ReplicaHandle>) -> Response {
     (StatusCode::OK, "ready\n").into_response()
 }
 
-async fn status_json(State(replica): State<ReplicaHandle>) -> Response {
+/// What a page asks for besides the default.
+#[derive(serde::Deserialize)]
+struct PageQuery {
+    /// Show the recent commands' payloads (an operator's or admin's right with `[auth]`).
+    #[serde(default)]
+    payloads: bool,
+}
+
+async fn status_json(
+    State(port): State<Port>,
+    headers: HeaderMap,
+    Query(query): Query<PageQuery>,
+) -> Response {
+    let reader = match port.access.reader(&headers) {
+        Ok(reader) => reader,
+        Err(refusal) => return refusal.into_response(),
+    };
+    if query.payloads && !reader.may_see_payloads() {
+        return (
+            StatusCode::FORBIDDEN,
+            "payloads are shown to an operator or admin only\n",
+        )
+            .into_response();
+    }
+    let replica = &port.replica;
     let status = replica.status();
     let job = match replica.state(0, Duration::ZERO).await {
         Ok(at) => json::state_json(&at),
@@ -354,6 +454,12 @@ async fn status_json(State(replica): State<ReplicaHandle>) -> Response {
             .map(|entry| {
                 let mut rendered = json::entry_json(entry);
                 rendered["summary"] = entry.summary().into();
+                if !query.payloads {
+                    if let Some(object) = rendered.as_object_mut() {
+                        object.remove("payload");
+                        object.remove("payload_b64");
+                    }
+                }
                 rendered
             })
             .collect(),
@@ -376,8 +482,11 @@ async fn status_json(State(replica): State<ReplicaHandle>) -> Response {
     .into_response()
 }
 
-async fn history_json(State(replica): State<ReplicaHandle>) -> Response {
-    axum::Json(replica.history().samples()).into_response()
+async fn history_json(State(port): State<Port>, headers: HeaderMap) -> Response {
+    if let Err(refusal) = port.access.reader(&headers) {
+        return refusal.into_response();
+    }
+    axum::Json(port.replica.history().samples()).into_response()
 }
 
 async fn status_page() -> Html<&'static str> {

@@ -14,6 +14,9 @@
 //!   handshake or a panic in a decoder ends that connection only.
 //! * Every client request is authorized against its connection's principal before it reaches
 //!   the [`ReplicaHandle`]; every peer request comes from the node its certificate names.
+//! * The observability port serves the job's data (status, history) only to the credentials
+//!   the client port would accept, when `[auth]` is on; probes and metrics carry none of it.
+//! * `[auth]` runs only behind `[tls]` (or the explicit `insecure_plaintext`).
 //! * `server` may use `raft`; `raft` never uses `server`.
 
 // openraft's errors are large by contract (see `raft`).
@@ -30,6 +33,7 @@ pub mod job;
 pub mod job_config;
 pub mod json;
 pub mod lease;
+pub mod page_access;
 pub mod peers;
 pub mod replica;
 pub mod service;

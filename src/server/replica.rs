@@ -14,6 +14,7 @@ use super::config::{ConfigError, ReplicaConfig};
 use super::handle::{Inner, ReplicaHandle};
 use super::http::{bind_http, serve_http};
 use super::lease::{self, QuorumLease};
+use super::page_access::PageAccess;
 use super::peers::{bind_peers, serve_peers};
 use super::service::{bind_clients, serve_clients, ConnectionBudget};
 use super::telemetry::Telemetry;
@@ -204,7 +205,7 @@ impl Replica {
                     append_bytes: config.client_append_bytes_in_flight_max,
                 },
                 tls.as_ref().map(|t| t.clients.clone()),
-                authenticator,
+                authenticator.clone(),
                 stopping.clone(),
             )),
         ];
@@ -220,7 +221,13 @@ impl Replica {
             stopping.clone(),
         )));
         if let Some(listener) = http_listener {
-            tasks.push(tokio::spawn(serve_http(listener, handle.clone(), stopping)));
+            let access = PageAccess::new(authenticator, &config.http_allowed_hosts);
+            tasks.push(tokio::spawn(serve_http(
+                listener,
+                handle.clone(),
+                access,
+                stopping,
+            )));
         }
         let replica = Replica {
             stopped: false,
@@ -230,6 +237,9 @@ impl Replica {
             handle,
         };
         tracing::info!(id = config.id, %peer_addr, %client_addr, ?http_addr, "replica started");
+        for warning in config.exposure_warnings() {
+            tracing::warn!("INSECURE: {warning}");
+        }
 
         let lowest = config.initial_members.keys().next().copied();
         let initialized = raft

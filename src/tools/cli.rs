@@ -38,14 +38,30 @@ pub struct ClientFlags {
     /// This client's private key (PEM); with --cert.
     #[arg(long, global = true, env = "CTRLOG_KEY", requires = "cert")]
     pub key: Option<PathBuf>,
-    /// A bearer token, where the cluster requires credentials.
+    /// A bearer token, where the cluster requires credentials. Visible to `ps`: prefer
+    /// --token-file or CTRLOG_TOKEN.
     #[arg(long, global = true, env = "CTRLOG_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// A file holding the bearer token (its first line), instead of --token.
+    #[arg(
+        long,
+        global = true,
+        env = "CTRLOG_TOKEN_FILE",
+        conflicts_with = "token"
+    )]
+    pub token_file: Option<PathBuf>,
 }
 
 impl ClientFlags {
     /// The client options the flags ask for (TLS, when `--ca` is given).
     pub fn options(&self) -> anyhow::Result<ClientOptions> {
+        if self.ca.is_none() && self.cert.is_some() {
+            // Half a TLS configuration would silently speak plaintext.
+            anyhow::bail!(
+                "--cert and --key need --ca (or CTRLOG_CA): the CA to check the cluster's \
+                 certificates against"
+            );
+        }
         let tls = match &self.ca {
             Some(ca) => {
                 let identity = self.cert.as_deref().zip(self.key.as_deref());
@@ -53,9 +69,19 @@ impl ClientFlags {
             }
             None => None,
         };
+        let token = match &self.token_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading the token file {}", path.display()))?;
+                let token = text.lines().next().unwrap_or("").trim().to_string();
+                anyhow::ensure!(!token.is_empty(), "{} holds no token", path.display());
+                Some(token)
+            }
+            None => self.token.clone(),
+        };
         Ok(ClientOptions {
             tls,
-            token: self.token.clone(),
+            token,
             ..ClientOptions::default()
         })
     }
@@ -254,35 +280,13 @@ pub fn status_text(status: &Status) -> String {
     text
 }
 
-/// `ctrlog vocabulary raise`: raises the recorded vocabulary level, after checking that every
-/// replica's build supports it (the rule that keeps a rolling upgrade safe).
-pub async fn raise_level(client: &ControlClient, level: Level) -> anyhow::Result<AppendAck> {
-    let leader = client.leader_status().await?;
-    for member in &leader.members {
-        let seed = [member.member.client_addr.clone()];
-        let options = ClientOptions {
-            retry_deadline: std::time::Duration::from_secs(5),
-            ..ClientOptions::default()
-        };
-        let status = async {
-            ControlClient::connect_with(&seed, options)
-                .await?
-                .status()
-                .await
-        }
-        .await
-        .with_context(|| format!("asking replica {} which levels it supports", member.id))?;
-        if status.vocabulary_level_max < level {
-            anyhow::bail!(
-                "replica {} supports vocabulary levels up to {}; upgrade it before raising the level to {level}",
-                member.id,
-                status.vocabulary_level_max
-            );
-        }
-    }
-    Ok(client
+/// `ctrlog vocabulary raise`: raises the recorded vocabulary level. The leader first asks
+/// every member whether its build knows the level (the rule that keeps a rolling upgrade
+/// safe) and refuses with `LevelUnsupported` if one does not; an admin's right.
+pub async fn raise_level(client: &ControlClient, level: Level) -> Result<AppendAck, ClientError> {
+    client
         .append(Command::SetVocabularyLevel(SetVocabularyLevel { level }))
-        .await?)
+        .await
 }
 
 /// `ctrlog vocabulary show`: the built-in kinds and what the recorded level allows.

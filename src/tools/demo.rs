@@ -26,11 +26,13 @@ use super::local_job::{ControllerFactory, LocalJob};
 use super::wait::{poll_until, POLL_INTERVAL};
 use crate::client::{ClientOptions, ControlClient, SubscriptionItem};
 use crate::controller::{
-    Capacity, Controller, ControllerReport, JobDriver, ProcessLauncher, WatchedFile,
+    Capacity, Controller, ControllerReport, JobDriver, LaunchSettings, ProcessLauncher, SettingsFn,
+    WatchedFile,
 };
 use crate::jobs::plan::{settled, GroupByPartition};
 use crate::jobs::{ContainerStatus, JobState, TaskPhase};
 use crate::log::{Command, LogEntry, Offset, SchemaChange};
+use crate::server::auth::container_token;
 use crate::server::{AuthConfig, JobConfig, LauncherConfig, ScalingConfig, TlsFiles};
 use crate::NodeId;
 
@@ -66,8 +68,6 @@ struct Security {
     dir: PathBuf,
     ca: PathBuf,
     auth: AuthConfig,
-    /// Container tokens are this secret followed by the container's id.
-    secret: String,
 }
 
 /// Containers the controllers may launch in the demo (`container-1` ...).
@@ -76,12 +76,17 @@ const DEMO_CONTAINERS_MAX: u32 = 32;
 impl Security {
     fn create(dir: &Path) -> anyhow::Result<Security> {
         super::certs::generate(dir, &[1, 2, 3], &["127.0.0.1".into()], &["demo".into()], 1)?;
-        let secret = format!("{:032x}", rand::random::<u128>());
+        // Each container's token is a secret of its own: knowing one tells nothing of another.
         let tokens: String = (1..=DEMO_CONTAINERS_MAX)
-            .map(|n| format!("{secret}-container-{n} container:container-{n}\n"))
+            .map(|n| {
+                let token = format!("{:032x}", rand::random::<u128>());
+                format!("{token} container:container-{n}\n")
+            })
             .collect();
         let tokens_file = dir.join("tokens");
         std::fs::write(&tokens_file, tokens)?;
+        let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+        std::fs::set_permissions(&tokens_file, private)?;
         Ok(Security {
             dir: dir.to_path_buf(),
             ca: super::certs::ca_file(dir),
@@ -89,7 +94,6 @@ impl Security {
                 tokens_file: Some(tokens_file),
                 certificates: [("client-demo".to_string(), "operator".to_string())].into(),
             },
-            secret,
         })
     }
 
@@ -97,9 +101,18 @@ impl Security {
         super::certs::replica_files(&self.dir, id)
     }
 
-    /// The token of container `id` (`{id}` is left for the launcher to fill in).
-    fn container_token(&self, id: &str) -> String {
-        format!("{}-{id}", self.secret)
+    /// What a launched container connects with: its own token, in `CTRLOG_TOKEN` (as
+    /// `ctrlog serve`'s process launcher hands it out), never on its command line.
+    fn launch_settings(&self) -> SettingsFn {
+        let tokens_file = self.auth.tokens_file.clone().expect("the demo's tokens");
+        Box::new(move |container| {
+            let token = container_token(&tokens_file, container)?
+                .ok_or_else(|| format!("the demo has no token for {container}"))?;
+            Ok(LaunchSettings {
+                placeholders: Vec::new(),
+                env: vec![("CTRLOG_TOKEN".into(), token)],
+            })
+        })
     }
 
     /// The demo's own client: an operator by certificate.
@@ -339,25 +352,26 @@ async fn in_process(dir: &Path) -> anyhow::Result<()> {
         "   TLS on both ports; the demo reads as an operator (certificate), containers with tokens"
     );
 
-    let launcher = Arc::new(ProcessLauncher::new(
-        std::env::current_exe().context("finding this executable")?,
-        [
-            "container",
-            "--cluster",
-            &seeds.join(","),
-            "--id",
-            "{id}",
-            "--ca",
-            &security.ca.display().to_string(),
-            "--token",
-            &security.container_token("{id}"),
-        ]
-        .map(String::from)
-        .into_iter()
-        .chain(container_args(&files))
-        .collect(),
-        Some(files.logs.clone()),
-    ));
+    let launcher = Arc::new(
+        ProcessLauncher::new(
+            std::env::current_exe().context("finding this executable")?,
+            [
+                "container",
+                "--cluster",
+                &seeds.join(","),
+                "--id",
+                "{id}",
+                "--ca",
+                &security.ca.display().to_string(),
+            ]
+            .map(String::from)
+            .into_iter()
+            .chain(container_args(&files))
+            .collect(),
+            Some(files.logs.clone()),
+        )
+        .with_settings(security.launch_settings()),
+    );
     let factory: ControllerFactory = {
         // The launcher is this process's own, not the configuration's.
         let job = demo_job(&files, LauncherConfig::External {});

@@ -93,8 +93,13 @@ pub fn assert_contiguous(entries: &[LogEntry]) {
 
 /// One `GET`, answered as (status code, body).
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    http_get_with(addr, path, &format!("Host: {addr}\r\n")).await
+}
+
+/// One `GET` with these header lines (each ending in CRLF; `Host` among them if wanted).
+pub async fn http_get_with(addr: SocketAddr, path: &str, headers: &str) -> (u16, String) {
     let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let request = format!("GET {path} HTTP/1.1\r\n{headers}Connection: close\r\n\r\n");
     tokio::io::AsyncWriteExt::write_all(&mut socket, request.as_bytes())
         .await
         .unwrap();

@@ -183,8 +183,56 @@ fn is_broken_pipe(error: &anyhow::Error) -> bool {
         .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
+/// The global client flags, by argument id and as typed.
+const CLIENT_FLAGS: [(&str, &str); 6] = [
+    ("cluster", "--cluster"),
+    ("ca", "--ca"),
+    ("cert", "--cert"),
+    ("key", "--key"),
+    ("token", "--token"),
+    ("token_file", "--token-file"),
+];
+
+/// Refuses a client flag typed on a subcommand that does not talk to a cluster: `ctrlog
+/// serve --ca ca.pem --cert node-1.pem ...` would otherwise start a plaintext replica, its
+/// TLS flags being `--tls-*`. The same values from the environment (`CTRLOG_CA`, ...) are
+/// left alone: a replica's host may well have them set for the CLI.
+fn refuse_unused_client_flags(cli: &Cli, matches: &clap::ArgMatches) -> Result<(), String> {
+    let (name, hint) = match &cli.command {
+        Cmd::Serve(_) | Cmd::ForceNewCluster(_) => (
+            "serve",
+            " (a replica's TLS flags are --tls-ca, --tls-cert and --tls-key)",
+        ),
+        Cmd::Demo { .. } => ("demo", ""),
+        Cmd::Chaos(_) => ("chaos", ""),
+        Cmd::Certs { .. } => ("certs", ""),
+        _ => return Ok(()),
+    };
+    let (_, sub) = matches.subcommand().expect("a subcommand is required");
+    for (id, flag) in CLIENT_FLAGS {
+        let typed = [matches, sub]
+            .iter()
+            .any(|m| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine));
+        if typed {
+            return Err(format!(
+                "{flag} is a flag of the client subcommands; `{name}` does not use it{hint}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(error) => error.exit(),
+    };
+    if let Err(error) = refuse_unused_client_flags(&cli, &matches) {
+        eprintln!("ctrlog: {error}");
+        return ExitCode::from(2);
+    }
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
     if let Cmd::Bench(args) = &cli.command {
@@ -217,6 +265,8 @@ async fn run_main(cli: Cli) -> ExitCode {
                 .unwrap_or_else(|_| default_filter.into()),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: a log file or a pipe gets no escape sequences.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
