@@ -380,3 +380,52 @@ async fn the_cli_reads_its_token_from_a_file() {
     let said = String::from_utf8_lossy(&empty.stderr);
     assert!(said.contains("holds no token"), "{said}");
 }
+
+/// Goal: a principal owns its producer ids: another principal using the same id can neither
+/// swallow its next appends as duplicates nor push its window away. The attack before the
+/// fix: with the victim's id and seq+1..seq+32 the victim's next appends came back
+/// `duplicate: true` pointing at the attacker's commands; with a far-ahead seq every later
+/// append of the victim failed `SequenceOutOfWindow`. Steps: the operator appends seqs 1–3
+/// of producer 77; the admin appends seqs 4–36 and then seq 1,000,000 of producer 77; the
+/// operator's seqs 4 and 5 are then appended afresh, each at its own offset with its own
+/// body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_principal_cannot_touch_anothers_producer_sequences() {
+    use ctrlog::log::{ProducerSeq, Proposal};
+    let setup = Setup::start().await;
+    let victim = setup.client(None, Some(OPERATOR_TOKEN)).await.unwrap();
+    let attacker = setup.client(None, Some(ADMIN_TOKEN)).await.unwrap();
+    async fn append(
+        client: &ControlClient,
+        seq: u64,
+        body: String,
+    ) -> Result<ctrlog::client::AppendAck, ClientError> {
+        let proposal = Proposal {
+            producer: Some(ProducerSeq { producer: 77, seq }),
+            target: Target::All,
+            frame: Command::custom(1, 1, body.into_bytes()).into_frame(),
+        };
+        client.append_proposal(proposal).await
+    }
+    for seq in 1..=3 {
+        append(&victim, seq, format!("victim {seq}")).await.unwrap();
+    }
+    for seq in (4..=36).chain([1_000_000]) {
+        let ack = append(&attacker, seq, format!("attacker {seq}"))
+            .await
+            .unwrap();
+        assert!(!ack.duplicate);
+    }
+    for seq in 4..=5 {
+        let ack = append(&victim, seq, format!("victim {seq}")).await.unwrap();
+        assert!(
+            !ack.duplicate,
+            "seq {seq} was taken for a duplicate of the attacker's"
+        );
+        let fetched = victim.fetch(FetchRequest::from(ack.offset)).await.unwrap();
+        assert_eq!(
+            fetched.entries[0].frame.body,
+            format!("victim {seq}").into_bytes()
+        );
+    }
+}

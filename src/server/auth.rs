@@ -22,7 +22,7 @@ use super::config::AuthConfig;
 use super::tls::certificate_names;
 use crate::client::{ApiError, FetchRequest};
 use crate::log::vocabulary::kinds;
-use crate::log::{Command, ContainerId, Filter, Proposal};
+use crate::log::{Command, ContainerId, Filter, ProducerId, Proposal};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -55,6 +55,42 @@ impl FromStr for Role {
 pub struct Principal {
     pub name: String,
     pub role: Role,
+    /// What this principal's producer ids are recorded under ([`Principal::own_producer`]):
+    /// a digest of its token, or its certificate's name. Stable across restarts and across
+    /// reorderings of the tokens file, and different for every credential.
+    namespace: [u8; 32],
+}
+
+impl Principal {
+    fn new(name: String, role: Role, credential: &[u8]) -> Principal {
+        Principal {
+            name,
+            role,
+            namespace: sha256(&[b"ctrlog principal\0", credential]),
+        }
+    }
+
+    /// The producer id an append of this principal's `producer` is recorded under: the first
+    /// eight bytes of a digest of the principal's namespace and the id. So a principal can
+    /// neither advance nor read another's sequences: reaching another principal's recorded id
+    /// would take a second preimage of a 64-bit digest, and the ids `state` shows are
+    /// recorded ids, useless to anyone else.
+    pub fn own_producer(&self, producer: ProducerId) -> ProducerId {
+        let digest = sha256(&[&self.namespace, &producer.to_be_bytes()]);
+        ProducerId::from_be_bytes(digest[..8].try_into().expect("eight bytes"))
+    }
+}
+
+fn sha256(parts: &[&[u8]]) -> [u8; 32] {
+    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+    for part in parts {
+        context.update(part);
+    }
+    context
+        .finish()
+        .as_ref()
+        .try_into()
+        .expect("SHA-256 is 32 bytes")
 }
 
 /// The credentials a replica accepts.
@@ -96,9 +132,9 @@ impl Authenticator {
         self.certificates
             .iter()
             .find(|(name, _)| certificate_names(&end, name))
-            .map(|(name, role)| Principal {
-                name: name.clone(),
-                role: role.clone(),
+            .map(|(name, role)| {
+                let credential = format!("certificate {name}");
+                Principal::new(name.clone(), role.clone(), credential.as_bytes())
             })
     }
 }
@@ -142,10 +178,8 @@ fn read_tokens(path: &Path) -> Result<BTreeMap<String, Principal>, String> {
             return Err(bad("tokens must be at least 16 characters".into()));
         }
         let role: Role = role.parse().map_err(bad)?;
-        let principal = Principal {
-            name: format!("token on line {} ({role:?})", number + 1),
-            role,
-        };
+        let name = format!("token on line {} ({role:?})", number + 1);
+        let principal = Principal::new(name, role, format!("token {token}").as_bytes());
         if tokens.insert(token.to_string(), principal).is_some() {
             return Err(bad("the same token appears twice".into()));
         }
@@ -213,5 +247,24 @@ pub fn authorize(principal: &Principal, action: &Action<'_>) -> Result<(), ApiEr
         }
         (Role::Container(_), Action::Membership) => forbidden("change the membership".into()),
         (Role::Container(_), Action::Snapshot) => forbidden("take snapshots".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_credential_records_producer_ids_in_its_own_namespace() {
+        let one = Principal::new("a".into(), Role::Operator, b"token one");
+        let same = Principal::new("renamed".into(), Role::Admin, b"token one");
+        let other = Principal::new("a".into(), Role::Operator, b"token two");
+        assert_eq!(
+            one.own_producer(7),
+            same.own_producer(7),
+            "stable per credential"
+        );
+        assert_ne!(one.own_producer(7), other.own_producer(7));
+        assert_ne!(one.own_producer(7), one.own_producer(8));
     }
 }

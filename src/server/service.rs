@@ -193,6 +193,36 @@ impl ControlLogServer {
         }
         result
     }
+
+    /// Appends `proposal` with its producer id in this connection's principal's own
+    /// namespace (see [`Principal::own_producer`]), so that no principal can advance or
+    /// replay another's sequences; an answer naming the recorded id names the client's again.
+    /// Without authentication the id is recorded as sent.
+    async fn append_as_principal(&self, mut proposal: Proposal) -> Result<AppendAck, ApiError> {
+        let principal = self.principal.lock().expect("never poisoned").clone();
+        let (Some(principal), Some(pair)) = (principal, proposal.producer.as_mut()) else {
+            return self.replica.append(proposal).await;
+        };
+        let sent = pair.producer;
+        pair.producer = principal.own_producer(sent);
+        self.replica
+            .append(proposal)
+            .await
+            .map_err(|error| match error {
+                ApiError::SequenceOutOfWindow { seq, lowest, .. } => {
+                    ApiError::SequenceOutOfWindow {
+                        producer: sent,
+                        seq,
+                        lowest,
+                    }
+                }
+                ApiError::ProducerForgotten { seq, .. } => ApiError::ProducerForgotten {
+                    producer: sent,
+                    seq,
+                },
+                other => other,
+            })
+    }
 }
 
 /// `requested_ms`, clamped below the request's deadline and [`FETCH_WAIT_MAX`].
@@ -211,7 +241,7 @@ impl ControlLog for ControlLogServer {
         let _permit = self.admit()?;
         let _bytes = self.admit_bytes(proposal.encoded_len())?;
         self.check(Action::Append(&proposal))?;
-        self.replica.append(proposal).await
+        self.append_as_principal(proposal).await
     }
 
     async fn append_many(
@@ -231,12 +261,12 @@ impl ControlLog for ControlLogServer {
             .telemetry()
             .append_many_received(proposals.len());
         // All are queued at the proposer before any is awaited, so they share a Raft entry.
+        let server = &self;
         let appends = proposals.into_iter().map(|proposal| {
-            let allowed = self.check(Action::Append(&proposal));
-            let replica = &self.replica;
+            let allowed = server.check(Action::Append(&proposal));
             async move {
                 allowed?;
-                replica.append(proposal).await
+                server.append_as_principal(proposal).await
             }
         });
         Ok(futures::future::join_all(appends).await)
