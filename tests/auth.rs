@@ -33,6 +33,7 @@ impl Setup {
             &["127.0.0.1".into()],
             &["operator".into(), "stranger".into()],
             30,
+            false,
         )
         .unwrap();
         let tokens = pki.path().join("tokens");

@@ -13,7 +13,7 @@ use ctrlog::client::{ClientError, ClientOptions, ControlClient, SubscriptionItem
 use ctrlog::log::{Command, Filter, Target};
 use ctrlog::raft::network::RaftRpcClient;
 use ctrlog::server::TlsFiles;
-use ctrlog::tools::certs::Authority;
+use ctrlog::tools::certs::{Authority, Usage};
 use ctrlog::tools::LocalCluster;
 use futures::StreamExt;
 use time::OffsetDateTime;
@@ -36,7 +36,15 @@ impl Pki {
             let name = format!("node-{id}");
             let sans = vec![name.clone(), "127.0.0.1".into()];
             authority
-                .issue(dir.path(), &name, &name, sans, now - day, now + 30 * day)
+                .issue(
+                    dir.path(),
+                    &name,
+                    &name,
+                    sans,
+                    Usage::Replica,
+                    now - day,
+                    now + 30 * day,
+                )
                 .unwrap();
         }
         for (file, from, until) in [
@@ -44,7 +52,15 @@ impl Pki {
             ("client-expired", now - 30 * day, now - day),
         ] {
             authority
-                .issue(dir.path(), file, file, vec![file.into()], from, until)
+                .issue(
+                    dir.path(),
+                    file,
+                    file,
+                    vec![file.into()],
+                    Usage::Client,
+                    from,
+                    until,
+                )
                 .unwrap();
         }
         let other = Authority::new(30).unwrap();
@@ -56,6 +72,7 @@ impl Pki {
                 "client-stranger",
                 "stranger",
                 vec![],
+                Usage::Client,
                 now - day,
                 now + day,
             )

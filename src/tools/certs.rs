@@ -3,8 +3,11 @@
 //! of it is in DEPLOY.md: replicas named `node-<id>` plus the addresses they serve on.
 //!
 //! Files written (PEM): `ca.pem` and `ca-key.pem` (keep this one offline), `node-<id>.pem` and
-//! `node-<id>-key.pem`, `client-<name>.pem` and `client-<name>-key.pem`. Keys are written
-//! readable by their owner only.
+//! `node-<id>-key.pem`, `client-<name>.pem` and `client-<name>-key.pem`. Keys are made
+//! readable by their owner only, even when the file existed. An existing CA is kept unless
+//! `force` says otherwise: overwriting it would orphan every certificate it signed. The CA
+//! outlives its leaves ([`ca_days`]), so leaves can be renewed under it. Replica certificates
+//! serve and dial; client certificates only dial (no ServerAuth).
 
 use std::path::{Path, PathBuf};
 
@@ -38,6 +41,21 @@ pub fn client_identity(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
         dir.join(format!("client-{name}.pem")),
         dir.join(format!("client-{name}-key.pem")),
     )
+}
+
+/// How long a CA issued with leaves of `days` lives: ten times as long and at least ten years,
+/// so that the leaves are renewed many times under it.
+pub fn ca_days(days: i64) -> i64 {
+    (days.saturating_mul(10)).max(3650)
+}
+
+/// What an issued certificate may be used for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Usage {
+    /// A replica: it serves both ports and dials its peers.
+    Replica,
+    /// A client: it dials only.
+    Client,
 }
 
 /// A certificate authority that signs replica and client certificates.
@@ -74,14 +92,16 @@ impl Authority {
 
     /// Issues a certificate named `name` (its common name) for the subject alternative names
     /// `sans` (DNS names or IP addresses), valid from `not_before` to `not_after`, usable as a
-    /// server and as a client; writes `<file>.pem` and `<file>-key.pem` into `dir` and returns
-    /// the certificate's path.
+    /// `usage` allows; writes `<file>.pem` and `<file>-key.pem` into `dir` and returns the
+    /// certificate's path.
+    #[allow(clippy::too_many_arguments)]
     pub fn issue(
         &self,
         dir: &Path,
         file: &str,
         name: &str,
         sans: Vec<String>,
+        usage: Usage,
         not_before: OffsetDateTime,
         not_after: OffsetDateTime,
     ) -> anyhow::Result<PathBuf> {
@@ -91,10 +111,13 @@ impl Authority {
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
         ];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
+        params.extended_key_usages = match usage {
+            Usage::Replica => vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+            Usage::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
+        };
         params.not_before = not_before;
         params.not_after = not_after;
         let key = KeyPair::generate()?;
@@ -116,21 +139,31 @@ fn write_pem(dir: &Path, file: &str, cert: &str, key: &str) -> anyhow::Result<Pa
         .mode(0o600)
         .open(&key_path)
         .with_context(|| format!("writing {}", key_path.display()))?;
+    // `mode` applies only to a file it creates: an existing key file may have been readable.
+    out.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     std::io::Write::write_all(&mut out, key.as_bytes())?;
     Ok(cert_path)
 }
 
-/// Generates a CA, a certificate per replica (`node-<id>` plus `hosts`, the names and addresses
-/// clients and peers dial) and one per client name, all valid for `days`. Returns the files
-/// written.
+/// Generates a CA (refusing to replace one in `out` unless `force`), a certificate per replica
+/// (`node-<id>` plus `hosts`, the names and addresses clients and peers dial) and one per
+/// client name, the leaves valid for `days`. Returns the files written.
 pub fn generate(
     out: &Path,
     nodes: &[NodeId],
     hosts: &[String],
     clients: &[String],
     days: i64,
+    force: bool,
 ) -> anyhow::Result<Vec<PathBuf>> {
-    let authority = Authority::new(days)?;
+    if ca_file(out).exists() && !force {
+        anyhow::bail!(
+            "{} exists: a new CA would orphan every certificate the old one signed (use --force \
+             to replace it)",
+            ca_file(out).display()
+        );
+    }
+    let authority = Authority::new(ca_days(days))?;
     let mut written = vec![authority.write(out)?];
     let now = OffsetDateTime::now_utc();
     let (from, until) = (now - Duration::days(1), now + Duration::days(days));
@@ -138,11 +171,86 @@ pub fn generate(
         let name = crate::server::tls::node_name(*id);
         let mut sans = vec![name.clone()];
         sans.extend(hosts.iter().cloned());
-        written.push(authority.issue(out, &name, &name, sans, from, until)?);
+        written.push(authority.issue(out, &name, &name, sans, Usage::Replica, from, until)?);
     }
     for client in clients {
         let file = format!("client-{client}");
-        written.push(authority.issue(out, &file, client, vec![file.clone()], from, until)?);
+        let sans = vec![file.clone()];
+        written.push(authority.issue(out, &file, client, sans, Usage::Client, from, until)?);
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::tls::{client_config, load_certs, load_key, provider};
+
+    fn mode(path: &Path) -> u32 {
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(path).unwrap().permissions())
+            & 0o777
+    }
+
+    /// Goal: a second `generate` into a folder with a CA refuses rather than orphan every
+    /// certificate the CA signed; with `force` it replaces it, and a key file that existed
+    /// readable by others ends up readable by its owner only.
+    #[test]
+    fn an_existing_ca_is_kept_and_keys_are_private() {
+        let dir = tempfile::tempdir().unwrap();
+        generate(dir.path(), &[1], &["127.0.0.1".into()], &[], 30, false).unwrap();
+        let error = generate(dir.path(), &[1], &[], &[], 30, false).unwrap_err();
+        assert!(error.to_string().contains("--force"), "{error}");
+        let key = replica_files(dir.path(), 1).key_file;
+        std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .unwrap();
+        generate(dir.path(), &[1], &["127.0.0.1".into()], &[], 30, true).unwrap();
+        assert_eq!(mode(&key), 0o600);
+        assert_eq!(mode(&dir.path().join("ca-key.pem")), 0o600);
+        assert!(
+            ca_days(30) >= 10 * 30 && ca_days(3650) > 3650,
+            "the CA outlives its leaves"
+        );
+    }
+
+    /// Goal: a client certificate cannot pose as a replica: it lacks ServerAuth, so a client
+    /// that trusts the CA refuses a server presenting it. Steps: a TLS handshake in memory with
+    /// the client certificate on the server side fails; with a replica's it succeeds.
+    #[tokio::test]
+    async fn a_client_certificate_cannot_serve() {
+        let dir = tempfile::tempdir().unwrap();
+        generate(
+            dir.path(),
+            &[1],
+            &["127.0.0.1".into()],
+            &["ops".into()],
+            30,
+            false,
+        )
+        .unwrap();
+        let handshake = |cert: PathBuf, key: PathBuf, name: &'static str| {
+            let ca = ca_file(dir.path());
+            async move {
+                let server = rustls::ServerConfig::builder_with_provider(provider())
+                    .with_safe_default_protocol_versions()
+                    .unwrap()
+                    .with_no_client_auth()
+                    .with_single_cert(load_certs(&cert).unwrap(), load_key(&key).unwrap())
+                    .unwrap();
+                let client = client_config(&ca, None).unwrap();
+                let (near, far) = tokio::io::duplex(64 << 10);
+                let accept = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(server));
+                let served = tokio::spawn(async move { accept.accept(far).await.is_ok() });
+                let name = rustls::pki_types::ServerName::try_from(name).unwrap();
+                let dialled = tokio_rustls::TlsConnector::from(client)
+                    .connect(name, near)
+                    .await;
+                let _ = served.await;
+                dialled.is_ok()
+            }
+        };
+        let replica = replica_files(dir.path(), 1);
+        assert!(handshake(replica.cert_file, replica.key_file, "node-1").await);
+        let (cert, key) = client_identity(dir.path(), "ops");
+        assert!(!handshake(cert, key, "client-ops").await);
+    }
 }

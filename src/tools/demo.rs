@@ -75,7 +75,14 @@ const DEMO_CONTAINERS_MAX: u32 = 32;
 
 impl Security {
     fn create(dir: &Path) -> anyhow::Result<Security> {
-        super::certs::generate(dir, &[1, 2, 3], &["127.0.0.1".into()], &["demo".into()], 1)?;
+        super::certs::generate(
+            dir,
+            &[1, 2, 3],
+            &["127.0.0.1".into()],
+            &["demo".into()],
+            1,
+            false,
+        )?;
         // Each container's token is a secret of its own: knowing one tells nothing of another.
         let tokens: String = (1..=DEMO_CONTAINERS_MAX)
             .map(|n| {

@@ -51,8 +51,15 @@ impl LocalCluster {
     ) -> Result<LocalCluster, StartError> {
         let pki = dir.join("pki");
         let ids: Vec<NodeId> = (1..=SECURE_IDS_MAX).collect();
-        super::certs::generate(&pki, &ids, &["127.0.0.1".into()], &["admin".into()], 1)
-            .map_err(|e| StartError::Tls(e.to_string()))?;
+        super::certs::generate(
+            &pki,
+            &ids,
+            &["127.0.0.1".into()],
+            &["admin".into()],
+            1,
+            false,
+        )
+        .map_err(|e| StartError::Tls(e.to_string()))?;
         let (cert, key) = super::certs::client_identity(&pki, "admin");
         let client_tls = client_config(&super::certs::ca_file(&pki), Some((&cert, &key)))
             .map_err(|e| StartError::Tls(e.to_string()))?;

@@ -110,8 +110,13 @@ enum CertsCmd {
         /// Client certificates to issue, by name.
         #[arg(long, value_delimiter = ',')]
         clients: Vec<String>,
+        /// How long the replica and client certificates are valid; the CA lives ten times as
+        /// long (at least ten years), so they can be renewed under it.
         #[arg(long, default_value_t = 365)]
         days: i64,
+        /// Replace an existing CA in --out (every certificate it signed stops being trusted).
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -167,9 +172,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     hosts,
                     clients,
                     days,
+                    force,
                 },
         } => {
-            for path in ctrlog::tools::certs::generate(&dir, &nodes, &hosts, &clients, days)? {
+            let written =
+                ctrlog::tools::certs::generate(&dir, &nodes, &hosts, &clients, days, force)?;
+            for path in written {
                 writeln!(out, "{}", path.display())?;
             }
         }
