@@ -430,3 +430,43 @@ async fn a_principal_cannot_touch_anothers_producer_sequences() {
         );
     }
 }
+
+/// Goal: guessing tokens costs a connection per few guesses: after
+/// `AUTHENTICATE_FAILURES_MAX` refused `authenticate` calls, the next request on the
+/// connection is refused and the connection is closed. Steps: a raw TLS connection without a
+/// certificate makes three wrong guesses (each `Unauthorized`); its next request fails and the
+/// one after finds the connection gone; a new connection with the right token is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_failed_authentications_close_the_connection() {
+    use ctrlog::client::{tls, ControlLogClient};
+    let setup = Setup::start().await;
+    let addr = setup.cluster.client_addrs()[0].clone();
+    let config = client_config(&ctrlog::tools::certs::ca_file(setup.pki.path()), None).unwrap();
+    let raw = || async {
+        let stream = tls::dial(&addr, Some(&config)).await.unwrap();
+        let transport = tls::framed(stream, 1 << 20);
+        ControlLogClient::new(tarpc::client::Config::default(), transport).spawn()
+    };
+    let ctx = || {
+        let mut ctx = tarpc::context::current();
+        ctx.deadline = std::time::Instant::now() + Duration::from_secs(5);
+        ctx
+    };
+    let guesser = raw().await;
+    for guess in 0..ctrlog::server::service::AUTHENTICATE_FAILURES_MAX {
+        let answer = guesser
+            .authenticate(ctx(), format!("guess-{guess}-0123456789"))
+            .await
+            .expect("answered");
+        assert!(matches!(answer, Err(ApiError::Unauthorized(_))), "{answer:?}");
+    }
+    let next = guesser.status(ctx()).await;
+    assert!(!matches!(next, Ok(Ok(_))), "served after the guesses: {next:?}");
+    let after = guesser.status(ctx()).await;
+    assert!(after.is_err(), "the connection is still open: {after:?}");
+
+    let honest = raw().await;
+    let who = honest.authenticate(ctx(), OPERATOR_TOKEN.into()).await.unwrap();
+    assert!(who.is_ok(), "{who:?}");
+    assert!(matches!(honest.status(ctx()).await, Ok(Ok(_))));
+}

@@ -69,6 +69,10 @@ const STATE_CHUNK_WAIT_MS: u32 = 5_000;
 /// empty) reaches the caller before it gives up on the request.
 const DEADLINE_HEADROOM: Duration = Duration::from_millis(250);
 
+/// Failed `authenticate` calls one connection may make; its next request of any kind closes
+/// it. Guessing tokens then costs a connection (and a TLS handshake) per few guesses.
+pub const AUTHENTICATE_FAILURES_MAX: u32 = 3;
+
 /// What one client connection may have in flight.
 #[derive(Clone, Copy, Debug)]
 pub struct ConnectionBudget {
@@ -105,18 +109,26 @@ pub async fn serve_clients(
             fetches: Arc::new(Semaphore::new(FETCHES_IN_FLIGHT_MAX)),
             auth: auth.clone(),
             principal: Arc::new(std::sync::Mutex::new(principal)),
+            failed_authentications: Arc::default(),
+            hang_up: Arc::default(),
         };
+        let hang_up = server.hang_up.clone();
         async move {
             let transport = framed::<_, Request, Reply>(accepted.stream, frame_bytes_max);
             // Our own bound answers excess requests with a typed `Overloaded`; tarpc's, at
             // twice the size, only bounds what a client that ignores those answers can queue.
-            BaseChannel::with_defaults(transport)
+            let serving = BaseChannel::with_defaults(transport)
                 .max_concurrent_requests(requests_in_flight_max.saturating_mul(2))
                 .execute(server.serve())
                 // In-flight requests run concurrently inside this connection's task rather
                 // than as a task each: no spawn and no cross-thread wake-up per request.
-                .for_each_concurrent(None, |response| response)
-                .await;
+                .for_each_concurrent(None, |response| response);
+            tokio::select! {
+                _ = serving => {}
+                _ = hang_up.notified() => {
+                    tracing::info!(peer = %accepted.peer, "closing a connection after failed authentications");
+                }
+            }
             // The channel ends when the peer hangs up or sends a frame that does not decode
             // (or exceeds the limit); only this connection is affected.
             tracing::debug!(peer = %accepted.peer, "client connection closed");
@@ -147,10 +159,25 @@ struct ControlLogServer {
     auth: Option<Arc<Authenticator>>,
     /// Who this connection is: from its client certificate, or from `authenticate`.
     principal: Arc<std::sync::Mutex<Option<Principal>>>,
+    /// `authenticate` calls refused on this connection.
+    failed_authentications: Arc<std::sync::atomic::AtomicU32>,
+    /// Ends the connection (see [`AUTHENTICATE_FAILURES_MAX`]).
+    hang_up: Arc<tokio::sync::Notify>,
 }
 
 impl ControlLogServer {
+    /// Admits one request to the connection's budget: refused `Overloaded` when it is full,
+    /// and `Unauthorized`, closing the connection, once it failed to authenticate too often.
     fn admit(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+        let failures = self
+            .failed_authentications
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if failures >= AUTHENTICATE_FAILURES_MAX {
+            self.hang_up.notify_one();
+            return Err(ApiError::Unauthorized(format!(
+                "{failures} failed authentications on this connection; closing it"
+            )));
+        }
         self.in_flight
             .clone()
             .try_acquire_owned()
@@ -416,6 +443,8 @@ impl ControlLog for ControlLogServer {
             None => {
                 let refusal = ApiError::Unauthorized("unknown token".into());
                 self.replica.telemetry().auth_refused(&refusal);
+                self.failed_authentications
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 Err(refusal)
             }
         }
