@@ -458,15 +458,24 @@ async fn repeated_failed_authentications_close_the_connection() {
             .authenticate(ctx(), format!("guess-{guess}-0123456789"))
             .await
             .expect("answered");
-        assert!(matches!(answer, Err(ApiError::Unauthorized(_))), "{answer:?}");
+        assert!(
+            matches!(answer, Err(ApiError::Unauthorized(_))),
+            "{answer:?}"
+        );
     }
     let next = guesser.status(ctx()).await;
-    assert!(!matches!(next, Ok(Ok(_))), "served after the guesses: {next:?}");
+    assert!(
+        !matches!(next, Ok(Ok(_))),
+        "served after the guesses: {next:?}"
+    );
     let after = guesser.status(ctx()).await;
     assert!(after.is_err(), "the connection is still open: {after:?}");
 
     let honest = raw().await;
-    let who = honest.authenticate(ctx(), OPERATOR_TOKEN.into()).await.unwrap();
+    let who = honest
+        .authenticate(ctx(), OPERATOR_TOKEN.into())
+        .await
+        .unwrap();
     assert!(who.is_ok(), "{who:?}");
     assert!(matches!(honest.status(ctx()).await, Ok(Ok(_))));
 }

@@ -901,3 +901,59 @@ async fn members_add_refuses_a_replica_that_does_not_know_the_recorded_level() {
     assert!(members(&cluster, leader).0.contains(&6));
     cluster.shutdown().await;
 }
+
+/// Goal: the peer port never lets a snapshot chunk make the replica allocate what the sender
+/// names. openraft writes a chunk at its offset into an in-memory buffer, zero-filling the gap,
+/// so a forged chunk at offset 2^40 asked a follower for a terabyte. Steps: a raw peer client,
+/// claiming the current leader's vote, sends a follower the first byte of a new snapshot, then
+/// a chunk at offset 2^40; the second is refused `SnapshotMismatch` expecting offset 1, and
+/// the cluster keeps committing with that follower applying.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_chunk_past_what_arrived_is_refused_not_allocated() {
+    use ctrlog::raft::network::RaftRpcClient;
+    use ctrlog::raft::types::{SnapshotMeta, StoredMembership};
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let follower = cluster.follower_of(leader);
+    let vote = cluster.replica(follower).metrics().vote;
+    let transport = tarpc::serde_transport::tcp::connect(
+        cluster.replica(follower).peer_addr(),
+        tarpc::tokio_serde::formats::Bincode::default,
+    )
+    .await
+    .unwrap();
+    let rpc = RaftRpcClient::new(tarpc::client::Config::default(), transport).spawn();
+    let chunk = |offset: u64| InstallSnapshotRequest {
+        vote,
+        meta: SnapshotMeta {
+            last_log_id: None,
+            last_membership: StoredMembership::default(),
+            snapshot_id: "forged".into(),
+        },
+        offset,
+        data: vec![1],
+        done: false,
+    };
+    // openraft refuses a new snapshot that does not start at 0, but within one it seeks to
+    // whatever offset a chunk names.
+    let first = rpc
+        .install_snapshot(tarpc::context::current(), chunk(0))
+        .await
+        .expect("the follower answers");
+    assert!(first.is_ok(), "{first:?}");
+    let answer = rpc
+        .install_snapshot(tarpc::context::current(), chunk(1 << 40))
+        .await
+        .expect("the follower answers");
+    match answer {
+        Err(RaftError::APIError(InstallSnapshotError::SnapshotMismatch(mismatch))) => {
+            assert_eq!(mismatch.expect.offset, 1)
+        }
+        other => panic!("expected SnapshotMismatch, got {other:?}"),
+    }
+    let offsets = append_many(&cluster, 1, 10).await;
+    let last = *offsets.last().unwrap();
+    cluster.wait_for_applied(last, WAIT).await.unwrap();
+    assert!(cluster.replica(follower).applied_offset() >= last);
+}

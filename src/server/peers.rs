@@ -19,6 +19,7 @@ use crate::raft::elector::ElectionTimer;
 use crate::raft::network::{RaftRpc, RaftRpcRequest, RaftRpcResponse, PEER_FRAME_BYTES_MAX};
 use crate::raft::types::*;
 use crate::NodeId;
+use openraft::error::SnapshotMismatch;
 
 #[derive(Clone)]
 struct RaftRpcServer {
@@ -28,6 +29,42 @@ struct RaftRpcServer {
     /// The certificate the calling peer presented (TLS only): it must name the node that
     /// each request claims to come from.
     peer: Option<Arc<PeerCertificate>>,
+    /// What has arrived of the snapshot being received, shared by the port's connections.
+    snapshot_chunks: Arc<SnapshotChunks>,
+}
+
+/// The largest snapshot the peer port receives. openraft writes a chunk at the offset its
+/// sender names into an in-memory buffer, zero-filling any gap: without this bound, and the
+/// no-gap rule below, one request could make the replica allocate whatever it is told.
+pub const SNAPSHOT_BYTES_MAX: u64 = 1 << 30;
+
+/// The snapshot being received and how many of its bytes arrived. A chunk may repeat what
+/// arrived or continue it, never skip ahead: openraft's sender sends a snapshot in order
+/// from offset 0, and starts over from 0 after any error, which a refusal here is.
+#[derive(Default)]
+struct SnapshotChunks {
+    received: std::sync::Mutex<Option<(String, u64)>>,
+}
+
+impl SnapshotChunks {
+    /// Admits a chunk of `len` bytes at `offset` of snapshot `id`, or names what was
+    /// expected.
+    fn admit(&self, id: &str, offset: u64, len: u64) -> Result<(), SnapshotMismatch> {
+        let mut received = self.received.lock().expect("never poisoned");
+        let end = offset.saturating_add(len);
+        let expected = match &*received {
+            Some((known, bytes)) if known == id => *bytes,
+            _ => 0,
+        };
+        if offset > expected || end > SNAPSHOT_BYTES_MAX {
+            return Err(SnapshotMismatch {
+                expect: (id, expected.min(SNAPSHOT_BYTES_MAX)).into(),
+                got: (id, offset).into(),
+            });
+        }
+        *received = Some((id.to_string(), expected.max(end)));
+        Ok(())
+    }
 }
 
 /// A peer connection's certificate, and the node it was last found to name. A connection
@@ -88,6 +125,16 @@ impl RaftRpc for RaftRpcServer {
         request: InstallSnapshotRequest,
     ) -> Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>> {
         self.check_sender(request.vote.leader_id().voted_for().unwrap_or_default())?;
+        let chunk_len = request.data.len() as u64;
+        if let Err(mismatch) =
+            self.snapshot_chunks
+                .admit(&request.meta.snapshot_id, request.offset, chunk_len)
+        {
+            tracing::warn!(%mismatch, "refused a snapshot chunk");
+            return Err(RaftError::APIError(InstallSnapshotError::SnapshotMismatch(
+                mismatch,
+            )));
+        }
         let sender_vote = request.vote;
         let answer = self.raft.install_snapshot(request).await?;
         self.elections
@@ -120,10 +167,12 @@ pub async fn serve_peers(
     tls: Option<TlsAcceptor>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let snapshot_chunks = Arc::new(SnapshotChunks::default());
     serve_each_connection("peer", listener, tls, stop, move |accepted| {
         let server = RaftRpcServer {
             raft: raft.clone(),
             elections: elections.clone(),
+            snapshot_chunks: snapshot_chunks.clone(),
             peer: accepted.peer_certificate.map(|der| {
                 Arc::new(PeerCertificate {
                     der,
@@ -143,4 +192,28 @@ pub async fn serve_peers(
         }
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Goal: a snapshot arrives in order or not at all: a chunk may repeat or continue what
+    /// arrived, a new snapshot starts at 0, and a chunk past a gap or past
+    /// `SNAPSHOT_BYTES_MAX` is refused, naming the offset expected.
+    #[test]
+    fn snapshot_chunks_arrive_in_order_within_the_bound() {
+        let chunks = SnapshotChunks::default();
+        assert!(chunks.admit("s1", 0, 100).is_ok());
+        assert!(chunks.admit("s1", 100, 100).is_ok());
+        assert!(chunks.admit("s1", 50, 100).is_ok(), "a resent chunk");
+        let gap = chunks.admit("s1", 1 << 40, 1).unwrap_err();
+        assert_eq!(gap.expect.offset, 200);
+        assert!(
+            chunks.admit("s2", 10, 1).is_err(),
+            "a new snapshot starts at 0"
+        );
+        assert!(chunks.admit("s2", 0, SNAPSHOT_BYTES_MAX + 1).is_err());
+        assert!(chunks.admit("s2", 0, 10).is_ok());
+    }
 }
