@@ -17,7 +17,7 @@ use ctrlog::client::{
     SubscriptionItem, APPEND_MANY_PROPOSALS_MAX,
 };
 use ctrlog::log::{Command, ContainerId, Filter, LogEntry, ProducerSeq, Proposal, Target};
-use ctrlog::tools::LocalCluster;
+use ctrlog::tools::{poll_until, LocalCluster, POLL_INTERVAL};
 use futures::StreamExt;
 use tarpc::tokio_serde::formats::Bincode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1077,4 +1077,43 @@ async fn a_forgotten_producers_retry_gets_a_typed_error_not_a_second_append() {
     );
     assert_eq!(handle.applied_offset(), before, "nothing appended twice");
     cluster.shutdown().await;
+}
+
+/// Goal: the client port holds at most `client_connections_max` connections: one more is
+/// closed at once, before it costs a handshake or a buffer, and a slot freed is served again.
+/// Steps: a replica allowing 3 connections; 3 idle TCP connections are held open; a fourth
+/// reads end-of-stream; one idle connection closes; a raw client is then served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_ports_limit_are_closed_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 1, |c| c.client_connections_max = 3)
+        .await
+        .unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    let addr = cluster.replica(1).client_addr();
+    let mut idle = Vec::new();
+    for _ in 0..3 {
+        idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    let mut extra = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(WAIT, extra.read(&mut byte)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "the fourth connection is closed: {read:?}"
+    );
+    drop(idle.pop());
+    let served = poll_until("a freed slot to serve", WAIT, POLL_INTERVAL, || async {
+        let client = raw_client(addr).await;
+        match client
+            .status(deadline_context(Duration::from_secs(2)))
+            .await
+        {
+            Ok(Ok(status)) => Ok(status),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(served.id, 1);
 }

@@ -71,6 +71,9 @@ pub struct ReplicaConfig {
     pub command_bytes_max: usize,
     /// The largest frame accepted on the client port.
     pub client_frame_bytes_max: usize,
+    /// Connections the client port holds at once; one more is closed as soon as it is
+    /// accepted. Bounds what clients that never authenticate, or never send, can pin.
+    pub client_connections_max: usize,
     /// Requests one client connection may have in flight; more are refused until some finish.
     pub client_requests_in_flight_max: usize,
     /// Encoded bytes of the appends one client connection may have in flight (waiting to
@@ -102,6 +105,7 @@ impl Default for ReplicaConfig {
             snapshot_logs_to_keep: 1_000,
             command_bytes_max: COMMAND_BYTES_MAX_DEFAULT,
             client_frame_bytes_max: 2 * COMMAND_BYTES_MAX_DEFAULT + (64 << 10),
+            client_connections_max: 4096,
             client_requests_in_flight_max: 1024,
             client_append_bytes_in_flight_max: 64 << 20,
             job: None,
@@ -278,6 +282,9 @@ impl ReplicaConfig {
         }
         if self.command_bytes_max == 0 {
             refuse("command_bytes_max", "must be at least 1")?;
+        }
+        if self.client_connections_max == 0 {
+            refuse("client_connections_max", "must be at least 1")?;
         }
         let one_command_answer =
             self.command_bytes_max + LOG_ENTRY_OVERHEAD_BYTES_MAX + ANSWER_ENVELOPE_BYTES_MAX;

@@ -36,10 +36,14 @@ pub struct Accepted {
 /// fires; then it ends every connection's task and returns once they are gone, so that nothing
 /// of the replica they hold outlives its shutdown (a restart can reopen its storage at once).
 /// Dropping this future instead also aborts the tasks, but without waiting for them.
+///
+/// At most `connections_max` connections are open at once (handshaking ones included): one
+/// more is closed as soon as it is accepted, before it costs a handshake or a buffer.
 pub async fn serve_each_connection<F, Fut>(
     port: &'static str,
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
+    connections_max: usize,
     mut stop: watch::Receiver<bool>,
     serve: F,
 ) where
@@ -54,6 +58,12 @@ pub async fn serve_each_connection<F, Fut>(
             _ = stop.changed() => break,
             accepted = listener.accept() => match accepted {
                 Ok((tcp, peer)) => {
+                    while connections.try_join_next().is_some() {}
+                    if connections.len() >= connections_max {
+                        tracing::warn!(port, %peer, connections_max, "connection refused: the port is full");
+                        drop(tcp);
+                        continue;
+                    }
                     let (serve, tls) = (serve.clone(), tls.clone());
                     connections.spawn(async move {
                         if let Some(accepted) = handshake(port, tcp, peer, tls).await {

@@ -33,6 +33,10 @@ struct RaftRpcServer {
     snapshot_chunks: Arc<SnapshotChunks>,
 }
 
+/// Connections the peer port holds at once: a few per peer (one for Raft, a re-dial that
+/// overlaps a dying one, a membership change's questions) with room to spare.
+pub const PEER_CONNECTIONS_MAX: usize = 256;
+
 /// The largest snapshot the peer port receives. openraft writes a chunk at the offset its
 /// sender names into an in-memory buffer, zero-filling any gap: without this bound, and the
 /// no-gap rule below, one request could make the replica allocate whatever it is told.
@@ -168,29 +172,38 @@ pub async fn serve_peers(
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let snapshot_chunks = Arc::new(SnapshotChunks::default());
-    serve_each_connection("peer", listener, tls, stop, move |accepted| {
-        let server = RaftRpcServer {
-            raft: raft.clone(),
-            elections: elections.clone(),
-            snapshot_chunks: snapshot_chunks.clone(),
-            peer: accepted.peer_certificate.map(|der| {
-                Arc::new(PeerCertificate {
-                    der,
-                    verified_sender: std::sync::Mutex::new(None),
-                })
-            }),
-        };
-        async move {
-            let transport =
-                framed::<_, ServingRequest, ServingResponse>(accepted.stream, PEER_FRAME_BYTES_MAX);
-            BaseChannel::with_defaults(transport)
-                .execute(server.serve())
-                // In-flight requests run concurrently inside this connection's task rather
-                // than as a task each: no spawn and no cross-thread wake-up per request.
-                .for_each_concurrent(None, |response| response)
-                .await;
-        }
-    })
+    serve_each_connection(
+        "peer",
+        listener,
+        tls,
+        PEER_CONNECTIONS_MAX,
+        stop,
+        move |accepted| {
+            let server = RaftRpcServer {
+                raft: raft.clone(),
+                elections: elections.clone(),
+                snapshot_chunks: snapshot_chunks.clone(),
+                peer: accepted.peer_certificate.map(|der| {
+                    Arc::new(PeerCertificate {
+                        der,
+                        verified_sender: std::sync::Mutex::new(None),
+                    })
+                }),
+            };
+            async move {
+                let transport = framed::<_, ServingRequest, ServingResponse>(
+                    accepted.stream,
+                    PEER_FRAME_BYTES_MAX,
+                );
+                BaseChannel::with_defaults(transport)
+                    .execute(server.serve())
+                    // In-flight requests run concurrently inside this connection's task rather
+                    // than as a task each: no spawn and no cross-thread wake-up per request.
+                    .for_each_concurrent(None, |response| response)
+                    .await;
+            }
+        },
+    )
     .await;
 }
 

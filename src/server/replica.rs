@@ -201,6 +201,7 @@ impl Replica {
                 client_listener,
                 handle.clone(),
                 ConnectionBudget {
+                    connections: config.client_connections_max,
                     requests: config.client_requests_in_flight_max,
                     append_bytes: config.client_append_bytes_in_flight_max,
                 },

@@ -73,9 +73,11 @@ const DEADLINE_HEADROOM: Duration = Duration::from_millis(250);
 /// it. Guessing tokens then costs a connection (and a TLS handshake) per few guesses.
 pub const AUTHENTICATE_FAILURES_MAX: u32 = 3;
 
-/// What one client connection may have in flight.
+/// What the client port and each of its connections may hold.
 #[derive(Clone, Copy, Debug)]
 pub struct ConnectionBudget {
+    /// Connections open at once.
+    pub connections: usize,
     /// Requests, of any kind.
     pub requests: usize,
     /// Encoded bytes of appends waiting to commit.
@@ -93,7 +95,8 @@ pub async fn serve_clients(
 ) {
     let frame_bytes_max = listener.frame_bytes_max;
     let requests_in_flight_max = budget.requests;
-    serve_each_connection("client", listener.listener, tls, stop, move |accepted| {
+    let connections_max = budget.connections;
+    serve_each_connection("client", listener.listener, tls, connections_max, stop, move |accepted| {
         let principal = match (&auth, &accepted.peer_certificate) {
             (Some(auth), Some(cert)) => auth.by_certificate(cert),
             _ => None,
