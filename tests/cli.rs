@@ -347,3 +347,21 @@ async fn flags_that_look_like_tls_but_are_not_are_refused() {
     let said = String::from_utf8_lossy(&half.stderr);
     assert!(said.contains("need --ca"), "{said}");
 }
+
+/// Goal: `ctrlog tokens hash` turns a v0.1.0 tokens file into one that holds no token, line
+/// for line, comments kept (the replica accepting it is `auth.rs`'s unit test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_hash_replaces_every_plaintext_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tokens");
+    std::fs::write(&file, "# roles\nsecret-token-0123456789 operator\n").unwrap();
+    let output = ctrlog("", &["tokens", "hash", &file.display().to_string()]).await;
+    let hashed = stdout_of(&output);
+    assert!(!hashed.contains("secret-token"), "{hashed}");
+    let lines: Vec<&str> = hashed.lines().collect();
+    assert_eq!(lines[0], "# roles");
+    assert!(
+        lines[1].starts_with("sha256:") && lines[1].ends_with(" operator"),
+        "{hashed}"
+    );
+}

@@ -95,17 +95,73 @@ fn sha256(parts: &[&[u8]]) -> [u8; 32] {
 
 /// The credentials a replica accepts.
 pub struct Authenticator {
-    tokens: BTreeMap<String, Principal>,
+    tokens: Vec<TokenLine>,
     /// Certificate name (a DNS name among its subject alternative names) → role.
     certificates: BTreeMap<String, Role>,
+}
+
+/// One line of the tokens file, as kept in memory: a salted digest of the token, never the
+/// token itself (a plaintext line is digested when it is read).
+struct TokenLine {
+    salt: [u8; 16],
+    digest: [u8; 32],
+    role: Role,
+    /// How messages name the principal: by line number, never by the token.
+    name: String,
+}
+
+/// How a hashed line starts: `sha256:SALT:DIGEST ROLE`, both in hex, the digest of the salt
+/// followed by the token.
+const HASHED_PREFIX: &str = "sha256:";
+
+/// The smallest token length accepted.
+const TOKEN_CHARS_MIN: usize = 16;
+
+fn salted_digest(salt: &[u8], token: &str) -> [u8; 32] {
+    sha256(&[salt, token.as_bytes()])
+}
+
+/// `sha256:SALT:DIGEST` for `token` under a fresh random salt: what `ctrlog tokens hash`
+/// writes in place of the token.
+pub fn hash_token(token: &str) -> String {
+    let salt: [u8; 16] = rand::random();
+    format!(
+        "{HASHED_PREFIX}{}:{}",
+        hex(&salt),
+        hex(&salted_digest(&salt, token))
+    )
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex<const N: usize>(text: &str) -> Option<[u8; N]> {
+    if text.len() != 2 * N {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
 }
 
 impl Authenticator {
     /// Loads the configured credentials; the error names what is wrong.
     pub fn load(config: &AuthConfig) -> Result<Authenticator, String> {
-        let mut tokens = BTreeMap::new();
+        let mut tokens = Vec::new();
         if let Some(path) = &config.tokens_file {
-            tokens = read_tokens(path)?;
+            let read = read_tokens(path)?;
+            if read.plaintext > 0 {
+                tracing::warn!(
+                    file = %path.display(),
+                    lines = read.plaintext,
+                    "the tokens file holds tokens in plain text; `ctrlog tokens hash FILE` \
+                     writes the same file with each token replaced by a salted hash"
+                );
+            }
+            tokens = read.lines;
         }
         let certificates = config
             .certificates
@@ -122,8 +178,21 @@ impl Authenticator {
         })
     }
 
+    /// The principal holding `token`, if any. Every line is compared, in constant time each,
+    /// so the time taken tells nothing of which line (or how much of one) matched.
     pub fn by_token(&self, token: &str) -> Option<Principal> {
-        self.tokens.get(token).cloned()
+        use subtle::ConstantTimeEq;
+        let mut found = None;
+        for line in &self.tokens {
+            let digest = salted_digest(&line.salt, token);
+            if bool::from(digest.ct_eq(&line.digest)) && found.is_none() {
+                found = Some(line);
+            }
+        }
+        found.map(|line| {
+            let credential = format!("token {token}");
+            Principal::new(line.name.clone(), line.role.clone(), credential.as_bytes())
+        })
     }
 
     /// The principal a verified client certificate names, if any.
@@ -139,52 +208,111 @@ impl Authenticator {
     }
 }
 
-/// The token `tokens_file` gives the role `container:<container>`, if any: what a launcher
-/// hands the container it starts, so that each container holds only its own credential.
-/// Read afresh at each call, so that tokens added for new container names are found.
+/// The plaintext token `tokens_file` gives the role `container:<container>`, if any: what a
+/// launcher hands the container it starts, so that each container holds only its own
+/// credential. A hashed line cannot be handed out; keep the launched containers' tokens in
+/// plain text (the file is private to the replica's user). Read afresh at each call, so
+/// that tokens added for new container names are found.
 pub fn container_token(
     tokens_file: &Path,
     container: &ContainerId,
 ) -> Result<Option<String>, String> {
-    Ok(read_tokens(tokens_file)?
-        .into_iter()
-        .find(|(_, principal)| principal.role == Role::Container(container.clone()))
-        .map(|(token, _)| token))
+    let text = read_file(tokens_file)?;
+    let wanted = Role::Container(container.clone());
+    let found = token_lines(&text).find_map(|(_, token, role)| {
+        (!token.starts_with(HASHED_PREFIX) && role.parse::<Role>().ok()? == wanted)
+            .then(|| token.to_string())
+    });
+    Ok(found)
 }
 
-/// `TOKEN ROLE` per line; blank lines and `#` comments are skipped. The token names its
-/// principal in messages by its line number, never by itself.
-fn read_tokens(path: &Path) -> Result<BTreeMap<String, Principal>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("auth.tokens_file {}: {e}", path.display()))?;
-    let mut tokens = BTreeMap::new();
-    for (number, line) in text.lines().enumerate() {
+/// The tokens file's lines, read.
+struct TokensRead {
+    lines: Vec<TokenLine>,
+    /// How many held their token in plain text.
+    plaintext: usize,
+}
+
+fn read_file(path: &Path) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("auth.tokens_file {}: {e}", path.display()))
+}
+
+/// The non-blank, non-comment lines of a tokens file as (line number, first word, the rest).
+fn token_lines(text: &str) -> impl Iterator<Item = (usize, &str, &str)> {
+    text.lines().enumerate().filter_map(|(n, line)| {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
-            continue;
+            return None;
         }
-        let bad = |why: String| {
-            format!(
-                "auth.tokens_file {} line {}: {why}",
-                path.display(),
-                number + 1
-            )
-        };
-        let mut parts = line.split_whitespace();
-        let (Some(token), Some(role), None) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(bad("expected `TOKEN ROLE`".into()));
-        };
-        if token.len() < 16 {
-            return Err(bad("tokens must be at least 16 characters".into()));
+        let (token, role) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
+        Some((n + 1, token, role.trim()))
+    })
+}
+
+/// `TOKEN ROLE` or `sha256:SALT:DIGEST ROLE` per line; blank lines and `#` comments are
+/// skipped. A principal is named in messages by its line number, never by its token.
+fn read_tokens(path: &Path) -> Result<TokensRead, String> {
+    let text = read_file(path)?;
+    let mut read = TokensRead {
+        lines: Vec::new(),
+        plaintext: 0,
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    for (number, token, role) in token_lines(&text) {
+        let bad = |why: String| format!("auth.tokens_file {} line {number}: {why}", path.display());
+        if role.is_empty() || role.contains(char::is_whitespace) {
+            return Err(bad(
+                "expected `TOKEN ROLE` or `sha256:SALT:DIGEST ROLE`".into()
+            ));
         }
         let role: Role = role.parse().map_err(bad)?;
-        let name = format!("token on line {} ({role:?})", number + 1);
-        let principal = Principal::new(name, role, format!("token {token}").as_bytes());
-        if tokens.insert(token.to_string(), principal).is_some() {
-            return Err(bad("the same token appears twice".into()));
-        }
+        let (salt, digest) = match token.strip_prefix(HASHED_PREFIX) {
+            Some(hashed) => {
+                let (salt, digest) = hashed.split_once(':').unwrap_or(("", ""));
+                let parsed = unhex::<16>(salt).zip(unhex::<32>(digest));
+                parsed.ok_or_else(|| bad("a hashed token is sha256:SALT:DIGEST in hex".into()))?
+            }
+            None => {
+                if token.len() < TOKEN_CHARS_MIN {
+                    return Err(bad(format!(
+                        "tokens must be at least {TOKEN_CHARS_MIN} characters"
+                    )));
+                }
+                if !seen.insert(token) {
+                    return Err(bad("the same token appears twice".into()));
+                }
+                read.plaintext += 1;
+                let salt: [u8; 16] = rand::random();
+                (salt, salted_digest(&salt, token))
+            }
+        };
+        let name = format!("token on line {number} ({role:?})");
+        read.lines.push(TokenLine {
+            salt,
+            digest,
+            role,
+            name,
+        });
     }
-    Ok(tokens)
+    Ok(read)
+}
+
+/// `ctrlog tokens hash`: `text` (a tokens file) with every plaintext token replaced by a
+/// salted hash; comments, blank lines and lines already hashed kept as they are.
+pub fn hash_tokens_file(text: &str) -> String {
+    text.lines()
+        .map(|line| {
+            let trimmed = line.trim();
+            match trimmed.split_once(char::is_whitespace) {
+                Some((token, role))
+                    if !trimmed.starts_with('#') && !token.starts_with(HASHED_PREFIX) =>
+                {
+                    format!("{} {}\n", hash_token(token), role.trim())
+                }
+                _ => format!("{line}\n"),
+            }
+        })
+        .collect()
 }
 
 /// What a request asks to do, for the role check.
@@ -253,6 +381,48 @@ pub fn authorize(principal: &Principal, action: &Action<'_>) -> Result<(), ApiEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Goal: a hashed tokens file authenticates the same tokens as its plaintext original,
+    /// and only those; a v0.1.0 plaintext file keeps working; the launcher still finds a
+    /// container's plaintext token and refuses to hand out a hashed one.
+    #[test]
+    fn hashed_and_plaintext_tokens_authenticate_alike() {
+        let plaintext = "# who\nadmin-token-0123456789 admin\nc1-token-0123456789 container:c1\n";
+        let hashed = hash_tokens_file(plaintext);
+        assert!(!hashed.contains("admin-token-0123456789"), "{hashed}");
+        assert!(hashed.starts_with("# who\n"), "comments kept: {hashed}");
+        let dir = tempfile::tempdir().unwrap();
+        for (file, text) in [("plain", plaintext), ("hashed", hashed.as_str())] {
+            let path = dir.path().join(file);
+            std::fs::write(&path, text).unwrap();
+            let auth = Authenticator::load(&AuthConfig {
+                tokens_file: Some(path.clone()),
+                certificates: BTreeMap::new(),
+            })
+            .unwrap();
+            let admin = auth.by_token("admin-token-0123456789").expect(file);
+            assert_eq!(admin.role, Role::Admin);
+            assert_eq!(admin.name, "token on line 2 (Admin)");
+            assert!(auth.by_token("admin-token-012345678").is_none(), "{file}");
+            assert!(auth.by_token("").is_none());
+            let c1 = ContainerId::new("c1").unwrap();
+            let handed = container_token(&path, &c1).unwrap();
+            assert_eq!(handed.is_some(), file == "plain", "{file}");
+        }
+        // The namespace follows the token, not the line: one credential, one namespace.
+        let path = dir.path().join("plain");
+        let auth = Authenticator::load(&AuthConfig {
+            tokens_file: Some(path),
+            certificates: BTreeMap::new(),
+        })
+        .unwrap();
+        let again = auth.by_token("admin-token-0123456789").unwrap();
+        assert_eq!(
+            again.own_producer(1),
+            Principal::new(String::new(), Role::Admin, b"token admin-token-0123456789")
+                .own_producer(1)
+        );
+    }
 
     #[test]
     fn each_credential_records_producer_ids_in_its_own_namespace() {

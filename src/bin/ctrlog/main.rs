@@ -91,6 +91,19 @@ enum Cmd {
         #[command(subcommand)]
         action: CertsCmd,
     },
+    /// Tokens files (`[auth] tokens_file`).
+    Tokens {
+        #[command(subcommand)]
+        action: TokensCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokensCmd {
+    /// Print FILE with every plaintext token replaced by a salted hash
+    /// (`sha256:SALT:DIGEST ROLE`); replicas accept both forms. Keep the plaintext tokens of
+    /// containers a process launcher starts: a hash cannot be handed to them.
+    Hash { file: PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -181,6 +194,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 writeln!(out, "{}", path.display())?;
             }
         }
+        Cmd::Tokens {
+            action: TokensCmd::Hash { file },
+        } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            write!(out, "{}", ctrlog::server::auth::hash_tokens_file(&text))?;
+        }
     }
     Ok(())
 }
@@ -214,6 +234,7 @@ fn refuse_unused_client_flags(cli: &Cli, matches: &clap::ArgMatches) -> Result<(
         Cmd::Demo { .. } => ("demo", ""),
         Cmd::Chaos(_) => ("chaos", ""),
         Cmd::Certs { .. } => ("certs", ""),
+        Cmd::Tokens { .. } => ("tokens", ""),
         _ => return Ok(()),
     };
     let (_, sub) = matches.subcommand().expect("a subcommand is required");
