@@ -365,3 +365,40 @@ async fn tokens_hash_replaces_every_plaintext_token() {
         "{hashed}"
     );
 }
+
+/// The first line `ctrlog serve` logs with `flags`, its stderr a pipe (as a log file is).
+async fn first_log_line(flags: &[&str]) -> String {
+    use tokio::io::AsyncBufReadExt;
+    let data = tempfile::tempdir().unwrap();
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctrlog"));
+    command
+        .args(flags)
+        .args(["serve", "--id", "1", "--peer-addr", "127.0.0.1:0"])
+        .args(["--client-addr", "127.0.0.1:0", "--data"])
+        .arg(data.path())
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut replica = command.spawn().unwrap();
+    let stderr = replica.stderr.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    tokio::time::timeout(WAIT, lines.next_line())
+        .await
+        .expect("the replica logged")
+        .unwrap()
+        .expect("a line")
+}
+
+/// Goal: logs written to a pipe or file carry no colour codes, and `--log-format json`
+/// writes one JSON object per line for a log shipper.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_are_plain_in_a_file_and_json_on_request() {
+    let text = first_log_line(&[]).await;
+    assert!(!text.contains('\u{1b}'), "escape codes in {text:?}");
+    let json: Value = serde_json::from_str(&first_log_line(&["--log-format", "json"]).await)
+        .expect("a JSON object per line");
+    assert!(
+        json["level"].is_string() && json["fields"].is_object(),
+        "{json}"
+    );
+}

@@ -29,8 +29,18 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(flatten)]
     client: ClientFlags,
+    /// How log lines are written to stderr: text (colours only on a terminal) or one JSON
+    /// object per line, for a log shipper.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Cmd,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -288,15 +298,19 @@ async fn run_main(cli: Cli) -> ExitCode {
         // client about a tenth of its CPU (perf), so tarpc speaks only of problems.
         _ => "info,openraft=warn,tarpc=warn",
     };
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| default_filter.into()),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
         // Colours only on a terminal: a log file or a pipe gets no escape sequences.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => logs.json().init(),
+    }
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         // `ctrlog tail | head` closing the pipe is not an error.
