@@ -17,7 +17,7 @@ use ctrlog::jobs::plan::{settled, GroupByPartition, LagPolicy};
 use ctrlog::log::Input;
 use ctrlog::tools::container::{InProcessLauncher, SimOptions};
 use ctrlog::tools::local_job::{ControllerFactory, LocalJob};
-use ctrlog::tools::LocalCluster;
+use ctrlog::tools::{poll_until, LocalCluster, POLL_INTERVAL};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -63,8 +63,22 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     job.kill(job.cluster.wait_for_leader(WAIT).await?).await;
     let leader = job.cluster.wait_for_leader(WAIT).await?;
-    // Past the next sample, so that the new leader's history shows its election.
-    tokio::time::sleep(ctrlog::server::history::SAMPLE_INTERVAL * 2).await;
+    // Until the new leader's history has sampled it leading, so the charts mark the election.
+    let replica = job.cluster.replica(leader);
+    poll_until(
+        "the election in the new leader's history",
+        WAIT,
+        POLL_INTERVAL,
+        || {
+            let term = replica.metrics().current_term;
+            let samples = replica.history().samples();
+            let sampled = samples
+                .last()
+                .is_some_and(|s| s.term == term && s.leader == Some(leader));
+            std::future::ready(if sampled { Ok(()) } else { Err("not yet") })
+        },
+    )
+    .await?;
     let url = job
         .cluster
         .replica(leader)

@@ -20,6 +20,7 @@ use ctrlog::tools::bench::{processes_mentioning, ProcessCluster};
 use ctrlog::tools::checker::{double_runs, read_reports};
 use ctrlog::tools::cli::state_text;
 use ctrlog::tools::poll_until;
+use ctrlog::tools::wait::job_state_until;
 
 /// Each step's deadline: a debug build of four processes on a shared 2-core machine.
 const STEP: Duration = Duration::from_secs(60);
@@ -146,14 +147,7 @@ async fn wait_for_state(
     what: &str,
     condition: impl Fn(&JobState) -> bool,
 ) -> JobState {
-    let found = poll_until(what, STEP, Duration::from_millis(50), || async {
-        match client.state(0).await {
-            Ok(at) if condition(&at.state) => Ok(at.state),
-            Ok(at) => Err(state_text(&at)),
-            Err(error) => Err(error.to_string()),
-        }
-    })
-    .await;
+    let found = job_state_until(client, what, STEP, condition).await;
     found.unwrap_or_else(|error| {
         let logs: String = (0..3)
             .map(|i| format!("--- replica {}:\n{}\n", i + 1, cluster.log_tail(i, 40)))

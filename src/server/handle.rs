@@ -563,18 +563,11 @@ impl ReplicaHandle {
         if recorded <= LEVEL_KNOWN_TO_EVERY_RELEASE {
             return Ok(());
         }
-        let supported = self
-            .inner
-            .peers
-            .vocabulary_level_max(id, member, MEMBER_LEVEL_ANSWER_MAX)
-            .await
-            .map_err(|why| {
-                ApiError::Rejected(format!(
-                    "replica {id} did not say which vocabulary levels it knows ({why}); the \
-                     log records level {recorded}, which builds too old to answer do not know; \
-                     nothing was added"
-                ))
-            })?;
+        let consequence = format!(
+            "the log records level {recorded}, which builds too old to answer do not know; \
+             nothing was added"
+        );
+        let supported = self.member_level_max(id, member, &consequence).await?;
         if supported < recorded {
             return Err(ApiError::MemberLevelUnsupported {
                 member: id,
@@ -583,6 +576,26 @@ impl ReplicaHandle {
             });
         }
         Ok(())
+    }
+
+    /// The highest vocabulary level replica `id`'s build knows, asked over the peer port; a
+    /// replica that does not answer is refused with `consequence` (what was not done).
+    async fn member_level_max(
+        &self,
+        id: NodeId,
+        member: &Member,
+        consequence: &str,
+    ) -> Result<Level, ApiError> {
+        self.inner
+            .peers
+            .vocabulary_level_max(id, member, MEMBER_LEVEL_ANSWER_MAX)
+            .await
+            .map_err(|why| {
+                ApiError::Rejected(format!(
+                    "replica {id} did not say which vocabulary levels it knows ({why}); \
+                     {consequence}"
+                ))
+            })
     }
 
     /// Refuses to raise the vocabulary level to `level` unless every other member's build says
@@ -596,16 +609,8 @@ impl ReplicaHandle {
                 continue;
             }
             let supported = self
-                .inner
-                .peers
-                .vocabulary_level_max(*id, member, MEMBER_LEVEL_ANSWER_MAX)
-                .await
-                .map_err(|why| {
-                    ApiError::Rejected(format!(
-                        "replica {id} did not say which vocabulary levels it knows ({why}); \
-                         the level was not raised"
-                    ))
-                })?;
+                .member_level_max(*id, member, "the level was not raised")
+                .await?;
             if supported < level {
                 tracing::warn!(member = id, supported, level, "vocabulary raise refused");
                 return Err(Rejection::LevelUnsupported {

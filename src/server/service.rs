@@ -229,12 +229,17 @@ impl ControlLogServer {
     /// replay another's sequences; an answer naming the recorded id names the client's again.
     /// Without authentication the id is recorded as sent.
     async fn append_as_principal(&self, mut proposal: Proposal) -> Result<AppendAck, ApiError> {
-        let principal = self.principal.lock().expect("never poisoned").clone();
-        let (Some(principal), Some(pair)) = (principal, proposal.producer.as_mut()) else {
+        let Some(pair) = proposal.producer.as_mut() else {
             return self.replica.append(proposal).await;
         };
         let sent = pair.producer;
-        pair.producer = principal.own_producer(sent);
+        // Derived under the lock rather than cloning the principal for every append.
+        let recorded = (self.principal.lock().expect("never poisoned").as_ref())
+            .map(|principal| principal.own_producer(sent));
+        let Some(recorded) = recorded else {
+            return self.replica.append(proposal).await;
+        };
+        pair.producer = recorded;
         self.replica
             .append(proposal)
             .await

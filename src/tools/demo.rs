@@ -23,7 +23,7 @@ use super::bench::{processes_mentioning, ProcessCluster};
 use super::checker::{double_runs, longest_unowned, read_reports};
 use super::local_cluster::LocalCluster;
 use super::local_job::{ControllerFactory, LocalJob};
-use super::wait::{poll_until, POLL_INTERVAL};
+use super::wait::job_state_until;
 use crate::client::{ClientOptions, ControlClient, SubscriptionItem};
 use crate::controller::{
     Capacity, Controller, ControllerReport, JobDriver, LaunchSettings, ProcessLauncher, SettingsFn,
@@ -226,14 +226,7 @@ impl DemoCluster for ServedJob {
         what: &str,
         condition: impl Fn(&JobState) -> bool,
     ) -> anyhow::Result<JobState> {
-        let reached = poll_until(what, STEP, POLL_INTERVAL, || async {
-            match self.client.state(0).await {
-                Ok(at) if condition(&at.state) => Ok(at.state),
-                Ok(_) => Err("not yet".to_string()),
-                Err(error) => Err(error.to_string()),
-            }
-        });
-        Ok(reached.await?)
+        Ok(job_state_until(&self.client, what, STEP, condition).await?)
     }
 
     async fn leader(&self) -> anyhow::Result<NodeId> {

@@ -10,6 +10,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::cli::state_text;
+use crate::client::ControlClient;
+use crate::jobs::JobState;
+
 /// How often the tools and tests re-check a condition by default: often enough that a wait
 /// ends within a few milliseconds of its condition, rarely enough to cost nothing.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(20);
@@ -46,6 +50,26 @@ where
         }
         tokio::time::sleep(every).await;
     }
+}
+
+/// Polls the job state through `client` until `condition` holds, and returns that state.
+/// After `timeout` it fails, naming `what` and showing the last state seen as `ctrlog state`
+/// prints it. For clusters in other processes; in this one, `LocalJob::wait_for_state` waits
+/// on applies instead.
+pub async fn job_state_until(
+    client: &ControlClient,
+    what: &str,
+    timeout: Duration,
+    condition: impl Fn(&JobState) -> bool,
+) -> Result<JobState, WaitError> {
+    poll_until(what, timeout, POLL_INTERVAL, || async {
+        match client.state(0).await {
+            Ok(at) if condition(&at.state) => Ok(at.state),
+            Ok(at) => Err(format!("the state was\n{}", state_text(&at))),
+            Err(error) => Err(error.to_string()),
+        }
+    })
+    .await
 }
 
 #[cfg(test)]
