@@ -1117,3 +1117,68 @@ async fn connections_beyond_the_ports_limit_are_closed_at_once() {
     .unwrap();
     assert_eq!(served.id, 1);
 }
+
+/// Goal: after its handshake a client connection may neither sit silent nor trickle a frame
+/// for ever, and a client whose idle connection was closed is served again on its next call.
+/// Steps: a replica with 1 s idle and frame read timeouts; a raw connection that sends
+/// nothing, and one that announces a 100 KiB frame and sends a byte every 100 ms, are both
+/// closed within the deadline; a client idle for longer than the idle timeout appends again.
+/// Before the fix both raw connections stayed open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_and_trickling_connections_are_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 1, |c| {
+        c.client_idle_timeout_ms = 1_000;
+        c.client_frame_read_timeout_ms = 1_000;
+    })
+    .await
+    .unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    let addr = cluster.replica(1).client_addr();
+    let client = client_giving_up_soon(&cluster).await;
+    client
+        .append(Command::custom(1, 1, b"before".to_vec()))
+        .await
+        .unwrap();
+
+    let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let trickling = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut trickle_reader, mut trickle_writer) = trickling.into_split();
+    trickle_writer
+        .write_all(&(100u32 << 10).to_be_bytes())
+        .await
+        .unwrap();
+    let trickler = tokio::spawn(async move {
+        let mut interval = tokio::time::interval(Duration::from_millis(100));
+        while trickle_writer.write_all(&[0]).await.is_ok() {
+            interval.tick().await;
+        }
+    });
+    let started = Instant::now();
+    let mut byte = [0u8; 1];
+    for (name, read) in [
+        (
+            "silent",
+            tokio::time::timeout(WAIT, silent.read(&mut byte)).await,
+        ),
+        (
+            "trickling",
+            tokio::time::timeout(WAIT, trickle_reader.read(&mut byte)).await,
+        ),
+    ] {
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "the {name} connection is closed: {read:?}"
+        );
+    }
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    trickler.await.unwrap();
+
+    // The client's own connection has been idle for longer than the timeout by now.
+    let ack = client
+        .append(Command::custom(1, 1, b"after".to_vec()))
+        .await
+        .expect("a closed idle connection is dialled again");
+    assert!(ack.offset > 1);
+    cluster.shutdown().await;
+}

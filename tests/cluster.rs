@@ -529,6 +529,12 @@ async fn all_replicas_restarted_keep_every_committed_entry() {
     cluster.shutdown().await;
 }
 
+/// The voters replica `id` knows.
+fn voters(cluster: &LocalCluster, id: u64) -> BTreeSet<u64> {
+    let metrics = cluster.replica(id).metrics();
+    metrics.membership_config.membership().voter_ids().collect()
+}
+
 /// Starts replica 4, checks that it refuses reads while it is not a member (it used to
 /// long-poll a log nothing reaches, and answer empty), and adds it through `client`.
 async fn add_fourth_replica(cluster: &mut LocalCluster, client: &ControlClient) {
@@ -575,15 +581,6 @@ async fn membership_grows_to_four_and_shrinks_to_three_under_traffic() {
     };
 
     add_fourth_replica(&mut cluster, &client).await;
-    let voters = |cluster: &LocalCluster, id| -> BTreeSet<u64> {
-        cluster
-            .replica(id)
-            .metrics()
-            .membership_config
-            .membership()
-            .voter_ids()
-            .collect()
-    };
     assert_eq!(voters(&cluster, 4), BTreeSet::from([1, 2, 3, 4]));
     client.remove_member(1).await.unwrap();
     eventually("replica 4 to see the removal", || {
@@ -956,4 +953,50 @@ async fn a_snapshot_chunk_past_what_arrived_is_refused_not_allocated() {
     let last = *offsets.last().unwrap();
     cluster.wait_for_applied(last, WAIT).await.unwrap();
     assert!(cluster.replica(follower).applied_offset() >= last);
+}
+
+/// Goal: a replica that was down while a member was added still votes for that member and
+/// catches up from it, although the peer port refuses nodes outside the membership it knows
+/// (issue 16). Steps: replica 3 stops; replica 4 joins and replica 1 leaves, so the voters
+/// are {2, 3, 4} while replica 3's log still says {1, 2, 3}; replica 2 stops too, so only 4
+/// and the restarted 3 remain: 4 can win only with 3's vote, and 3 can catch up only from 4.
+/// Replica 4 leads, a command commits, and replica 3 learns the membership it missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_missed_an_addition_votes_for_and_follows_the_new_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start_secure(dir.path(), 3, |_| {})
+        .await
+        .unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    let client = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
+        .await
+        .unwrap();
+    cluster.stop(3).await;
+    add_fourth_replica(&mut cluster, &client).await;
+    client.remove_member(1).await.unwrap();
+    eventually("replica 4 to see the removal", || {
+        (voters(&cluster, 4) == BTreeSet::from([2, 3, 4])).then_some(())
+    })
+    .await;
+    cluster.stop(1).await;
+    cluster.stop(2).await;
+    cluster.restart(3).await.unwrap();
+    assert_eq!(
+        voters(&cluster, 3),
+        BTreeSet::from([1, 2, 3]),
+        "replica 3 missed both"
+    );
+
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    assert_eq!(
+        leader, 4,
+        "only replica 4 holds the log a majority of {{2, 3, 4}} needs"
+    );
+    let ack = client
+        .append_to(Target::All, Command::custom(1, 1, b"after".to_vec()))
+        .await
+        .unwrap();
+    cluster.wait_for_applied(ack.offset, WAIT).await.unwrap();
+    assert_eq!(voters(&cluster, 3), BTreeSet::from([2, 3, 4]));
+    cluster.shutdown().await;
 }

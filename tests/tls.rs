@@ -11,7 +11,7 @@ use common::WAIT;
 use ctrlog::client::tls::{client_config, framed, server_name};
 use ctrlog::client::{ClientError, ClientOptions, ControlClient, SubscriptionItem};
 use ctrlog::log::{Command, Filter, Target};
-use ctrlog::raft::network::RaftRpcClient;
+use ctrlog::raft::network::{PeerNetwork, RaftRpcClient};
 use ctrlog::server::TlsFiles;
 use ctrlog::tools::certs::{Authority, Usage};
 use ctrlog::tools::LocalCluster;
@@ -213,8 +213,9 @@ async fn wrong_credentials_on_the_client_port_are_refused() {
 }
 
 /// Goal: the peer port accepts only replicas. A client certificate (valid, same CA) completes
-/// mutual TLS but its Raft requests are refused, since it names no node; garbage instead of a
-/// handshake is dropped; the cluster keeps committing throughout.
+/// mutual TLS, but its connection is closed before a frame is read, since it names no node
+/// (it used to be read, up to 256 MiB a frame, and each request refused); garbage instead of
+/// a handshake is dropped; the cluster keeps committing throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_certificate_on_the_peer_port_is_refused() {
     let pki = Pki::new();
@@ -238,13 +239,11 @@ async fn a_client_certificate_on_the_peer_port_is_refused() {
     let rpc = RaftRpcClient::new(tarpc::client::Config::default(), framed(tls, 1 << 20)).spawn();
     // Claims to be replica 1, a candidate in term 1000.
     let request = ctrlog::raft::types::VoteRequest::new(openraft::Vote::new(1_000, 1), None);
-    let answer = rpc
-        .vote(tarpc::context::current(), request)
-        .await
-        .expect("the replica answers");
+    let answer = rpc.vote(tarpc::context::current(), request).await;
     assert!(
         answer.is_err(),
-        "a vote from a client certificate is refused"
+        "the connection of a certificate naming no node closes before a request is read: \
+         {answer:?}"
     );
     let term = cluster.replica(leader).metrics().current_term;
     assert!(term < 1_000, "the forged vote did not move the term");
@@ -260,5 +259,139 @@ async fn a_client_certificate_on_the_peer_port_is_refused() {
         .await
         .unwrap();
     cluster.wait_for_applied(ack.offset, WAIT).await.unwrap();
+    cluster.shutdown().await;
+}
+
+/// A raw Raft RPC connection to `peer_addr` with replica `id`'s certificate.
+async fn raw_peer(pki: &Pki, id: u64, peer_addr: &str) -> RaftRpcClient {
+    let files = pki.replica_files(id);
+    let config = client_config(&files.ca_file, Some((&files.cert_file, &files.key_file))).unwrap();
+    let tcp = tokio::net::TcpStream::connect(peer_addr).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(config)
+        .connect(server_name(peer_addr).unwrap(), tcp)
+        .await
+        .unwrap();
+    RaftRpcClient::new(tarpc::client::Config::default(), framed(tls, 1 << 20)).spawn()
+}
+
+/// Goal: a replica dials a peer expecting that peer's certificate (`node-<id>`), not merely
+/// one valid for the address. Steps: replica 2's peer address is dialled as if it were
+/// replica 3 (a swapped configuration, a stale DNS record): the dial fails naming `node-3`;
+/// dialled as replica 2, it answers. Before the fix, the dial as replica 3 was answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dialled_peer_must_be_the_node_dialled() {
+    let pki = Pki::new();
+    let data = tempfile::tempdir().unwrap();
+    let cluster = start(&pki, data.path()).await;
+    let files = pki.replica_files(1);
+    let network = PeerNetwork {
+        tls: Some(
+            client_config(&files.ca_file, Some((&files.cert_file, &files.key_file))).unwrap(),
+        ),
+        elections: None,
+    };
+    let replica_2 = cluster.replica(2).member();
+    let misdirected = network.vocabulary_level_max(3, &replica_2, WAIT).await;
+    let error = misdirected.expect_err("replica 2's certificate does not name node-3");
+    assert!(
+        error.contains("node-3") || error.contains("certificate"),
+        "{error}"
+    );
+    network
+        .vocabulary_level_max(2, &replica_2, WAIT)
+        .await
+        .expect("dialled as itself, replica 2 answers");
+    cluster.shutdown().await;
+}
+
+/// Goal: a removed replica, whose certificate is still valid, can no longer take part. Steps:
+/// a follower is removed; with its certificate, a vote request for a far later term
+/// (from a log that ends before the removal, as a removed replica's does) and an append
+/// claiming it leads the first term are both refused with an error, not answered, and
+/// the leader's term does not move. Before the fix both were answered (and the vote request
+/// judged on its term).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_replica_is_refused_on_the_peer_port() {
+    let pki = Pki::new();
+    let data = tempfile::tempdir().unwrap();
+    let mut cluster = start(&pki, data.path()).await;
+    // A second term, so that the first is a past one.
+    let first = cluster.wait_for_leader(WAIT).await.unwrap();
+    cluster.stop(first).await;
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    cluster.restart(first).await.unwrap();
+    let removed = cluster.follower_of(leader);
+    let replica = cluster.replica(leader);
+    replica.clone_handle().remove_member(removed).await.unwrap();
+    common::eventually("the follower to leave the membership", || {
+        let membership = replica.metrics().membership_config.clone();
+        (membership.membership().get_node(&removed).is_none()).then_some(())
+    })
+    .await;
+    let term = replica.metrics().current_term;
+    let rpc = raw_peer(&pki, removed, &replica.peer_addr().to_string()).await;
+
+    let vote =
+        ctrlog::raft::types::VoteRequest::new(openraft::Vote::new(term + 100, removed), None);
+    let answer = rpc
+        .vote(tarpc::context::current(), vote)
+        .await
+        .expect("answered");
+    assert!(
+        answer.is_err(),
+        "a removed replica's vote request is refused: {answer:?}"
+    );
+
+    let mut old_leader = openraft::Vote::new(1, removed);
+    old_leader.commit();
+    let append = ctrlog::raft::types::AppendEntriesRequest {
+        vote: old_leader,
+        prev_log_id: None,
+        entries: Vec::new(),
+        leader_commit: None,
+    };
+    let answer = rpc
+        .append_entries(tarpc::context::current(), append)
+        .await
+        .expect("answered");
+    assert!(
+        answer.is_err(),
+        "a removed replica's append is refused: {answer:?}"
+    );
+    assert_eq!(
+        replica.metrics().current_term,
+        term,
+        "the term did not move"
+    );
+    cluster.shutdown().await;
+}
+
+/// Goal: a replica exports how many days each certificate file it loaded has left, so that
+/// an alert fires before the CA or a replica's certificate lapses. Steps: a replica whose CA
+/// and certificate the test issued for 30 days; `/metrics` carries both, at 29 to 30 days.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_expiry_is_exported() {
+    let pki = Pki::new();
+    let data = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(data.path(), 1, |c| {
+        c.tls = Some(pki.replica_files(c.id));
+        c.http_addr = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await
+    .unwrap();
+    let http = cluster.replica(1).http_addr().unwrap();
+    let (status, body) = common::http_get(http, "/metrics").await;
+    assert_eq!(status, 200);
+    for certificate in ["ca", "replica"] {
+        let line = body
+            .lines()
+            .find(|l| {
+                l.starts_with("ctrlog_certificate_expiry_days{")
+                    && l.contains(&format!("certificate=\"{certificate}\""))
+            })
+            .unwrap_or_else(|| panic!("no expiry for the {certificate} certificate in\n{body}"));
+        let days: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!((29.0..=30.0).contains(&days), "{line}");
+    }
     cluster.shutdown().await;
 }

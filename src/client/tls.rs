@@ -94,12 +94,29 @@ pub fn server_name(addr: &str) -> Result<ServerName<'static>, TlsError> {
 pub trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
+/// The name a replica's certificate carries: `node-<id>`.
+pub fn node_name(id: crate::NodeId) -> String {
+    format!("node-{id}")
+}
+
 /// Opens a connection to `addr`: TCP with `TCP_NODELAY`, then TLS when `tls` is given,
-/// checking the replica's certificate against the host part of `addr`. Used for the client
-/// port and, with the replica's own certificate in `tls`, for the peer port.
+/// checking the replica's certificate against the host part of `addr`. How clients dial the
+/// client port.
 pub async fn dial(
     addr: &str,
     tls: Option<&Arc<rustls::ClientConfig>>,
+) -> Result<Box<dyn Io>, String> {
+    dial_expecting(addr, tls, None).await
+}
+
+/// [`dial`], checking the certificate against `expected` (when given) instead of the host
+/// part of `addr`. A replica dials its peer `id` expecting [`node_name`]`(id)`, with its own
+/// certificate in `tls`, so that an address that leads to another replica (a stale DNS
+/// record, a swapped configuration) fails the handshake instead of reaching the wrong node.
+pub async fn dial_expecting(
+    addr: &str,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+    expected: Option<&str>,
 ) -> Result<Box<dyn Io>, String> {
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
@@ -110,7 +127,11 @@ pub async fn dial(
     match tls {
         None => Ok(Box::new(tcp)),
         Some(tls) => {
-            let name = server_name(addr).map_err(|e| e.to_string())?;
+            let name = match expected {
+                Some(expected) => ServerName::try_from(expected.to_string())
+                    .map_err(|e| format!("`{expected}` is not a certificate name: {e}"))?,
+                None => server_name(addr).map_err(|e| e.to_string())?,
+            };
             let stream = tokio_rustls::TlsConnector::from(tls.clone())
                 .connect(name, tcp)
                 .await

@@ -18,7 +18,7 @@ use tarpc::{client, context};
 
 use super::elector::ElectionTimer;
 use super::types::*;
-use crate::client::tls::{dial, framed};
+use crate::client::tls::{dial_expecting, framed, node_name};
 use crate::client::Member;
 use crate::log::Level;
 use crate::NodeId;
@@ -167,9 +167,10 @@ impl PeerClient {
             return Ok(client.clone());
         }
         self.unanswered_since = None;
+        let expected = node_name(self.target);
         let stream = tokio::time::timeout(
             ttl.min(CONNECT_TIMEOUT),
-            dial(&self.addr, self.tls.as_ref()),
+            dial_expecting(&self.addr, self.tls.as_ref(), Some(&expected)),
         )
         .await
         .map_err(|_| CallError::Unreachable(format!("connecting to {} timed out", self.addr)))?

@@ -74,6 +74,16 @@ pub struct ReplicaConfig {
     /// Connections the client port holds at once; one more is closed as soon as it is
     /// accepted. Bounds what clients that never authenticate, or never send, can pin.
     pub client_connections_max: usize,
+    /// Bytes of large frames (over 64 KiB) the client port receives at once over all its
+    /// connections; a frame that does not fit closes its connection. Bounds what many
+    /// connections each announcing a frame of the full size can make the replica allocate.
+    pub client_receiving_bytes_max: usize,
+    /// A client connection that sends nothing for this long is closed (Kafka's
+    /// `connections.max.idle.ms`). Clients re-dial on their next call.
+    pub client_idle_timeout_ms: u64,
+    /// A frame must arrive whole within this long of its first byte, or its connection is
+    /// closed: a sender that trickles a frame cannot hold a buffer for ever.
+    pub client_frame_read_timeout_ms: u64,
     /// Requests one client connection may have in flight; more are refused until some finish.
     pub client_requests_in_flight_max: usize,
     /// Encoded bytes of the appends one client connection may have in flight (waiting to
@@ -106,6 +116,9 @@ impl Default for ReplicaConfig {
             command_bytes_max: COMMAND_BYTES_MAX_DEFAULT,
             client_frame_bytes_max: 2 * COMMAND_BYTES_MAX_DEFAULT + (64 << 10),
             client_connections_max: 4096,
+            client_receiving_bytes_max: 256 << 20,
+            client_idle_timeout_ms: 600_000,
+            client_frame_read_timeout_ms: 30_000,
             client_requests_in_flight_max: 1024,
             client_append_bytes_in_flight_max: 64 << 20,
             job: None,
@@ -314,6 +327,19 @@ impl ReplicaConfig {
                 "must be at least client_frame_bytes_max, or a request of the full size is \
                  always refused",
             )?;
+        }
+        if self.client_receiving_bytes_max < self.client_frame_bytes_max {
+            refuse(
+                "client_receiving_bytes_max",
+                "must be at least client_frame_bytes_max, or a frame of the full size is always \
+                 refused",
+            )?;
+        }
+        if self.client_idle_timeout_ms == 0 {
+            refuse("client_idle_timeout_ms", "must be at least 1")?;
+        }
+        if self.client_frame_read_timeout_ms == 0 {
+            refuse("client_frame_read_timeout_ms", "must be at least 1")?;
         }
         if self.client_frame_bytes_max < 2 * APPEND_MANY_BYTES_MAX {
             refuse(

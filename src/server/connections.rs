@@ -19,6 +19,8 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
+use super::guarded::PortGuard;
+pub use super::guarded::PortLimits;
 use crate::client::tls::Io;
 
 /// How long a TLS handshake may take before the connection is dropped.
@@ -26,6 +28,7 @@ pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// An accepted connection, ready to serve.
 pub struct Accepted {
+    /// The connection's bytes (after TLS), under its port's [`PortLimits`].
     pub stream: Box<dyn Io>,
     pub peer: SocketAddr,
     /// The certificate the other side presented, when the port speaks TLS and it gave one.
@@ -37,13 +40,14 @@ pub struct Accepted {
 /// of the replica they hold outlives its shutdown (a restart can reopen its storage at once).
 /// Dropping this future instead also aborts the tasks, but without waiting for them.
 ///
-/// At most `connections_max` connections are open at once (handshaking ones included): one
-/// more is closed as soon as it is accepted, before it costs a handshake or a buffer.
+/// Every connection is held to `limits`. At most `limits.connections_max` are open at once
+/// (handshaking ones included): one more is closed as soon as it is accepted, before it costs
+/// a handshake or a buffer.
 pub async fn serve_each_connection<F, Fut>(
     port: &'static str,
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
-    connections_max: usize,
+    limits: PortLimits,
     mut stop: watch::Receiver<bool>,
     serve: F,
 ) where
@@ -51,6 +55,8 @@ pub async fn serve_each_connection<F, Fut>(
     Fut: Future<Output = ()> + Send + 'static,
 {
     let serve = Arc::new(serve);
+    let connections_max = limits.connections_max;
+    let guard = PortGuard::new(limits);
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
@@ -64,9 +70,10 @@ pub async fn serve_each_connection<F, Fut>(
                         drop(tcp);
                         continue;
                     }
-                    let (serve, tls) = (serve.clone(), tls.clone());
+                    let (serve, tls, guard) = (serve.clone(), tls.clone(), guard.clone());
                     connections.spawn(async move {
-                        if let Some(accepted) = handshake(port, tcp, peer, tls).await {
+                        if let Some(mut accepted) = handshake(port, tcp, peer, tls).await {
+                            accepted.stream = Box::new(guard.guard(accepted.stream));
                             serve(accepted).await;
                         }
                     });

@@ -14,6 +14,7 @@ use openraft::{ChangeMembers, ServerState};
 use super::history::History;
 use super::lease::{self, QuorumLease};
 use super::telemetry::Telemetry;
+use super::tls::CertificateExpiry;
 use crate::client::{
     ApiError, AppendAck, FetchRequest, FetchResponse, HeartbeatAck, Member, MemberStatus, StateAt,
     Status,
@@ -73,6 +74,8 @@ pub(super) struct Inner {
     pub(super) http_addr: Option<SocketAddr>,
     /// The last minutes, for the status page's charts (sampled while the HTTP port runs).
     pub(super) history: History,
+    /// When the TLS certificates this replica loaded expire (none without TLS).
+    pub(super) certificate_expiries: Vec<CertificateExpiry>,
 }
 
 /// A cheap, cloneable handle to a running replica: the library API.
@@ -115,6 +118,11 @@ impl ReplicaHandle {
     /// Where the observability port (metrics, probes, status page) listens, if it is enabled.
     pub fn http_addr(&self) -> Option<SocketAddr> {
         self.inner.http_addr
+    }
+
+    /// When the TLS certificates this replica loaded expire (none without TLS).
+    pub fn certificate_expiries(&self) -> &[CertificateExpiry] {
+        &self.inner.certificate_expiries
     }
 
     pub(crate) fn telemetry(&self) -> &Telemetry {

@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use axum::extract::{FromRef, Query, State};
@@ -357,6 +358,21 @@ async fn metrics(State(replica): State<ReplicaHandle>) -> Response {
         "How long building and storing the last snapshot took",
         snapshots.last_millis as i64,
     );
+    let expiry_days = Family::<CertificateLabel, Gauge<f64, AtomicU64>>::default();
+    for expiry in replica.certificate_expiries() {
+        expiry_days
+            .get_or_create(&CertificateLabel {
+                certificate: expiry.role,
+                file: expiry.file.clone(),
+            })
+            .set(expiry.days_left());
+    }
+    registry.register(
+        "certificate_expiry_days",
+        "Days until each TLS certificate file this replica loaded expires (the earliest in the \
+         file); negative once expired",
+        expiry_days,
+    );
     telemetry.register(&mut registry);
     let mut text = String::new();
     if let Err(error) = encode(&mut text, &registry) {
@@ -370,6 +386,13 @@ async fn metrics(State(replica): State<ReplicaHandle>) -> Response {
         text,
     )
         .into_response()
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CertificateLabel {
+    /// `ca` or `replica`.
+    certificate: &'static str,
+    file: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

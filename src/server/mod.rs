@@ -26,6 +26,7 @@ pub mod auth;
 pub mod config;
 mod config_error;
 mod connections;
+mod guarded;
 pub mod handle;
 pub mod history;
 pub mod http;

@@ -1,17 +1,16 @@
-//! The peer port: Raft RPCs from the other replicas, each checked against the sender that the
-//! peer's certificate names when TLS is on.
+//! The peer port: Raft RPCs from the other replicas. Each is checked against the nodes the
+//! peer's certificate names when TLS is on, and against the membership (`RaftRpcServer::admit`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use rustls::pki_types::CertificateDer;
 use tarpc::context;
 use tarpc::server::{BaseChannel, Channel};
 use tokio_rustls::TlsAcceptor;
 
-use super::connections::serve_each_connection;
-use super::tls::certificate_names_node;
+use super::connections::{serve_each_connection, PortLimits};
+use super::tls::named_nodes;
 use crate::client::tls::framed;
 use crate::log::vocabulary::LEVEL_MAX;
 use crate::log::Level;
@@ -26,9 +25,9 @@ struct RaftRpcServer {
     raft: Raft,
     /// Told of every leader this replica accepts and every vote it grants.
     elections: Arc<ElectionTimer>,
-    /// The certificate the calling peer presented (TLS only): it must name the node that
-    /// each request claims to come from.
-    peer: Option<Arc<PeerCertificate>>,
+    /// The nodes the calling peer's certificate names (TLS only): each request must claim
+    /// to come from one of them.
+    peer_nodes: Option<Arc<[NodeId]>>,
     /// What has arrived of the snapshot being received, shared by the port's connections.
     snapshot_chunks: Arc<SnapshotChunks>,
 }
@@ -36,6 +35,19 @@ struct RaftRpcServer {
 /// Connections the peer port holds at once: a few per peer (one for Raft, a re-dial that
 /// overlaps a dying one, a membership change's questions) with room to spare.
 pub const PEER_CONNECTIONS_MAX: usize = 256;
+
+/// What the peer port's connections may hold (see `guarded.rs`). A healthy peer sends a
+/// heartbeat every few tens of milliseconds, so a minute of silence means a dead or stray
+/// connection; a frame is at most [`PEER_FRAME_BYTES_MAX`], which a minute carries over any
+/// link a cluster runs on; four frames of that size may arrive at once.
+pub fn peer_port_limits() -> PortLimits {
+    PortLimits {
+        connections_max: PEER_CONNECTIONS_MAX,
+        receiving_bytes_max: 4 * PEER_FRAME_BYTES_MAX,
+        idle_timeout: std::time::Duration::from_secs(60),
+        frame_read_timeout: std::time::Duration::from_secs(60),
+    }
+}
 
 /// The largest snapshot the peer port receives. openraft writes a chunk at the offset its
 /// sender names into an in-memory buffer, zero-filling any gap: without this bound, and the
@@ -71,30 +83,58 @@ impl SnapshotChunks {
     }
 }
 
-/// A peer connection's certificate, and the node it was last found to name. A connection
-/// comes from one peer, so its requests all claim the same sender: the certificate is parsed
-/// once per connection rather than once per Raft request. A refused claim is never cached.
-struct PeerCertificate {
-    der: CertificateDer<'static>,
-    verified_sender: std::sync::Mutex<Option<NodeId>>,
+/// Who sent a Raft request, as the request itself says.
+enum Sender<'a> {
+    /// A candidate asking for a vote, and the last log entry it holds.
+    Candidate(&'a Vote, Option<u64>),
+    /// A leader replicating or sending a snapshot.
+    Leader(&'a Vote),
 }
 
 impl RaftRpcServer {
-    /// Refuses a request whose claimed sender is not the node the peer's certificate names.
-    fn check_sender<E: std::error::Error>(&self, claimed: NodeId) -> Result<(), RaftError<E>> {
-        let Some(peer) = &self.peer else {
-            return Ok(());
+    /// Admits a Raft request or refuses it. Its sender is the node its vote names.
+    ///
+    /// With TLS, the peer's certificate must name that node. And the sender must be a member
+    /// this replica knows, with three exceptions, each a sender that holds what this replica
+    /// has not yet seen: this replica knows no membership yet (a new learner before the
+    /// leader's first message); the sender leads a term at least as new as this replica's
+    /// vote; the sender is a candidate whose log is longer. Without the last two, a replica
+    /// that was down while a member was added could never hear that member, neither as the
+    /// leader it must catch up from nor as the candidate it must vote for when the others are
+    /// down. What is refused is a removed replica that does not know it was removed (its log
+    /// ends before its removal, which this replica holds), standing for election term after
+    /// term, and the leader of a past term.
+    fn admit<E: std::error::Error>(&self, sender: Sender<'_>) -> Result<(), RaftError<E>> {
+        let vote = match sender {
+            Sender::Candidate(vote, _) | Sender::Leader(vote) => vote,
         };
-        let mut verified = peer.verified_sender.lock().expect("never poisoned");
-        if *verified != Some(claimed) {
-            if !certificate_names_node(&peer.der, claimed) {
+        let node = vote.leader_id().voted_for().unwrap_or_default();
+        if let Some(nodes) = &self.peer_nodes {
+            if !nodes.contains(&node) {
                 tracing::warn!(
-                    claimed,
-                    "a peer's certificate does not name the node it claims to be"
+                    claimed = node,
+                    named = ?nodes,
+                    "refused a Raft request: the peer's certificate does not name the node it claims to be"
                 );
                 return Err(RaftError::Fatal(openraft::error::Fatal::Stopped));
             }
-            *verified = Some(claimed);
+        }
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        let membership = metrics.membership_config.membership();
+        let admitted = membership.nodes().next().is_none()
+            || membership.get_node(&node).is_some()
+            || match sender {
+                Sender::Leader(vote) => vote.is_committed() && *vote >= metrics.vote,
+                Sender::Candidate(_, last_log_index) => last_log_index > metrics.last_log_index,
+            };
+        if !admitted {
+            tracing::warn!(
+                sender = node,
+                %vote,
+                "refused a Raft request from a node outside the membership"
+            );
+            return Err(RaftError::Fatal(openraft::error::Fatal::Stopped));
         }
         Ok(())
     }
@@ -106,7 +146,7 @@ impl RaftRpc for RaftRpcServer {
         _: context::Context,
         request: AppendEntriesRequest,
     ) -> Result<AppendEntriesResponse, RaftError> {
-        self.check_sender(request.vote.leader_id().voted_for().unwrap_or_default())?;
+        self.admit(Sender::Leader(&request.vote))?;
         let answer = self.raft.append_entries(request).await?;
         self.elections.answered_append_entries(&answer);
         Ok(answer)
@@ -117,7 +157,10 @@ impl RaftRpc for RaftRpcServer {
         _: context::Context,
         request: VoteRequest,
     ) -> Result<VoteResponse, RaftError> {
-        self.check_sender(request.vote.leader_id().voted_for().unwrap_or_default())?;
+        self.admit(Sender::Candidate(
+            &request.vote,
+            request.last_log_id.map(|id| id.index),
+        ))?;
         let answer = self.raft.vote(request).await?;
         self.elections.answered_vote(&answer);
         Ok(answer)
@@ -128,7 +171,7 @@ impl RaftRpc for RaftRpcServer {
         _: context::Context,
         request: InstallSnapshotRequest,
     ) -> Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>> {
-        self.check_sender(request.vote.leader_id().voted_for().unwrap_or_default())?;
+        self.admit(Sender::Leader(&request.vote))?;
         let chunk_len = request.data.len() as u64;
         if let Err(mismatch) =
             self.snapshot_chunks
@@ -176,21 +219,33 @@ pub async fn serve_peers(
         "peer",
         listener,
         tls,
-        PEER_CONNECTIONS_MAX,
+        peer_port_limits(),
         stop,
         move |accepted| {
+            // A certificate that names no node (a container's, say: the same CA signs both)
+            // is refused before its frames, up to 256 MiB, are read.
+            let peer_nodes: Option<Arc<[NodeId]>> = accepted
+                .peer_certificate
+                .as_ref()
+                .map(|der| named_nodes(der).into());
             let server = RaftRpcServer {
                 raft: raft.clone(),
                 elections: elections.clone(),
                 snapshot_chunks: snapshot_chunks.clone(),
-                peer: accepted.peer_certificate.map(|der| {
-                    Arc::new(PeerCertificate {
-                        der,
-                        verified_sender: std::sync::Mutex::new(None),
-                    })
-                }),
+                peer_nodes,
             };
             async move {
+                if server
+                    .peer_nodes
+                    .as_ref()
+                    .is_some_and(|nodes| nodes.is_empty())
+                {
+                    tracing::warn!(
+                        peer = %accepted.peer,
+                        "refused a peer connection: its certificate names no node"
+                    );
+                    return;
+                }
                 let transport = framed::<_, ServingRequest, ServingResponse>(
                     accepted.stream,
                     PEER_FRAME_BYTES_MAX,

@@ -11,6 +11,7 @@ use tokio::task::JoinHandle;
 
 use super::auth::Authenticator;
 use super::config::{ConfigError, ReplicaConfig};
+use super::connections::PortLimits;
 use super::handle::{Inner, ReplicaHandle};
 use super::http::{bind_http, serve_http};
 use super::lease::{self, QuorumLease};
@@ -186,6 +187,7 @@ impl Replica {
                 telemetry: Telemetry::default(),
                 http_addr,
                 history: Default::default(),
+                certificate_expiries: tls.as_ref().map(|t| t.expiries.clone()).unwrap_or_default(),
             }),
         };
         let (stop, stopping) = tokio::sync::watch::channel(false);
@@ -201,7 +203,14 @@ impl Replica {
                 client_listener,
                 handle.clone(),
                 ConnectionBudget {
-                    connections: config.client_connections_max,
+                    port: PortLimits {
+                        connections_max: config.client_connections_max,
+                        receiving_bytes_max: config.client_receiving_bytes_max,
+                        idle_timeout: Duration::from_millis(config.client_idle_timeout_ms),
+                        frame_read_timeout: Duration::from_millis(
+                            config.client_frame_read_timeout_ms,
+                        ),
+                    },
                     requests: config.client_requests_in_flight_max,
                     append_bytes: config.client_append_bytes_in_flight_max,
                 },

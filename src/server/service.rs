@@ -17,7 +17,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
 use super::auth::{authorize, Action, Authenticator, Principal};
-use super::connections::serve_each_connection;
+use super::connections::{serve_each_connection, PortLimits};
 use super::handle::ReplicaHandle;
 use crate::client::tls::framed;
 use crate::client::{
@@ -74,10 +74,10 @@ const DEADLINE_HEADROOM: Duration = Duration::from_millis(250);
 pub const AUTHENTICATE_FAILURES_MAX: u32 = 3;
 
 /// What the client port and each of its connections may hold.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct ConnectionBudget {
-    /// Connections open at once.
-    pub connections: usize,
+    /// What the port holds: connections, bytes being received, idle and read timeouts.
+    pub port: PortLimits,
     /// Requests, of any kind.
     pub requests: usize,
     /// Encoded bytes of appends waiting to commit.
@@ -95,8 +95,7 @@ pub async fn serve_clients(
 ) {
     let frame_bytes_max = listener.frame_bytes_max;
     let requests_in_flight_max = budget.requests;
-    let connections_max = budget.connections;
-    serve_each_connection("client", listener.listener, tls, connections_max, stop, move |accepted| {
+    serve_each_connection("client", listener.listener, tls, budget.port, stop, move |accepted| {
         let principal = match (&auth, &accepted.peer_certificate) {
             (Some(auth), Some(cert)) => auth.by_certificate(cert),
             _ => None,

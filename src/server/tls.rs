@@ -1,13 +1,15 @@
 //! A replica's TLS, from the files its configuration names: the client port serves TLS (client
 //! certificates optional, verified against the CA when given); the peer port requires mutual
 //! TLS, and each Raft request must come from the node its certificate names (`node-<id>`,
-//! checked in `peers.rs`); the replica dials its peers with its own certificate.
+//! checked in `peers.rs`); the replica dials its peers with its own certificate, expecting
+//! the certificate of the node it dials (`raft::network`).
 
 use std::sync::Arc;
 
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use tokio_rustls::TlsAcceptor;
+use x509_parser::extensions::GeneralName;
 
 use super::config::TlsFiles;
 use crate::client::tls::{client_config, load_certs, load_key, load_roots, provider, TlsError};
@@ -17,6 +19,46 @@ pub struct ReplicaTls {
     pub clients: TlsAcceptor,
     pub peers: TlsAcceptor,
     pub to_peers: Arc<rustls::ClientConfig>,
+    /// When the CA and the replica's certificate expire, for the metrics.
+    pub expiries: Vec<CertificateExpiry>,
+}
+
+/// When a loaded certificate file stops being valid: the earliest `notAfter` of the
+/// certificates it holds (a chain, or a CA bundle).
+#[derive(Clone, Debug)]
+pub struct CertificateExpiry {
+    pub file: String,
+    /// `ca` or `replica`.
+    pub role: &'static str,
+    /// Seconds since the Unix epoch.
+    pub not_after: i64,
+}
+
+impl CertificateExpiry {
+    fn read(path: &std::path::Path, role: &'static str) -> Result<CertificateExpiry, TlsError> {
+        let mut not_after = i64::MAX;
+        for cert in load_certs(path)? {
+            let (_, parsed) =
+                x509_parser::parse_x509_certificate(cert.as_ref()).map_err(|e| TlsError::File {
+                    path: path.display().to_string(),
+                    reason: e.to_string(),
+                })?;
+            not_after = not_after.min(parsed.validity().not_after.timestamp());
+        }
+        Ok(CertificateExpiry {
+            file: path.display().to_string(),
+            role,
+            not_after,
+        })
+    }
+
+    /// Days from now until it expires; negative once it has.
+    pub fn days_left(&self) -> f64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        (self.not_after - now) as f64 / 86_400.0
+    }
 }
 
 impl ReplicaTls {
@@ -42,6 +84,10 @@ impl ReplicaTls {
             clients: acceptor(false)?,
             peers: acceptor(true)?,
             to_peers: client_config(&files.ca_file, Some((&files.cert_file, &files.key_file)))?,
+            expiries: vec![
+                CertificateExpiry::read(&files.ca_file, "ca")?,
+                CertificateExpiry::read(&files.cert_file, "replica")?,
+            ],
         })
     }
 }
@@ -54,12 +100,25 @@ pub fn certificate_names(cert: &webpki::EndEntityCert<'_>, name: &str) -> bool {
         .is_ok_and(|name| cert.verify_is_valid_for_subject_name(&name).is_ok())
 }
 
-/// The name a replica's certificate carries: `node-<id>`.
-pub fn node_name(id: NodeId) -> String {
-    format!("node-{id}")
-}
-
-/// Whether `cert` names node `id` (`node-<id>`).
-pub fn certificate_names_node(cert: &CertificateDer<'_>, id: NodeId) -> bool {
-    webpki::EndEntityCert::try_from(cert).is_ok_and(|end| certificate_names(&end, &node_name(id)))
+/// The nodes a certificate names: every `node-<id>` among its DNS subject alternative names.
+/// Read from a certificate the handshake already verified against the CA; empty for one that
+/// names none (a client's) or does not parse.
+pub fn named_nodes(cert: &CertificateDer<'_>) -> Vec<NodeId> {
+    let Ok((_, parsed)) = x509_parser::parse_x509_certificate(cert.as_ref()) else {
+        return Vec::new();
+    };
+    let Ok(Some(names)) = parsed.subject_alternative_name() else {
+        return Vec::new();
+    };
+    names
+        .value
+        .general_names
+        .iter()
+        .filter_map(|name| match name {
+            GeneralName::DNSName(dns) => {
+                dns.to_ascii_lowercase().strip_prefix("node-")?.parse().ok()
+            }
+            _ => None,
+        })
+        .collect()
 }

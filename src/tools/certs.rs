@@ -27,7 +27,7 @@ pub fn ca_file(dir: &Path) -> PathBuf {
 
 /// The TLS files of replica `id` among those `generate` wrote into `dir`.
 pub fn replica_files(dir: &Path, id: NodeId) -> crate::server::TlsFiles {
-    let name = crate::server::tls::node_name(id);
+    let name = crate::client::tls::node_name(id);
     crate::server::TlsFiles {
         ca_file: ca_file(dir),
         cert_file: dir.join(format!("{name}.pem")),
@@ -168,7 +168,7 @@ pub fn generate(
     let now = OffsetDateTime::now_utc();
     let (from, until) = (now - Duration::days(1), now + Duration::days(days));
     for id in nodes {
-        let name = crate::server::tls::node_name(*id);
+        let name = crate::client::tls::node_name(*id);
         let mut sans = vec![name.clone()];
         sans.extend(hosts.iter().cloned());
         written.push(authority.issue(out, &name, &name, sans, Usage::Replica, from, until)?);
