@@ -116,6 +116,22 @@ pub fn kind_name(kind: Kind, version: u16) -> &'static str {
     }
 }
 
+/// A command's kind as people read and type it: the spec name of a built-in kind, `custom:N`
+/// for user kind N, or `unknown:N` for a built-in number this build does not know.
+/// [`kind_by_name`] reads the first two back.
+pub fn kind_label(kind: Kind, version: u16) -> String {
+    match kind_spec(kind, version) {
+        Some(spec) => spec.name.to_string(),
+        None if kind >= CUSTOM_KIND_MIN => format!("custom:{}", kind - CUSTOM_KIND_MIN),
+        None => format!("unknown:{kind}"),
+    }
+}
+
+/// The kind a built-in spec name (as `ctrlog vocabulary show` lists it) stands for.
+pub fn kind_by_name(name: &str) -> Option<Kind> {
+    KINDS.iter().find(|s| s.name == name).map(|s| s.kind)
+}
+
 /// Why a built-in frame's body did not decode.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Undecodable {

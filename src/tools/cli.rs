@@ -16,20 +16,23 @@ use crate::client::{
     ApiError, AppendAck, ClientError, ClientOptions, ControlClient, FetchRequest, StateAt, Status,
     SubscriptionItem,
 };
-use crate::log::vocabulary::{KINDS, LEVEL_MAX};
+use crate::log::vocabulary::{kind_by_name, kind_label, KINDS, LEVEL_MAX};
 use crate::log::{
     Command, Filter, Frame, Kind, Level, LogEntry, Offset, ProducerSeq, Proposal,
     SetVocabularyLevel, Target, TaskId, CUSTOM_KIND_MIN,
 };
 use crate::server::json::{awaiting_parts, phase_parts, status_name};
 
-/// The global flags the client subcommands connect with.
+/// The flags the client subcommands connect with: only those subcommands take them (a
+/// `serve --ca ...` is refused by the parser instead of starting a plaintext replica), under
+/// their own heading in `--help`, and after a nested subcommand too (`members list --cluster`).
 #[derive(clap::Args, Clone, Debug, Default)]
+#[command(next_help_heading = "Connecting to the cluster")]
 pub struct ClientFlags {
-    /// Client addresses of any replicas of the cluster (for the client subcommands).
+    /// Client addresses of any replicas of the cluster.
     #[arg(long, global = true, env = "CTRLOG_CLUSTER", value_delimiter = ',')]
     pub cluster: Vec<String>,
-    /// Speak TLS to the cluster, trusting this CA (PEM), for the client subcommands.
+    /// Speak TLS to the cluster, trusting this CA (PEM).
     #[arg(long, global = true, env = "CTRLOG_CA")]
     pub ca: Option<PathBuf>,
     /// This client's certificate (PEM), where the cluster asks for one; with --key.
@@ -105,13 +108,32 @@ impl ClientFlags {
 /// Parses a command kind: a number as stored (`268435457`) or a user kind (`custom:1`, which
 /// is `CUSTOM_KIND_MIN + 1`).
 pub fn parse_kind(text: &str) -> Result<Kind, String> {
-    let number = |s: &str| s.parse::<Kind>().map_err(|e| format!("kind {text:?}: {e}"));
+    let number = |s: &str| {
+        s.parse::<Kind>().map_err(|e| {
+            format!(
+                "kind {text:?}: {e}; a kind is a number, `custom:N`, or a name `ctrlog \
+                 vocabulary show` lists"
+            )
+        })
+    };
+    if let Some(kind) = kind_by_name(text) {
+        return Ok(kind);
+    }
     match text.strip_prefix("custom:") {
         Some(user) => CUSTOM_KIND_MIN
             .checked_add(number(user)?)
             .ok_or_else(|| format!("user kind {user} is out of range")),
         None => number(text),
     }
+}
+
+/// A time in milliseconds since the Unix epoch as RFC 3339, in UTC to the millisecond.
+pub fn rfc3339_ms(ms: u64) -> String {
+    let at = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    let at = at.replace_millisecond((ms % 1000) as u16).unwrap_or(at);
+    at.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| format!("{ms} ms"))
 }
 
 /// `ctrlog append`: appends one command and returns its acknowledgement. With a
@@ -147,11 +169,11 @@ pub fn entry_line(entry: &LogEntry) -> String {
         Err(_) => format!("<{} bytes>", entry.frame.body.len()),
     };
     format!(
-        "{:>8}  term {}  {}  kind {} v{}  -> {}  producer {}  {}",
+        "{:>8}  term {}  {}  {} v{}  -> {}  producer {}  {}",
         entry.offset,
         entry.term,
-        entry.appended_at_ms,
-        entry.frame.kind,
+        rfc3339_ms(entry.appended_at_ms),
+        kind_label(entry.frame.kind, entry.frame.version),
         entry.frame.version,
         entry.target,
         producer,
@@ -477,7 +499,7 @@ pub fn state_text(at: &StateAt) -> String {
             out,
             "  after offset {}: {} v{}: {}",
             r.after_offset,
-            crate::log::vocabulary::kind_name(r.kind, r.version),
+            kind_label(r.kind, r.version),
             r.version,
             r.rejection
         );
@@ -491,11 +513,38 @@ mod tests {
     use crate::log::{Command, ContainerId};
 
     #[test]
-    fn kinds_parse_as_numbers_or_user_kinds() {
+    fn kinds_parse_as_numbers_names_or_user_kinds() {
         assert_eq!(parse_kind("7"), Ok(7));
         assert_eq!(parse_kind("custom:1"), Ok(CUSTOM_KIND_MIN + 1));
+        assert_eq!(
+            parse_kind("schema-change"),
+            Ok(crate::log::kinds::SCHEMA_CHANGE)
+        );
         assert!(parse_kind("custom:4294967295").is_err());
-        assert!(parse_kind("seven").is_err());
+        assert!(parse_kind("seven").unwrap_err().contains("vocabulary show"));
+        for spec in KINDS {
+            assert_eq!(
+                parse_kind(&kind_label(spec.kind, spec.version)),
+                Ok(spec.kind)
+            );
+        }
+    }
+
+    /// Goal: `ctrlog tail` shows people the kind's name and an RFC 3339 time, not numbers.
+    #[test]
+    fn entry_lines_name_the_kind_and_the_time() {
+        let entry = LogEntry {
+            offset: 3,
+            term: 2,
+            appended_at_ms: 1_700_000_000_123,
+            producer: None,
+            target: Target::All,
+            frame: Command::custom(1, 2, b"hello".to_vec()).into_frame(),
+        };
+        let line = entry_line(&entry);
+        assert!(line.contains("2023-11-14T22:13:20.123Z"), "{line}");
+        assert!(line.contains("custom:1 v2"), "{line}");
+        assert_eq!(parse_kind("custom:1"), Ok(entry.frame.kind));
     }
 
     #[test]

@@ -27,8 +27,6 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
     about = "A replicated job control log on Raft"
 )]
 struct Cli {
-    #[command(flatten)]
-    client: ClientFlags,
     /// How log lines are written to stderr: text (colours only on a terminal) or one JSON
     /// object per line, for a log shipper.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -53,39 +51,70 @@ enum Cmd {
     /// `members add`. Never start the other old replicas' directories again.
     ForceNewCluster(ServeFlags),
     /// Append one command and print its offset.
-    Append(client::AppendArgs),
+    Append {
+        #[command(flatten)]
+        args: client::AppendArgs,
+        #[command(flatten)]
+        client: ClientFlags,
+    },
     /// Print committed commands, one per line.
-    Tail(client::TailArgs),
+    Tail {
+        #[command(flatten)]
+        args: client::TailArgs,
+        #[command(flatten)]
+        client: ClientFlags,
+    },
     /// Show a replica's view of the cluster.
     Status {
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        client: ClientFlags,
     },
     /// Show the job state folded from the log.
     State {
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        client: ClientFlags,
     },
     /// Take a snapshot on the leader now (and purge what retention allows).
-    Snapshot,
+    Snapshot {
+        #[command(flatten)]
+        client: ClientFlags,
+    },
     /// Show the command vocabulary, or raise its level after an upgrade.
     Vocabulary {
         #[command(subcommand)]
         command: client::VocabularyCmd,
+        #[command(flatten)]
+        client: ClientFlags,
     },
     /// List, add or remove replicas.
     Members {
         #[command(subcommand)]
         command: client::MembersCmd,
+        #[command(flatten)]
+        client: ClientFlags,
     },
     /// Measure command throughput, fan-out lag or recovery (starts its own 3-replica cluster
     /// of `ctrlog serve` processes unless --cluster is given).
-    Bench(bench::BenchArgs),
+    Bench {
+        #[command(flatten)]
+        args: bench::BenchArgs,
+        #[command(flatten)]
+        client: ClientFlags,
+    },
     /// Kill, pause and restart replicas of a three-process cluster under load, then verify
     /// the history (lost, duplicated, reordered or skipped commands).
     Chaos(bench::ChaosArgs),
     /// Run a simulated container: join the job, run what it is assigned, report lag, obey.
-    Container(client::ContainerArgs),
+    Container {
+        #[command(flatten)]
+        args: client::ContainerArgs,
+        #[command(flatten)]
+        client: ClientFlags,
+    },
     /// Run a three-replica cluster in this process and show the control log at work.
     Demo {
         /// Where the replicas keep their data (a fresh temporary directory by default).
@@ -156,7 +185,6 @@ pub(crate) async fn shutdown_signal() {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     // Not locked for the whole command: the demo prints from several tasks.
     let mut out = std::io::stdout();
-    let flags = cli.client;
     match cli.command {
         Cmd::Serve(serve) => ctrlog::server::serve(serve.load()?, shutdown_signal()).await?,
         Cmd::ForceNewCluster(serve) => {
@@ -176,15 +204,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 forced.entry.leader_id.term,
             )?;
         }
-        Cmd::Append(args) => client::append(args, &flags, &mut out).await?,
-        Cmd::Tail(args) => client::tail(args, &flags, &mut out).await?,
-        Cmd::Status { json } => client::status(json, &flags, &mut out).await?,
-        Cmd::State { json } => client::state(json, &flags, &mut out).await?,
-        Cmd::Snapshot => client::snapshot(&flags, &mut out).await?,
-        Cmd::Vocabulary { command } => client::vocabulary(command, &flags, &mut out).await?,
-        Cmd::Members { command } => client::members(command, &flags, &mut out).await?,
-        Cmd::Container(args) => client::container(args, flags).await?,
-        Cmd::Bench(args) => bench::bench(args, &flags, &mut out).await?,
+        Cmd::Append { args, client } => client::append(args, &client, &mut out).await?,
+        Cmd::Tail { args, client } => client::tail(args, &client, &mut out).await?,
+        Cmd::Status { json, client } => client::status(json, &client, &mut out).await?,
+        Cmd::State { json, client } => client::state(json, &client, &mut out).await?,
+        Cmd::Snapshot { client } => client::snapshot(&client, &mut out).await?,
+        Cmd::Vocabulary { command, client } => {
+            client::vocabulary(command, &client, &mut out).await?
+        }
+        Cmd::Members { command, client } => client::members(command, &client, &mut out).await?,
+        Cmd::Container { args, client } => client::container(args, client).await?,
+        Cmd::Bench { args, client } => bench::bench(args, &client, &mut out).await?,
         Cmd::Chaos(args) => bench::chaos(args, &mut out).await?,
         Cmd::Demo { data, serve } => ctrlog::tools::demo::run(data, serve).await?,
         Cmd::Certs {
@@ -221,61 +251,12 @@ fn is_broken_pipe(error: &anyhow::Error) -> bool {
         .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
-/// The global client flags, by argument id and as typed.
-const CLIENT_FLAGS: [(&str, &str); 6] = [
-    ("cluster", "--cluster"),
-    ("ca", "--ca"),
-    ("cert", "--cert"),
-    ("key", "--key"),
-    ("token", "--token"),
-    ("token_file", "--token-file"),
-];
-
-/// Refuses a client flag typed on a subcommand that does not talk to a cluster: `ctrlog
-/// serve --ca ca.pem --cert node-1.pem ...` would otherwise start a plaintext replica, its
-/// TLS flags being `--tls-*`. The same values from the environment (`CTRLOG_CA`, ...) are
-/// left alone: a replica's host may well have them set for the CLI.
-fn refuse_unused_client_flags(cli: &Cli, matches: &clap::ArgMatches) -> Result<(), String> {
-    let (name, hint) = match &cli.command {
-        Cmd::Serve(_) | Cmd::ForceNewCluster(_) => (
-            "serve",
-            " (a replica's TLS flags are --tls-ca, --tls-cert and --tls-key)",
-        ),
-        Cmd::Demo { .. } => ("demo", ""),
-        Cmd::Chaos(_) => ("chaos", ""),
-        Cmd::Certs { .. } => ("certs", ""),
-        Cmd::Tokens { .. } => ("tokens", ""),
-        _ => return Ok(()),
-    };
-    let (_, sub) = matches.subcommand().expect("a subcommand is required");
-    for (id, flag) in CLIENT_FLAGS {
-        let typed = [matches, sub]
-            .iter()
-            .any(|m| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine));
-        if typed {
-            return Err(format!(
-                "{flag} is a flag of the client subcommands; `{name}` does not use it{hint}"
-            ));
-        }
-    }
-    Ok(())
-}
-
 fn main() -> ExitCode {
-    use clap::{CommandFactory, FromArgMatches};
-    let matches = Cli::command().get_matches();
-    let cli = match Cli::from_arg_matches(&matches) {
-        Ok(cli) => cli,
-        Err(error) => error.exit(),
-    };
-    if let Err(error) = refuse_unused_client_flags(&cli, &matches) {
-        eprintln!("ctrlog: {error}");
-        return ExitCode::from(2);
-    }
+    let cli = Cli::parse();
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
-    if let Cmd::Bench(args) = &cli.command {
-        if let Some(threads) = bench::worker_threads(args, &cli.client) {
+    if let Cmd::Bench { args, client } = &cli.command {
+        if let Some(threads) = bench::worker_threads(args, client) {
             runtime.worker_threads(threads);
         }
     }
