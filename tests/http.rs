@@ -155,3 +155,77 @@ async fn metrics_probes_and_the_status_page_follow_the_cluster() {
     assert_eq!(get(last_http, "/healthz").await.0, 200);
     cluster.shutdown().await;
 }
+
+/// The `ctrlog_*` metric names a text mentions, as registered: without the `_total`,
+/// `_bucket`, `_sum` and `_count` suffixes the exposition adds to counters and histograms.
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for (start, _) in text.match_indices("ctrlog_") {
+        let name: String = text[start..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let registered = ["_total", "_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .unwrap_or(&name);
+        names.insert(registered.to_string());
+    }
+    names
+}
+
+/// Goal: the alert rules and the dashboard in `deploy/` query only metrics a replica exports,
+/// so neither goes silently blank after a rename. Steps: a replica with a desired count
+/// recorded (the one metric absent until then); every `ctrlog_*` name in
+/// `deploy/prometheus/ctrlog-rules.yml` and `deploy/grafana/ctrlog-dashboard.json` has a
+/// `# TYPE` line in its `/metrics`. (`promtool` checks the rules themselves in CI.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_the_alerts_and_the_dashboard_query_is_exported() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 1, |c| {
+        c.http_addr = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await
+    .unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    let client = ControlClient::connect(&cluster.client_addrs())
+        .await
+        .unwrap();
+    let ack = client
+        .append(Command::DesiredContainersV1(DesiredContainersV1 {
+            count: 1,
+        }))
+        .await
+        .unwrap();
+    cluster.wait_for_applied(ack.offset, WAIT).await.unwrap();
+    let (code, metrics) = get(cluster.replica(1).http_addr().unwrap(), "/metrics").await;
+    assert_eq!(code, 200);
+    let exported: std::collections::BTreeSet<String> = metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|line| line.split(' ').next())
+        .map(String::from)
+        .collect();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy");
+    for file in [
+        "prometheus/ctrlog-rules.yml",
+        "grafana/ctrlog-dashboard.json",
+    ] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        if file.ends_with(".json") {
+            let dashboard: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+            let panels = dashboard["panels"].as_array().expect("it has panels");
+            assert!(panels
+                .iter()
+                .all(|p| p["targets"].as_array().is_some_and(|t| !t.is_empty())));
+        }
+        let used = metric_names(&text);
+        assert!(used.len() >= 8, "{file} queries {used:?}");
+        let missing: Vec<_> = used.difference(&exported).collect();
+        assert!(
+            missing.is_empty(),
+            "{file} queries {missing:?}, not exported"
+        );
+    }
+    cluster.shutdown().await;
+}
