@@ -34,6 +34,20 @@ fn stdout_of(output: &Output) -> String {
     String::from_utf8(output.stdout.clone()).unwrap()
 }
 
+/// Runs `ctrlog ARGS` and checks that it exits with `code` within 5 s: at once, or after a
+/// short `--command-timeout`, never after the default retry deadline.
+async fn exits_within(cluster: &str, args: &[&str], code: i32) {
+    let started = std::time::Instant::now();
+    let output = ctrlog(cluster, args).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(code), "{args:?}: {stderr}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "{args:?} took {:?}",
+        started.elapsed()
+    );
+}
+
 fn json_lines(output: &Output) -> Vec<Value> {
     stdout_of(output)
         .lines()
@@ -280,7 +294,26 @@ async fn certs_generate_and_the_client_subcommands_speak_tls() {
         String::from_utf8_lossy(&served.stderr)
     );
     assert!(json_lines(&served)[0]["leader_id"].is_u64());
-    // Plain clients are refused: tests/tls.rs (the CLI would retry for its whole deadline).
+
+    // A CA the replicas do not use: refused at once, exit code 5 (credentials).
+    let elsewhere = dir.path().join("elsewhere");
+    let other = ctrlog(
+        "",
+        &[
+            "certs",
+            "generate",
+            "-o",
+            "json",
+            "--out",
+            elsewhere.to_str().unwrap(),
+            "--nodes",
+            "1",
+        ],
+    )
+    .await;
+    assert!(json_lines(&other)[0]["written"].as_array().unwrap().len() >= 2);
+    let wrong_ca = elsewhere.join("ca.pem");
+    exits_within(&seeds, &["status", "--ca", wrong_ca.to_str().unwrap()], 5).await;
     cluster.shutdown().await;
 }
 
@@ -410,4 +443,61 @@ async fn logs_are_plain_in_a_file_and_json_on_request() {
         json["level"].is_string() && json["fields"].is_object(),
         "{json}"
     );
+}
+
+/// Goal: every subcommand that prints speaks `-o json` (one JSON object per line), and a
+/// script can tell failures apart by exit code, as `ctrlog --help` documents: 2 bad
+/// arguments, 3 gave up (no replica answered within `--command-timeout`), 4 refused by the
+/// cluster. (5, credentials, is in the TLS test above.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn printing_subcommands_speak_json_and_failures_have_their_own_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 1, |_| {}).await.unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    let addrs = cluster.client_addrs().join(",");
+    let json = |args: &'static [&'static str]| {
+        let addrs = addrs.clone();
+        async move {
+            let mut with_output = args.to_vec();
+            with_output.extend(["-o", "json"]);
+            let lines = json_lines(&ctrlog(&addrs, &with_output).await);
+            assert!(!lines.is_empty(), "{args:?} printed nothing");
+            lines[0].clone()
+        }
+    };
+    let ack = json(&["append", "--kind", "custom:1", "--payload", "x"]).await;
+    assert_eq!(ack["offset"], 1);
+    assert_eq!(json(&["tail", "--max", "1"]).await["offset"], 1);
+    assert_eq!(json(&["status"]).await["id"], 1);
+    assert_eq!(json(&["state"]).await["offset"], 1);
+    assert!(json(&["snapshot"]).await["snapshot_offset"].is_u64());
+    let vocabulary = json(&["vocabulary", "show"]).await;
+    assert_eq!(vocabulary["level"], 1);
+    assert!(vocabulary["kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|k| k["name"] == "schema-change"));
+    assert_eq!(
+        json(&["vocabulary", "raise", "--level", "2"]).await["level"],
+        2
+    );
+    let members = json(&["members", "list"]).await;
+    assert_eq!(members["leader_id"], 1);
+    assert_eq!(members["members"][0]["leader"], true);
+    let legacy = json_lines(&ctrlog(&addrs, &["status", "--json"]).await);
+    assert_eq!(legacy[0]["id"], 1, "v0.1.0's --json still works");
+
+    exits_within("", &["status"], 2).await; // no cluster given
+    exits_within(&addrs, &["status", "--dial-timeout", "0s"], 2).await;
+    exits_within("127.0.0.1:1", &["status", "--command-timeout", "1s"], 3).await;
+    let not_a_registration = [
+        "append",
+        "--kind",
+        "register-container",
+        "--payload",
+        "not a registration",
+    ];
+    exits_within(&addrs, &not_a_registration, 4).await;
+    cluster.shutdown().await;
 }

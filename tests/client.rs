@@ -57,10 +57,7 @@ async fn collect_until(
 /// A client of `cluster` that gives up after 10 s: a connection that keeps closing shows as
 /// `GaveUp` long before the test's own deadline.
 async fn client_giving_up_soon(cluster: &LocalCluster) -> ControlClient {
-    let options = ClientOptions {
-        retry_deadline: Duration::from_secs(10),
-        ..ClientOptions::default()
-    };
+    let options = ClientOptions::new().retry_deadline(Duration::from_secs(10));
     ControlClient::connect_with(&cluster.client_addrs(), options)
         .await
         .unwrap()
@@ -253,10 +250,7 @@ async fn retry_after_unknown_fate_and_failover_gets_the_original_offset() {
     let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
     let proxy = Proxy::start(cluster.replica(leader).client_addr()).await;
-    let options = ClientOptions {
-        request_timeout: Duration::from_millis(500),
-        ..ClientOptions::default()
-    };
+    let options = ClientOptions::new().request_timeout(Duration::from_millis(500));
     let client = ControlClient::connect_with(&[proxy.addr()], options)
         .await
         .unwrap();
@@ -314,7 +308,9 @@ async fn producers_share_their_clients_connection_and_keep_their_own_sequences()
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
     let proxy = Proxy::start(cluster.replica(leader).client_addr()).await;
     let client = ControlClient::connect(&[proxy.addr()]).await.unwrap();
-    let producers: Vec<ControlClient> = (0..8).map(|_| client.new_producer()).collect();
+    let producers: Vec<ControlClient> = (0..8)
+        .map(|_| client.new_producer_sharing_connection())
+        .collect();
     let ids: HashSet<_> = producers.iter().map(|p| p.producer_id()).collect();
     assert_eq!(ids.len(), 8);
     assert!(!ids.contains(&client.producer_id()));
@@ -389,7 +385,10 @@ async fn batched_appends_of_shared_producers_survive_a_leader_kill_exactly_once(
     let acknowledged = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let writers: Vec<_> = (0..8)
         .map(|p| {
-            let (producer, acknowledged) = (client.new_producer(), acknowledged.clone());
+            let (producer, acknowledged) = (
+                client.new_producer_sharing_connection(),
+                acknowledged.clone(),
+            );
             tokio::spawn(async move {
                 let mut acks = Vec::new();
                 for i in 0..50 {
@@ -472,7 +471,10 @@ fn shared_producers_keep_appending_after_the_runtime_they_started_on_is_gone() {
         let client = ControlClient::connect(&cluster.client_addrs())
             .await
             .unwrap();
-        let producers = vec![client.new_producer(), client.new_producer()];
+        let producers = vec![
+            client.new_producer_sharing_connection(),
+            client.new_producer_sharing_connection(),
+        ];
         let offsets = append_both(&producers).await;
         (producers, offsets)
     });

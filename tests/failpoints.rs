@@ -83,10 +83,7 @@ async fn assert_nothing_lost(
 }
 
 fn quick() -> ClientOptions {
-    ClientOptions {
-        request_timeout: Duration::from_secs(2),
-        ..ClientOptions::default()
-    }
+    ClientOptions::new().request_timeout(Duration::from_secs(2))
 }
 
 /// Commits 20 commands, arms `point` for one hit, commits 30 more through whatever failover

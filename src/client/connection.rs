@@ -25,7 +25,8 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// The default subscription linger: small against the delivery lag a control plane tolerates,
 /// large enough that a subscriber following a busy head gets several commands per answer.
 pub const SUBSCRIPTION_LINGER: Duration = Duration::from_millis(5);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long dialling one replica may take by default.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const BACKOFF_MIN: Duration = Duration::from_millis(20);
 /// Short enough that a client notices a new leader within a few hundred milliseconds of its
 /// election; retries are cheap, one small request each.
@@ -40,41 +41,91 @@ const APPEND_BATCHES_IN_FLIGHT_MAX: usize = 2;
 const APPEND_QUEUE_DEPTH: usize = 16 * 1024;
 
 /// Why a client call failed after its retries.
+///
+/// What to do about each: [`ClientError::Api`] is the cluster's answer (see
+/// [`ApiError::is_retriable`]; the client already retried those that are); [`ClientError::GaveUp`]
+/// means no replica served the call in time, so retry later (an append with the same
+/// `(producer, seq)`, see the variant); [`ClientError::Config`] and [`ClientError::Tls`] come at
+/// once, before any retry, and need the configuration fixed.
 #[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ClientError {
-    /// The cluster answered with an error retrying cannot fix.
+    /// The cluster answered with an error retrying cannot fix (a wrong token answers
+    /// [`ApiError::Unauthorized`] here, at once).
     #[error(transparent)]
     Api(#[from] ApiError),
     /// No replica could serve the call before the deadline. For an append the outcome is
-    /// unknown: it may still commit. Appending the same command again through the same client
-    /// is a new append; use [`ControlClient::append_proposal`] with the same pair to retry it.
+    /// unknown: it may still commit. `append` names the append's `(producer, seq)`:
+    /// [`ControlClient::append_proposal`] with that pair retries it without appending twice.
     #[error("gave up after {elapsed:?}: {last}")]
-    GaveUp { elapsed: Duration, last: String },
+    GaveUp {
+        elapsed: Duration,
+        last: String,
+        /// The append's producer pair, when the call was an idempotent append.
+        append: Option<ProducerSeq>,
+    },
     /// A replica answered something that breaks the protocol's guarantees (for example a gap
     /// in an unfiltered fetch). The client refuses to pass it on rather than skip silently.
     #[error("protocol violation by {replica}: {detail}")]
     Protocol { replica: String, detail: String },
+    /// The options or the seeds cannot work (no seeds, a zero timeout, one too long for the
+    /// clock); nothing was sent.
+    #[error("client option {option}: {reason}")]
+    Config {
+        option: &'static str,
+        reason: String,
+    },
+    /// TLS with a replica failed in a way retrying cannot fix: its certificate is not signed
+    /// by the CA this client trusts, or does not name the address dialled, or this client's
+    /// own certificate was refused.
+    #[error("TLS with {replica}: {reason}")]
+    Tls { replica: String, reason: String },
 }
 
-/// How a client retries. The defaults suit a container: ride out several elections, and
-/// notice a dead connection within seconds. Its `Debug` never shows the token.
+impl ClientError {
+    /// Names the append whose outcome a `GaveUp` left unknown.
+    fn for_append(self, pair: Option<ProducerSeq>) -> ClientError {
+        match self {
+            ClientError::GaveUp { elapsed, last, .. } => ClientError::GaveUp {
+                elapsed,
+                last,
+                append: pair,
+            },
+            other => other,
+        }
+    }
+}
+
+/// The longest timeout or deadline an option may hold: far beyond any use, and far inside
+/// what the clock can add to `Instant::now()` without overflowing.
+pub const OPTION_DURATION_MAX: Duration = Duration::from_secs(24 * 3600);
+
+/// How a client connects and retries, built in the style of etcd-client's `ConnectOptions`:
+///
+/// ```
+/// use std::time::Duration;
+/// use ctrlog::client::ClientOptions;
+///
+/// let options = ClientOptions::new()
+///     .request_timeout(Duration::from_secs(5))
+///     .retry_deadline(Duration::from_secs(10))
+///     .token("s3cret");
+/// assert!(!format!("{options:?}").contains("s3cret"));
+/// ```
+///
+/// The defaults suit a container: ride out several elections, and notice a dead connection
+/// within seconds. Values that cannot work (a zero timeout, one longer than
+/// [`OPTION_DURATION_MAX`]) are refused by [`ControlClient::connect_with`] with
+/// [`ClientError::Config`]. Its `Debug` never shows the token.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct ClientOptions {
-    /// How long one call keeps retrying (failover, reconnects) before it gives up.
-    pub retry_deadline: Duration,
-    /// How long one attempt may take before it counts as failed and is retried elsewhere (a
-    /// long poll adds its wait to this).
-    pub request_timeout: Duration,
-    /// How long a subscription's long poll, once woken by a new command, waits for the
-    /// commands that follow it before answering (`FetchRequest::linger_ms`).
-    pub subscription_linger: Duration,
-    /// Speak TLS to the replicas with this configuration ([`tls::client_config`]): the CA
-    /// that signed their certificates and, where the cluster asks for it, this client's own.
-    /// Plain TCP when `None`.
-    pub tls: Option<Arc<rustls::ClientConfig>>,
-    /// A bearer token presented on every connection (`authenticate`), where the cluster
-    /// requires credentials and this client has no certificate it knows.
-    pub token: Option<String>,
+    pub(crate) retry_deadline: Duration,
+    pub(crate) request_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) subscription_linger: Duration,
+    pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
+    pub(crate) token: Option<String>,
 }
 
 impl std::fmt::Debug for ClientOptions {
@@ -82,6 +133,7 @@ impl std::fmt::Debug for ClientOptions {
         f.debug_struct("ClientOptions")
             .field("retry_deadline", &self.retry_deadline)
             .field("request_timeout", &self.request_timeout)
+            .field("connect_timeout", &self.connect_timeout)
             .field("subscription_linger", &self.subscription_linger)
             .field("tls", &self.tls.is_some())
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
@@ -94,10 +146,94 @@ impl Default for ClientOptions {
         ClientOptions {
             retry_deadline: RETRY_DEADLINE,
             request_timeout: REQUEST_TIMEOUT,
+            connect_timeout: CONNECT_TIMEOUT,
             subscription_linger: SUBSCRIPTION_LINGER,
             tls: None,
             token: None,
         }
+    }
+}
+
+impl ClientOptions {
+    /// The defaults: [`RETRY_DEADLINE`], [`REQUEST_TIMEOUT`], [`CONNECT_TIMEOUT`],
+    /// plain TCP, no token.
+    pub fn new() -> ClientOptions {
+        ClientOptions::default()
+    }
+
+    /// How long one call keeps retrying (failover, reconnects) before it gives up with
+    /// [`ClientError::GaveUp`]. Zero makes one attempt.
+    pub fn retry_deadline(mut self, deadline: Duration) -> Self {
+        self.retry_deadline = deadline;
+        self
+    }
+
+    /// How long one attempt may take before it counts as failed and is retried elsewhere (a
+    /// long poll adds its wait to this).
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// How long dialling one replica (TCP, TLS and the token) may take before the client
+    /// tries the next.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long a subscription's long poll, once woken by a new command, waits for the
+    /// commands that follow it before answering (`FetchRequest::linger_ms`).
+    pub fn subscription_linger(mut self, linger: Duration) -> Self {
+        self.subscription_linger = linger;
+        self
+    }
+
+    /// Speak TLS to the replicas with this configuration ([`tls::client_config`](super::tls::client_config)): the CA
+    /// that signed their certificates and, where the cluster asks for it, this client's own.
+    pub fn tls(mut self, config: Arc<rustls::ClientConfig>) -> Self {
+        self.tls = Some(config);
+        self
+    }
+
+    /// Present this bearer token on every connection, where the cluster requires
+    /// credentials and this client has no certificate it knows.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Whether these options can work: every timeout above zero (the retry deadline may be
+    /// zero: one attempt) and at most [`OPTION_DURATION_MAX`], and the linger within the
+    /// request timeout.
+    pub fn check(&self) -> Result<(), ClientError> {
+        let refuse = |option, reason: String| Err(ClientError::Config { option, reason });
+        for (option, value, zero_allowed) in [
+            ("retry_deadline", self.retry_deadline, true),
+            ("request_timeout", self.request_timeout, false),
+            ("connect_timeout", self.connect_timeout, false),
+            ("subscription_linger", self.subscription_linger, true),
+        ] {
+            if value.is_zero() && !zero_allowed {
+                return refuse(option, "must be above zero".into());
+            }
+            if value > OPTION_DURATION_MAX {
+                return refuse(
+                    option,
+                    format!("{value:?} is longer than the {OPTION_DURATION_MAX:?} allowed"),
+                );
+            }
+        }
+        if self.subscription_linger >= self.request_timeout {
+            return refuse(
+                "subscription_linger",
+                "must be shorter than request_timeout, or every long poll times out".into(),
+            );
+        }
+        if self.token.as_ref().is_some_and(|t| t.is_empty()) {
+            return refuse("token", "is empty".into());
+        }
+        Ok(())
     }
 }
 
@@ -130,6 +266,14 @@ pub(crate) struct Connector {
 struct QueuedAppend {
     proposal: Proposal,
     answer: oneshot::Sender<Result<AppendAck, ClientError>>,
+}
+
+/// Why dialling a replica failed.
+enum DialFailure {
+    /// Another attempt (at this replica or another) may succeed.
+    Transient(String),
+    /// Refused for the configuration or the credentials: every replica would refuse the same.
+    Refused(ClientError),
 }
 
 /// What to do after a failed attempt.
@@ -170,29 +314,50 @@ impl Connector {
         &self.settings
     }
 
-    async fn dial(addr: &str, options: &ClientOptions) -> Result<ControlLogClient, String> {
-        let client = Self::dial_transport(addr, options.tls.as_ref()).await?;
+    /// Dials `addr` and presents the token. A failure retrying cannot fix (TLS refused a
+    /// certificate, the token is refused) is `DialFailure::Refused`, ended at once.
+    async fn dial(addr: &str, options: &ClientOptions) -> Result<ControlLogClient, DialFailure> {
+        let stream =
+            match tokio::time::timeout(options.connect_timeout, dial(addr, options.tls.as_ref()))
+                .await
+            {
+                Err(_) => {
+                    return Err(DialFailure::Transient(format!(
+                        "connecting to {addr} timed out"
+                    )))
+                }
+                Ok(Err(error)) if error.is_permanent() => {
+                    return Err(DialFailure::Refused(ClientError::Tls {
+                        replica: addr.to_string(),
+                        reason: error.to_string(),
+                    }))
+                }
+                Ok(Err(error)) => return Err(DialFailure::Transient(error.to_string())),
+                Ok(Ok(stream)) => stream,
+            };
+        let transport = framed(stream, CLIENT_FRAME_BYTES_MAX);
+        let client = ControlLogClient::new(client::Config::default(), transport).spawn();
         if let Some(token) = &options.token {
             let mut ctx = context::current();
-            ctx.deadline = std::time::Instant::now() + CONNECT_TIMEOUT;
-            client
-                .authenticate(ctx, token.clone())
-                .await
-                .map_err(|e| format!("authenticating to {addr}: {e}"))?
-                .map_err(|e| format!("authenticating to {addr}: {e}"))?;
+            ctx.deadline = Instant::now() + options.connect_timeout;
+            match client.authenticate(ctx, token.clone()).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) if !error.is_retriable() => {
+                    return Err(DialFailure::Refused(error.into()))
+                }
+                Ok(Err(error)) => {
+                    return Err(DialFailure::Transient(format!(
+                        "authenticating to {addr}: {error}"
+                    )))
+                }
+                Err(error) => {
+                    return Err(DialFailure::Transient(format!(
+                        "authenticating to {addr}: {error}"
+                    )))
+                }
+            }
         }
         Ok(client)
-    }
-
-    async fn dial_transport(
-        addr: &str,
-        tls: Option<&Arc<rustls::ClientConfig>>,
-    ) -> Result<ControlLogClient, String> {
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, dial(addr, tls))
-            .await
-            .map_err(|_| format!("connecting to {addr} timed out"))??;
-        let transport = framed(stream, CLIENT_FRAME_BYTES_MAX);
-        Ok(ControlLogClient::new(client::Config::default(), transport).spawn())
     }
 
     fn next_seed(&self) -> String {
@@ -214,6 +379,7 @@ impl Connector {
         let started = Instant::now();
         let mut backoff = BACKOFF_MIN;
         let mut target: Option<String> = None;
+        let mut attempt = 0u32;
         loop {
             let (addr, rpc) = {
                 let mut current = self.current.lock().await;
@@ -228,16 +394,22 @@ impl Connector {
                                 *current = Some((addr.clone(), rpc.clone()));
                                 (addr, rpc)
                             }
-                            Err(e) => {
+                            Err(DialFailure::Refused(error)) => {
+                                *current = None;
+                                return Err(error);
+                            }
+                            Err(DialFailure::Transient(reason)) => {
                                 *current = None;
                                 drop(current);
-                                self.pause(started, &mut backoff, e).await?;
+                                self.pause(started, &mut backoff, reason).await?;
                                 continue;
                             }
                         }
                     }
                 }
             };
+            attempt += 1;
+            tracing::debug!(attempt, replica = %addr, leader_only, "calling");
             let mut ctx = context::current();
             ctx.deadline = Instant::now() + self.settings.options.request_timeout;
             let next = match call(rpc, ctx, addr.clone()).await {
@@ -369,6 +541,7 @@ impl Connector {
             return Err(ClientError::GaveUp {
                 elapsed: started.elapsed(),
                 last,
+                append: None,
             });
         }
         tracing::debug!(backoff_ms = backoff.as_millis() as u64, reason = %last, "retrying");
@@ -420,7 +593,9 @@ async fn send_appends(connector: Weak<Connector>, mut queued: mpsc::Receiver<Que
 }
 
 /// A connection to a ctrlog cluster: appends, reads, subscriptions and administration.
-/// Share it behind an `Arc`; concurrent calls are multiplexed over one connection.
+/// Concurrent calls are multiplexed over one connection. It is a cheap handle: a clone is the
+/// same producer on the same connection (share it freely between tasks);
+/// [`ControlClient::new_producer_sharing_connection`] makes another producer on it.
 ///
 /// ```no_run
 /// # async fn example() -> Result<(), ctrlog::client::ClientError> {
@@ -446,44 +621,75 @@ async fn send_appends(connector: Weak<Connector>, mut queued: mpsc::Receiver<Que
 /// }
 /// # Ok(()) }
 /// ```
+#[derive(Clone)]
 pub struct ControlClient {
-    /// Shared by the producers made with [`ControlClient::new_producer`].
+    /// Shared by the producers made with [`ControlClient::new_producer_sharing_connection`].
     pub(super) connector: Arc<Connector>,
     producer: ProducerId,
+    /// Shared by this producer's clones (its clones share the window): one sequence window
+    /// per producer id.
     sequences: Sequences,
     /// The highest offset this client's appends were acknowledged at; its subscriptions'
     /// resets read at least this far (read your writes).
     pub(super) own_writes: Arc<AtomicU64>,
 }
 
+impl std::fmt::Debug for ControlClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlClient")
+            .field("seeds", &self.connector.settings.seeds)
+            .field("options", &self.connector.settings.options)
+            .field("producer", &self.producer)
+            .finish_non_exhaustive()
+    }
+}
+
+/// For callers that shared a client behind an `Arc` (before it was a cheap handle).
+impl From<Arc<ControlClient>> for ControlClient {
+    fn from(client: Arc<ControlClient>) -> ControlClient {
+        (*client).clone()
+    }
+}
+
 impl ControlClient {
-    /// Connects to the cluster through any of `seeds` (client addresses), with the default
-    /// [`ClientOptions`].
-    pub async fn connect(seeds: &[String]) -> Result<ControlClient, ClientError> {
+    /// Connects to the cluster through any of `seeds` (client addresses, `host:port`), with the
+    /// default [`ClientOptions`]. See [`ControlClient::connect_with`].
+    pub async fn connect(
+        seeds: impl IntoIterator<Item = impl AsRef<str>>,
+    ) -> Result<ControlClient, ClientError> {
         ControlClient::connect_with(seeds, ClientOptions::default()).await
     }
 
     /// Connects with other options, which then apply to every call of this client and of its
-    /// subscriptions.
+    /// subscriptions, and asks a replica for its status. Fails at once, without retrying, on
+    /// options that cannot work or no seeds ([`ClientError::Config`]), a certificate TLS
+    /// refuses ([`ClientError::Tls`]) or a refused token ([`ApiError::Unauthorized`]); retries
+    /// unreachable replicas until the options' retry deadline ([`ClientError::GaveUp`]).
+    ///
+    /// Cancel safe: dropping the future drops the half-made client.
     pub async fn connect_with(
-        seeds: &[String],
+        seeds: impl IntoIterator<Item = impl AsRef<str>>,
         options: ClientOptions,
     ) -> Result<ControlClient, ClientError> {
+        options.check()?;
+        let seeds: Vec<String> = seeds.into_iter().map(|s| s.as_ref().to_string()).collect();
+        let span = tracing::debug_span!("ctrlog.connect", seeds = ?seeds);
         if seeds.is_empty() {
-            return Err(ClientError::Api(ApiError::Invalid(
-                "no cluster addresses given".into(),
-            )));
+            return Err(ClientError::Config {
+                option: "seeds",
+                reason: "no cluster addresses given".into(),
+            });
         }
         let client = ControlClient {
             connector: Arc::new(Connector::new(Settings {
-                seeds: Arc::new(seeds.to_vec()),
+                seeds: Arc::new(seeds),
                 options,
             })),
             producer: random_u64(),
             sequences: Sequences::new(),
             own_writes: Arc::default(),
         };
-        client.status().await?;
+        tracing::Instrument::instrument(client.status(), span).await?;
         Ok(client)
     }
 
@@ -494,10 +700,13 @@ impl ControlClient {
 
     /// Another producer on this client's connection: its own producer id and sequence window,
     /// the same connection and retry engine. A process with many independent writers (one per
-    /// task, say) then holds one connection instead of one per writer. Once a connection is
-    /// shared, the appends that queue on it while earlier ones are in flight go out together
-    /// in one request (`append_many`), which is most of what a small append costs.
-    pub fn new_producer(&self) -> ControlClient {
+    /// task, say) then holds one connection instead of one per writer.
+    ///
+    /// It changes the connection for every producer on it: from then on, the appends that
+    /// queue while earlier ones are in flight go out together in one request (`append_many`),
+    /// which is most of what a small append costs when many share a connection, and costs a
+    /// lone producer a hand-off per append. (A clone, by contrast, is the same producer.)
+    pub fn new_producer_sharing_connection(&self) -> ControlClient {
         self.connector
             .shared_by_producers
             .store(true, Ordering::Relaxed);
@@ -507,6 +716,12 @@ impl ControlClient {
             sequences: Sequences::new(),
             own_writes: Arc::default(),
         }
+    }
+
+    /// The name of [`ControlClient::new_producer_sharing_connection`] in v0.1.0.
+    #[deprecated(note = "renamed new_producer_sharing_connection, which says what it changes")]
+    pub fn new_producer(&self) -> ControlClient {
+        self.new_producer_sharing_connection()
     }
 
     /// Appends a command idempotently: a retry after a lost answer or a failover returns the
@@ -552,20 +767,29 @@ impl ControlClient {
 
     /// Appends a proposal exactly as given, with the caller's own `(producer, seq)` if any.
     /// Retries are idempotent only if the proposal carries a producer pair.
+    #[tracing::instrument(
+        name = "ctrlog.append",
+        level = "debug",
+        skip_all,
+        fields(producer = ?proposal.producer, target = %proposal.target)
+    )]
     pub async fn append_proposal(&self, proposal: Proposal) -> Result<AppendAck, ClientError> {
         let batched = proposal.producer.is_some()
             && self.connector.shared_by_producers.load(Ordering::Relaxed);
+        let pair = proposal.producer;
         let ack = if batched {
-            self.connector.append(proposal).await?
+            self.connector.append(proposal).await
         } else {
-            self.connector.append_alone(proposal).await?
-        };
+            self.connector.append_alone(proposal).await
+        }
+        .map_err(|error| error.for_append(pair))?;
         self.own_writes.fetch_max(ack.offset, Ordering::AcqRel);
         Ok(ack)
     }
 
     /// One fetch from any replica (without waiting unless `request.max_wait_ms` says so).
     /// Most readers want [`ControlClient::subscribe`].
+    #[tracing::instrument(name = "ctrlog.fetch", level = "debug", skip_all, fields(from = request.from))]
     pub async fn fetch(&self, request: FetchRequest) -> Result<FetchResponse, ClientError> {
         self.connector
             .call(false, |rpc, mut ctx, _| {
@@ -733,12 +957,79 @@ async fn state_in_chunks(
 mod tests {
     use super::*;
 
+    /// Goal: the options builder sets what it says, and values that cannot work are refused
+    /// with the option named, before anything is sent (a `Duration::MAX` timeout used to
+    /// panic later, in a task, when added to the clock).
+    #[test]
+    fn options_are_built_and_checked() {
+        let options = ClientOptions::new()
+            .retry_deadline(Duration::from_secs(3))
+            .request_timeout(Duration::from_secs(2))
+            .connect_timeout(Duration::from_millis(500))
+            .subscription_linger(Duration::from_millis(1))
+            .token("t");
+        assert_eq!(options.retry_deadline, Duration::from_secs(3));
+        assert_eq!(options.request_timeout, Duration::from_secs(2));
+        assert_eq!(options.connect_timeout, Duration::from_millis(500));
+        assert!(options.check().is_ok());
+        assert!(ClientOptions::new()
+            .retry_deadline(Duration::ZERO)
+            .check()
+            .is_ok());
+        for (options, named) in [
+            (
+                ClientOptions::new().request_timeout(Duration::MAX),
+                "request_timeout",
+            ),
+            (
+                ClientOptions::new().request_timeout(Duration::ZERO),
+                "request_timeout",
+            ),
+            (
+                ClientOptions::new().connect_timeout(Duration::ZERO),
+                "connect_timeout",
+            ),
+            (
+                ClientOptions::new().retry_deadline(Duration::MAX),
+                "retry_deadline",
+            ),
+            (
+                ClientOptions::new().subscription_linger(Duration::from_secs(60)),
+                "subscription_linger",
+            ),
+            (ClientOptions::new().token(""), "token"),
+        ] {
+            match options.check() {
+                Err(ClientError::Config { option, .. }) => assert_eq!(option, named),
+                other => panic!("{named}: {other:?}"),
+            }
+        }
+    }
+
+    /// Goal: `connect` refuses what cannot work at once: no seeds, bad options.
+    #[tokio::test]
+    async fn connect_refuses_no_seeds_and_bad_options_at_once() {
+        let none: [&str; 0] = [];
+        assert!(matches!(
+            ControlClient::connect(none).await,
+            Err(ClientError::Config {
+                option: "seeds",
+                ..
+            })
+        ));
+        let bad = ClientOptions::new().request_timeout(Duration::MAX);
+        assert!(matches!(
+            ControlClient::connect_with(["127.0.0.1:1"], bad).await,
+            Err(ClientError::Config {
+                option: "request_timeout",
+                ..
+            })
+        ));
+    }
+
     #[test]
     fn debug_output_never_shows_the_token() {
-        let options = ClientOptions {
-            token: Some("s3cret-token-value".into()),
-            ..ClientOptions::default()
-        };
+        let options = ClientOptions::new().token("s3cret-token-value");
         let shown = format!("{options:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
         assert!(shown.contains("<redacted>"), "{shown}");

@@ -1,7 +1,6 @@
 //! [`ContainerSession`]: a container's membership in the job, from registration to fencing.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -25,6 +24,25 @@ pub struct SessionOptions {
     pub location: String,
 }
 
+impl SessionOptions {
+    /// Whether these options can work: a heartbeat interval above zero and at most
+    /// [`OPTION_DURATION_MAX`](super::OPTION_DURATION_MAX).
+    pub fn check(&self) -> Result<(), ClientError> {
+        if self.heartbeat_interval.is_zero() || self.heartbeat_interval > super::OPTION_DURATION_MAX
+        {
+            return Err(ClientError::Config {
+                option: "heartbeat_interval",
+                reason: format!(
+                    "{:?} is not between zero and {:?}",
+                    self.heartbeat_interval,
+                    super::OPTION_DURATION_MAX
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
 impl Default for SessionOptions {
     fn default() -> Self {
         SessionOptions {
@@ -41,7 +59,7 @@ impl Default for SessionOptions {
 /// with `Fenced`, and [`ContainerSession::fenced`] resolves: stop work and join again.
 ///
 /// ```no_run
-/// # async fn example(client: std::sync::Arc<ctrlog::client::ControlClient>) -> Result<(), ctrlog::client::ClientError> {
+/// # async fn example(client: ctrlog::client::ControlClient) -> Result<(), ctrlog::client::ClientError> {
 /// use ctrlog::client::{ContainerSession, SessionOptions, SubscriptionItem};
 /// use ctrlog::log::{Command, ContainerId};
 /// use futures::StreamExt;
@@ -61,7 +79,7 @@ impl Default for SessionOptions {
 /// # Ok(()) }
 /// ```
 pub struct ContainerSession {
-    client: Arc<ControlClient>,
+    client: ControlClient,
     container: ContainerId,
     epoch: Epoch,
     fenced: watch::Receiver<Option<ApiError>>,
@@ -78,8 +96,11 @@ impl Drop for ContainerSession {
 
 impl ContainerSession {
     /// Registers `container` and starts heartbeating with the lag `lag` reports per task.
+    /// `client` is a [`ControlClient`] (or an `Arc` of one); the session keeps a handle.
+    /// Options that cannot work (a zero heartbeat interval) are refused with
+    /// [`ClientError::Config`] before anything is sent.
     pub async fn join<L>(
-        client: Arc<ControlClient>,
+        client: impl Into<ControlClient>,
         container: ContainerId,
         options: SessionOptions,
         lag: L,
@@ -87,6 +108,8 @@ impl ContainerSession {
     where
         L: Fn() -> BTreeMap<TaskId, u64> + Send + Sync + 'static,
     {
+        let client = client.into();
+        options.check()?;
         let registration = Command::RegisterContainer(RegisterContainer {
             container: container.clone(),
             location: options.location.clone(),
@@ -213,7 +236,7 @@ struct Beat {
 }
 
 async fn heartbeat_loop<L>(
-    client: Arc<ControlClient>,
+    client: ControlClient,
     beat: Beat,
     lag: L,
     fence: watch::Sender<Option<ApiError>>,

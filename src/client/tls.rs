@@ -99,13 +99,48 @@ pub fn node_name(id: crate::NodeId) -> String {
     format!("node-{id}")
 }
 
+/// Why dialling a replica failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    /// No TCP connection (refused, unreachable, reset): the replica may be down.
+    #[error("connecting to {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    /// The TLS handshake failed.
+    #[error("TLS with {addr}: {source}")]
+    Tls {
+        addr: String,
+        source: std::io::Error,
+    },
+    /// The name to check the certificate against is not one.
+    #[error("{0}")]
+    Name(TlsError),
+}
+
+impl DialError {
+    /// Whether dialling again cannot help: TLS refused a certificate (the replica's, or this
+    /// side's), which a configuration change fixes and a retry does not. A handshake cut short
+    /// by the network is not permanent.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            DialError::Connect { .. } => false,
+            DialError::Name(_) => true,
+            DialError::Tls { source, .. } => source
+                .get_ref()
+                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some()),
+        }
+    }
+}
+
 /// Opens a connection to `addr`: TCP with `TCP_NODELAY`, then TLS when `tls` is given,
 /// checking the replica's certificate against the host part of `addr`. How clients dial the
 /// client port.
 pub async fn dial(
     addr: &str,
     tls: Option<&Arc<rustls::ClientConfig>>,
-) -> Result<Box<dyn Io>, String> {
+) -> Result<Box<dyn Io>, DialError> {
     dial_expecting(addr, tls, None).await
 }
 
@@ -117,10 +152,13 @@ pub async fn dial_expecting(
     addr: &str,
     tls: Option<&Arc<rustls::ClientConfig>>,
     expected: Option<&str>,
-) -> Result<Box<dyn Io>, String> {
+) -> Result<Box<dyn Io>, DialError> {
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
-        .map_err(|e| format!("connecting to {addr}: {e}"))?;
+        .map_err(|source| DialError::Connect {
+            addr: addr.to_string(),
+            source,
+        })?;
     // Requests and answers are small frames: without this, Nagle's algorithm can hold one back
     // until the peer's delayed ACK, tens of milliseconds later.
     let _ = tcp.set_nodelay(true);
@@ -128,14 +166,20 @@ pub async fn dial_expecting(
         None => Ok(Box::new(tcp)),
         Some(tls) => {
             let name = match expected {
-                Some(expected) => ServerName::try_from(expected.to_string())
-                    .map_err(|e| format!("`{expected}` is not a certificate name: {e}"))?,
-                None => server_name(addr).map_err(|e| e.to_string())?,
+                Some(expected) => ServerName::try_from(expected.to_string()).map_err(|e| {
+                    DialError::Name(TlsError::Config(format!(
+                        "`{expected}` is not a certificate name: {e}"
+                    )))
+                })?,
+                None => server_name(addr).map_err(DialError::Name)?,
             };
             let stream = tokio_rustls::TlsConnector::from(tls.clone())
                 .connect(name, tcp)
                 .await
-                .map_err(|e| format!("TLS with {addr}: {e}"))?;
+                .map_err(|source| DialError::Tls {
+                    addr: addr.to_string(),
+                    source,
+                })?;
             Ok(Box::new(stream))
         }
     }

@@ -174,7 +174,7 @@ impl PeerClient {
         )
         .await
         .map_err(|_| CallError::Unreachable(format!("connecting to {} timed out", self.addr)))?
-        .map_err(CallError::Unreachable)?;
+        .map_err(|e| CallError::Unreachable(e.to_string()))?;
         let transport = framed(stream, PEER_FRAME_BYTES_MAX);
         let client = RaftRpcClient::new(client::Config::default(), transport).spawn();
         self.client = Some(client.clone());

@@ -462,7 +462,7 @@ impl BenchTarget {
             shared.push(self.connect().await?);
         }
         let extra: Vec<ControlClient> = (connections..producers)
-            .map(|i| shared[i % connections].new_producer())
+            .map(|i| shared[i % connections].new_producer_sharing_connection())
             .collect();
         Ok((connections, shared.into_iter().chain(extra).collect()))
     }

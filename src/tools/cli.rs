@@ -5,6 +5,7 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use futures::StreamExt;
@@ -26,7 +27,7 @@ use crate::server::json::{awaiting_parts, phase_parts, status_name};
 /// The flags the client subcommands connect with: only those subcommands take them (a
 /// `serve --ca ...` is refused by the parser instead of starting a plaintext replica), under
 /// their own heading in `--help`, and after a nested subcommand too (`members list --cluster`).
-#[derive(clap::Args, Clone, Debug, Default)]
+#[derive(clap::Args, Clone, Debug)]
 #[command(next_help_heading = "Connecting to the cluster")]
 pub struct ClientFlags {
     /// Client addresses of any replicas of the cluster.
@@ -53,6 +54,46 @@ pub struct ClientFlags {
         conflicts_with = "token"
     )]
     pub token_file: Option<PathBuf>,
+    /// How long dialling one replica may take (`2s`, `500ms`) before the next is tried.
+    #[arg(long, global = true, value_parser = humantime::parse_duration, default_value = "2s")]
+    pub dial_timeout: Duration,
+    /// How long a command keeps trying (failover, other replicas) before it gives up
+    /// (exit code 3).
+    #[arg(long, global = true, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub command_timeout: Duration,
+}
+
+/// How a subcommand prints: `-o json` (or v0.1.0's `--json`) for scripts.
+#[derive(clap::Args, Clone, Copy, Debug, Default)]
+pub struct OutputFlags {
+    /// `text` for people, `json` for scripts: one JSON object per line, whose field names
+    /// stay stable across releases.
+    #[arg(
+        short = 'o',
+        long = "output",
+        global = true,
+        value_enum,
+        default_value_t = OutputFormat::Text
+    )]
+    pub output: OutputFormat,
+    /// The same as `-o json` (the flag of v0.1.0).
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// What [`OutputFlags`] asks for.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OutputFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+impl OutputFlags {
+    /// Whether to print JSON.
+    pub fn json(&self) -> bool {
+        self.json || self.output == OutputFormat::Json
+    }
 }
 
 impl ClientFlags {
@@ -82,17 +123,28 @@ impl ClientFlags {
             }
             None => self.token.clone(),
         };
-        Ok(ClientOptions {
-            tls,
-            token,
-            ..ClientOptions::default()
-        })
+        let mut options = ClientOptions::new()
+            .connect_timeout(self.dial_timeout)
+            .retry_deadline(self.command_timeout)
+            .request_timeout(self.command_timeout.min(crate::client::REQUEST_TIMEOUT));
+        if let Some(tls) = tls {
+            options = options.tls(tls);
+        }
+        if let Some(token) = token {
+            options = options.token(token);
+        }
+        options.check()?;
+        Ok(options)
     }
 
     /// The cluster's seeds, or an error saying how to give them.
-    pub fn seeds(&self) -> anyhow::Result<&[String]> {
+    pub fn seeds(&self) -> Result<&[String], ClientError> {
         if self.cluster.is_empty() {
-            anyhow::bail!("no cluster given: use --cluster ADDR,ADDR,... or set CTRLOG_CLUSTER");
+            return Err(ClientError::Config {
+                option: "--cluster",
+                reason: "no cluster given: use --cluster ADDR,ADDR,... or set CTRLOG_CLUSTER"
+                    .into(),
+            });
         }
         Ok(&self.cluster)
     }
@@ -302,6 +354,64 @@ pub fn status_text(status: &Status) -> String {
     text
 }
 
+/// `ctrlog members list` for people: one replica per line, the leader marked.
+pub fn members_text(status: &Status) -> String {
+    let mut text = String::from("ID  ROLE     LEADER  PEER                   CLIENT\n");
+    for m in &status.members {
+        text.push_str(&format!(
+            "{:<2}  {}  {:<6}  {:<21}  {}\n",
+            m.id,
+            if m.voter { "voter  " } else { "learner" },
+            if status.leader_id == Some(m.id) {
+                "yes"
+            } else {
+                "-"
+            },
+            m.member.peer_addr,
+            m.member.client_addr
+        ));
+    }
+    text
+}
+
+/// `ctrlog members list -o json`: `{"leader_id":…,"members":[{"id","voter","leader",
+/// "peer_addr","client_addr"}]}`.
+pub fn members_json(status: &Status) -> Value {
+    let members: Vec<Value> = status
+        .members
+        .iter()
+        .map(|m| {
+            json!({
+                "id": m.id,
+                "voter": m.voter,
+                "leader": status.leader_id == Some(m.id),
+                "peer_addr": m.member.peer_addr,
+                "client_addr": m.member.client_addr,
+            })
+        })
+        .collect();
+    json!({ "leader_id": status.leader_id, "members": members })
+}
+
+/// `ctrlog vocabulary show -o json`: the recorded level, this build's highest, and every
+/// built-in kind with what the level allows.
+pub fn vocabulary_json(level: Level) -> Value {
+    let kinds: Vec<Value> = KINDS
+        .iter()
+        .map(|spec| {
+            json!({
+                "kind": spec.kind,
+                "version": spec.version,
+                "name": spec.name,
+                "since": spec.since,
+                "deprecated_since": spec.deprecated_since,
+                "allowed": allowed_at(spec, level),
+            })
+        })
+        .collect();
+    json!({ "level": level, "level_max": LEVEL_MAX, "kinds": kinds })
+}
+
 /// `ctrlog vocabulary raise`: raises the recorded vocabulary level. The leader first asks
 /// every member whether its build knows the level (the rule that keeps a rolling upgrade
 /// safe) and refuses with `LevelUnsupported` if one does not; an admin's right.
@@ -309,6 +419,11 @@ pub async fn raise_level(client: &ControlClient, level: Level) -> Result<AppendA
     client
         .append(Command::SetVocabularyLevel(SetVocabularyLevel { level }))
         .await
+}
+
+/// Whether a kind may be written at `level`.
+fn allowed_at(spec: &crate::log::vocabulary::KindSpec, level: Level) -> bool {
+    spec.since <= level && spec.deprecated_since.is_none_or(|d| level < d)
 }
 
 /// `ctrlog vocabulary show`: the built-in kinds and what the recorded level allows.
@@ -321,7 +436,7 @@ pub fn vocabulary_text(level: Level) -> String {
         let deprecated = spec
             .deprecated_since
             .map_or("-".to_string(), |since| format!("at {since}"));
-        let allowed = spec.since <= level && spec.deprecated_since.is_none_or(|d| level < d);
+        let allowed = allowed_at(spec, level);
         let _ = writeln!(
             out,
             "{:>4}  {:>7}  {:<21}  {:>5}  {:<10}  {}",

@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::Subcommand;
 use ctrlog::client::Member;
 use ctrlog::log::{ContainerId, Filter, Frame, ProducerSeq, Target};
-use ctrlog::tools::cli::{self, ClientFlags};
+use ctrlog::tools::cli::{self, ClientFlags, OutputFlags};
 use ctrlog::tools::container::{run_simulated_container, SimOptions};
 
 #[derive(clap::Args)]
@@ -18,8 +18,9 @@ pub struct AppendArgs {
     /// The command kind: a number as stored, or `custom:N` for user kind N.
     #[arg(long, value_parser = cli::parse_kind)]
     kind: u32,
-    #[arg(long, default_value_t = 1)]
-    version: u16,
+    /// The version of the kind's body encoding (`--version` in v0.1.0, still accepted).
+    #[arg(long, alias = "version", default_value_t = 1)]
+    kind_version: u16,
     /// `all`, `coordinator` or `container:ID`.
     #[arg(long, default_value = "all")]
     target: Target,
@@ -32,11 +33,12 @@ pub struct AppendArgs {
     /// An idempotent producer id; with `--seq`, running the same command twice appends once.
     #[arg(long, requires = "seq")]
     producer: Option<u64>,
+    /// The sequence number within `--producer`: 1 for its first append, then one more each
+    /// time; the same pair again is answered with the first offset (`duplicate`).
     #[arg(long, requires = "producer")]
     seq: Option<u64>,
-    /// Print `{"offset":N,"duplicate":false}`.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    output: OutputFlags,
 }
 
 #[derive(clap::Args)]
@@ -53,9 +55,8 @@ pub struct TailArgs {
     /// `everything`, or `container:ID` for one container's commands plus broadcasts.
     #[arg(long, default_value = "everything")]
     filter: Filter,
-    /// One JSON object per line.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    output: OutputFlags,
 }
 
 #[derive(Subcommand)]
@@ -64,6 +65,7 @@ pub enum VocabularyCmd {
     Show,
     /// Raise the recorded level (every replica must support it; this is checked first).
     Raise {
+        /// The level to record (`vocabulary show` lists what each level allows).
         #[arg(long)]
         level: u16,
     },
@@ -71,17 +73,23 @@ pub enum VocabularyCmd {
 
 #[derive(Subcommand)]
 pub enum MembersCmd {
+    /// The replicas in the membership, voters and learners, and which one leads.
     List,
     /// Add a replica: it joins as a learner and is promoted once caught up.
     Add {
+        /// The new replica's id (its certificate names `node-<id>`); never reuse a removed one.
         #[arg(long)]
         id: u64,
+        /// Where the other replicas reach its peer port (`host:port`).
         #[arg(long)]
         peer_addr: String,
+        /// Where clients reach its client port (`host:port`).
         #[arg(long)]
         client_addr: String,
     },
+    /// Remove a replica (a voter or a learner) from the membership.
     Remove {
+        /// The replica's id.
         #[arg(long)]
         id: u64,
     },
@@ -123,7 +131,7 @@ pub async fn append(
     };
     let frame = Frame {
         kind: args.kind,
-        version: args.version,
+        version: args.kind_version,
         body,
     };
     let producer = args
@@ -131,7 +139,7 @@ pub async fn append(
         .zip(args.seq)
         .map(|(producer, seq)| ProducerSeq { producer, seq });
     let ack = cli::append(&flags.connect().await?, args.target, frame, producer).await?;
-    if args.json {
+    if args.output.json() {
         writeln!(out, "{}", serde_json::to_string(&ack)?)?;
     } else if ack.duplicate {
         writeln!(out, "{} (already appended)", ack.offset)?;
@@ -147,14 +155,18 @@ pub async fn tail(args: TailArgs, flags: &ClientFlags, out: &mut impl Write) -> 
         follow: args.follow,
         max: args.max,
         filter: args.filter,
-        json: args.json,
+        json: args.output.json(),
     };
     cli::tail(&flags.connect().await?, &options, out).await
 }
 
-pub async fn status(json: bool, flags: &ClientFlags, out: &mut impl Write) -> anyhow::Result<()> {
+pub async fn status(
+    output: OutputFlags,
+    flags: &ClientFlags,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
     let status = flags.connect().await?.status().await?;
-    if json {
+    if output.json() {
         writeln!(out, "{}", cli::status_json(&status))?;
     } else {
         write!(out, "{}", cli::status_text(&status))?;
@@ -162,9 +174,13 @@ pub async fn status(json: bool, flags: &ClientFlags, out: &mut impl Write) -> an
     Ok(())
 }
 
-pub async fn state(json: bool, flags: &ClientFlags, out: &mut impl Write) -> anyhow::Result<()> {
+pub async fn state(
+    output: OutputFlags,
+    flags: &ClientFlags,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
     let at = flags.connect().await?.state(0).await?;
-    if json {
+    if output.json() {
         writeln!(out, "{}", cli::state_json(&at))?;
     } else {
         write!(out, "{}", cli::state_text(&at))?;
@@ -172,14 +188,23 @@ pub async fn state(json: bool, flags: &ClientFlags, out: &mut impl Write) -> any
     Ok(())
 }
 
-pub async fn snapshot(flags: &ClientFlags, out: &mut impl Write) -> anyhow::Result<()> {
+pub async fn snapshot(
+    output: OutputFlags,
+    flags: &ClientFlags,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
     let offset = flags.connect().await?.snapshot().await?;
-    writeln!(out, "snapshot taken; it covers offsets up to {offset}")?;
+    if output.json() {
+        writeln!(out, "{}", serde_json::json!({ "snapshot_offset": offset }))?;
+    } else {
+        writeln!(out, "snapshot taken; it covers offsets up to {offset}")?;
+    }
     Ok(())
 }
 
 pub async fn vocabulary(
     command: VocabularyCmd,
+    output: OutputFlags,
     flags: &ClientFlags,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
@@ -187,15 +212,24 @@ pub async fn vocabulary(
     match command {
         VocabularyCmd::Show => {
             let level = client.leader_status().await?.vocabulary_level;
-            write!(out, "{}", cli::vocabulary_text(level))?;
+            if output.json() {
+                writeln!(out, "{}", cli::vocabulary_json(level))?;
+            } else {
+                write!(out, "{}", cli::vocabulary_text(level))?;
+            }
         }
         VocabularyCmd::Raise { level } => {
             let ack = cli::raise_level(&client, level).await?;
-            writeln!(
-                out,
-                "vocabulary level {level} recorded at offset {}",
-                ack.offset
-            )?;
+            if output.json() {
+                let line = serde_json::json!({ "level": level, "offset": ack.offset });
+                writeln!(out, "{line}")?;
+            } else {
+                writeln!(
+                    out,
+                    "vocabulary level {level} recorded at offset {}",
+                    ack.offset
+                )?;
+            }
         }
     }
     Ok(())
@@ -203,12 +237,27 @@ pub async fn vocabulary(
 
 pub async fn members(
     command: MembersCmd,
+    output: OutputFlags,
     flags: &ClientFlags,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
     let client = flags.connect().await?;
+    let done = |out: &mut dyn Write, text: String, json: serde_json::Value| {
+        if output.json() {
+            writeln!(out, "{json}")
+        } else {
+            writeln!(out, "{text}")
+        }
+    };
     match command {
-        MembersCmd::List => write!(out, "{}", cli::status_text(&client.leader_status().await?))?,
+        MembersCmd::List => {
+            let status = client.leader_status().await?;
+            if output.json() {
+                writeln!(out, "{}", cli::members_json(&status))?;
+            } else {
+                write!(out, "{}", cli::members_text(&status))?;
+            }
+        }
         MembersCmd::Add {
             id,
             peer_addr,
@@ -219,11 +268,16 @@ pub async fn members(
                 client_addr,
             };
             client.add_member(id, member).await?;
-            writeln!(out, "replica {id} added and promoted to voter")?;
+            let text = format!("replica {id} added and promoted to voter");
+            done(out, text, serde_json::json!({ "added": id, "voter": true }))?;
         }
         MembersCmd::Remove { id } => {
             client.remove_member(id).await?;
-            writeln!(out, "replica {id} removed")?;
+            done(
+                out,
+                format!("replica {id} removed"),
+                serde_json::json!({ "removed": id }),
+            )?;
         }
     }
     Ok(())

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ctrlog::server::ServeFlags;
-use ctrlog::tools::cli::ClientFlags;
+use ctrlog::tools::cli::{ClientFlags, OutputFlags};
 
 // Serving a subscriber allocates and frees a buffer per entry on both sides of the wire, a
 // million times a second at 1,000 subscribers; mimalloc's per-thread free lists cut the
@@ -20,11 +20,24 @@ use ctrlog::tools::cli::ClientFlags;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// What `ctrlog --help` says of exit codes, after the subcommands (the README repeats it).
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  done
+  1  failed for another reason (a file, the disk, a bug): see the message
+  2  bad arguments or options (nothing was sent)
+  3  gave up: no replica answered in time (--command-timeout); safe to retry, and an append
+     retried with the same --producer/--seq appends once
+  4  refused by the cluster: the request itself is wrong for the log or the job; do not retry
+     it unchanged
+  5  credentials refused: the token, the client certificate or the CA (TLS)";
+
 #[derive(Parser)]
 #[command(
     name = "ctrlog",
     version,
-    about = "A replicated job control log on Raft"
+    about = "A replicated job control log on Raft",
+    after_help = EXIT_CODES
 )]
 struct Cli {
     /// How log lines are written to stderr: text (colours only on a terminal) or one JSON
@@ -66,20 +79,22 @@ enum Cmd {
     },
     /// Show a replica's view of the cluster.
     Status {
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        output: OutputFlags,
         #[command(flatten)]
         client: ClientFlags,
     },
     /// Show the job state folded from the log.
     State {
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        output: OutputFlags,
         #[command(flatten)]
         client: ClientFlags,
     },
     /// Take a snapshot on the leader now (and purge what retention allows).
     Snapshot {
+        #[command(flatten)]
+        output: OutputFlags,
         #[command(flatten)]
         client: ClientFlags,
     },
@@ -88,12 +103,16 @@ enum Cmd {
         #[command(subcommand)]
         command: client::VocabularyCmd,
         #[command(flatten)]
+        output: OutputFlags,
+        #[command(flatten)]
         client: ClientFlags,
     },
     /// List, add or remove replicas.
     Members {
         #[command(subcommand)]
         command: client::MembersCmd,
+        #[command(flatten)]
+        output: OutputFlags,
         #[command(flatten)]
         client: ClientFlags,
     },
@@ -150,6 +169,7 @@ enum CertsCmd {
     /// A CA plus a certificate per replica (`node-<id>`) and per client, for a test or a small
     /// deployment.
     Generate {
+        /// The directory to write into (created if missing).
         #[arg(long)]
         out: PathBuf,
         /// Replica ids, e.g. 1,2,3.
@@ -169,6 +189,8 @@ enum CertsCmd {
         /// Replace an existing CA in --out (every certificate it signed stops being trusted).
         #[arg(long)]
         force: bool,
+        #[command(flatten)]
+        output: OutputFlags,
     },
 }
 
@@ -206,13 +228,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Append { args, client } => client::append(args, &client, &mut out).await?,
         Cmd::Tail { args, client } => client::tail(args, &client, &mut out).await?,
-        Cmd::Status { json, client } => client::status(json, &client, &mut out).await?,
-        Cmd::State { json, client } => client::state(json, &client, &mut out).await?,
-        Cmd::Snapshot { client } => client::snapshot(&client, &mut out).await?,
-        Cmd::Vocabulary { command, client } => {
-            client::vocabulary(command, &client, &mut out).await?
-        }
-        Cmd::Members { command, client } => client::members(command, &client, &mut out).await?,
+        Cmd::Status { output, client } => client::status(output, &client, &mut out).await?,
+        Cmd::State { output, client } => client::state(output, &client, &mut out).await?,
+        Cmd::Snapshot { output, client } => client::snapshot(output, &client, &mut out).await?,
+        Cmd::Vocabulary {
+            command,
+            output,
+            client,
+        } => client::vocabulary(command, output, &client, &mut out).await?,
+        Cmd::Members {
+            command,
+            output,
+            client,
+        } => client::members(command, output, &client, &mut out).await?,
         Cmd::Container { args, client } => client::container(args, client).await?,
         Cmd::Bench { args, client } => bench::bench(args, &client, &mut out).await?,
         Cmd::Chaos(args) => bench::chaos(args, &mut out).await?,
@@ -226,12 +254,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     clients,
                     days,
                     force,
+                    output,
                 },
         } => {
             let written =
                 ctrlog::tools::certs::generate(&dir, &nodes, &hosts, &clients, days, force)?;
-            for path in written {
-                writeln!(out, "{}", path.display())?;
+            if output.json() {
+                let written: Vec<String> =
+                    written.iter().map(|p| p.display().to_string()).collect();
+                writeln!(out, "{}", serde_json::json!({ "written": written }))?;
+            } else {
+                for path in written {
+                    writeln!(out, "{}", path.display())?;
+                }
             }
         }
         Cmd::Tokens {
@@ -243,6 +278,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The exit code for `error`, as [`EXIT_CODES`] lists them.
+fn exit_code(error: &anyhow::Error) -> u8 {
+    use ctrlog::client::{ApiError, ClientError};
+    match error.downcast_ref::<ClientError>() {
+        Some(ClientError::Config { .. }) => 2,
+        Some(ClientError::GaveUp { .. }) => 3,
+        Some(ClientError::Tls { .. })
+        | Some(ClientError::Api(ApiError::Unauthorized(_) | ApiError::Forbidden { .. })) => 5,
+        Some(ClientError::Api(_)) => 4,
+        _ => 1,
+    }
 }
 
 fn is_broken_pipe(error: &anyhow::Error) -> bool {
@@ -298,7 +346,7 @@ async fn run_main(cli: Cli) -> ExitCode {
         Err(error) if is_broken_pipe(&error) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("ctrlog: {error:#}");
-            ExitCode::FAILURE
+            ExitCode::from(exit_code(&error))
         }
     }
 }

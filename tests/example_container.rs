@@ -1,0 +1,83 @@
+//! `examples/container.rs`, the container the README recommends, run as a process against a
+//! cluster this test starts.
+
+mod common;
+
+use common::WAIT;
+use ctrlog::client::ControlClient;
+use ctrlog::log::{Command, ContainerId, SchemaChange, Target};
+use ctrlog::tools::{poll_until, LocalCluster, POLL_INTERVAL};
+
+/// The example's binary, which `cargo test` builds beside this test's own.
+fn example_binary() -> std::path::PathBuf {
+    let deps = std::env::current_exe().unwrap();
+    let profile = deps.parent().unwrap().parent().unwrap();
+    profile.join("examples").join("container")
+}
+
+/// Goal: the container example joins the job as a session, answers what it is sent (a
+/// schema broadcast is acknowledged, so no handshake stays pending) and leaves the job when
+/// done. Steps: one replica; the example runs with `--commands 2`; once it is live, a schema
+/// change and a command for it are appended; it exits 0 within the deadline, the schema
+/// change awaits nobody, and the container is no longer live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_container_example_joins_answers_and_leaves() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 1, |_| {}).await.unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    let seeds = cluster.client_addrs();
+    let mut example = tokio::process::Command::new(example_binary())
+        .args([
+            "--cluster",
+            &seeds.join(","),
+            "--id",
+            "c1",
+            "--commands",
+            "2",
+        ])
+        .env_remove("CTRLOG_CA")
+        .env_remove("CTRLOG_TOKEN")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the example was built by cargo test");
+
+    let client = ControlClient::connect(&seeds).await.unwrap();
+    let c1 = ContainerId::new("c1").unwrap();
+    poll_until("the example to join", WAIT, POLL_INTERVAL, || async {
+        let state = client.state(0).await.map_err(|e| e.to_string())?;
+        let live = state.state.live_sessions().any(|s| s.container == c1);
+        live.then_some(()).ok_or_else(|| "not yet".to_string())
+    })
+    .await
+    .unwrap();
+    let schema = client
+        .append(Command::SchemaChange(SchemaChange {
+            subject: "orders".into(),
+            schema: b"v2".to_vec(),
+        }))
+        .await
+        .unwrap();
+    client
+        .append_to(
+            Target::Container(c1.clone()),
+            Command::custom(1, 1, b"hello".to_vec()),
+        )
+        .await
+        .unwrap();
+
+    let status = tokio::time::timeout(WAIT, example.wait())
+        .await
+        .expect("the example finished")
+        .unwrap();
+    assert!(status.success(), "{status}");
+    let state = client.state(0).await.unwrap().state;
+    assert!(
+        !state.pending().contains_key(&schema.offset),
+        "the schema change was acknowledged"
+    );
+    assert!(
+        state.live_sessions().all(|s| s.container != c1),
+        "it left the job"
+    );
+    cluster.shutdown().await;
+}
