@@ -178,6 +178,12 @@ async fn cli_appends_tails_and_reports_status_as_documented() {
     let status = &json_lines(&ctrlog(&addrs, &["status", "--json"]).await)[0];
     assert_eq!(status["applied_offset"], 3);
     assert_eq!(status["commit_offset"], 3);
+    let every = json_lines(&ctrlog(&addrs, &["status", "--all-replicas", "-o", "json"]).await);
+    let ids: Vec<u64> = every.iter().map(|s| s["id"].as_u64().unwrap()).collect();
+    assert_eq!(ids, vec![1, 2, 3], "each replica answers for itself");
+    assert!(every.iter().all(|s| s["leader_id"] == leader));
+    let table = stdout_of(&ctrlog(&addrs, &["status", "--all-replicas"]).await);
+    assert_eq!(table.lines().count(), 3, "{table}");
 
     let state = &json_lines(&ctrlog(&addrs, &["state", "--json"]).await)[0];
     assert_eq!(state["offset"], 3);

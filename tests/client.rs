@@ -1184,3 +1184,51 @@ async fn silent_and_trickling_connections_are_closed() {
     assert!(ack.offset > 1);
     cluster.shutdown().await;
 }
+
+/// Goal: a call can carry its own deadline, and an append cut short by it can be retried
+/// exactly: its `GaveUp` names the `(producer, seq)`. Steps: connect to one replica and stop
+/// it; an append through `with_deadline(300 ms)` gives up within 2 s (the client's own retry
+/// deadline is 30 s) naming its pair; the replica restarts; `append_proposal` with that pair
+/// appends it, and once more answers `duplicate`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_call_deadline_gives_up_naming_the_pair_to_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 1, |_| {}).await.unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    let client = ControlClient::connect(cluster.client_addrs())
+        .await
+        .unwrap();
+    cluster.stop(1).await;
+
+    let started = Instant::now();
+    let command = Command::custom(1, 1, b"bounded".to_vec());
+    let gave_up = client
+        .with_deadline(Duration::from_millis(300))
+        .append(command.clone())
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let pair = match gave_up {
+        Err(ClientError::GaveUp {
+            append: Some(pair), ..
+        }) => pair,
+        other => panic!("expected GaveUp naming the pair: {other:?}"),
+    };
+    assert_eq!(pair.producer, client.producer_id());
+
+    cluster.restart(1).await.unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    let proposal = Proposal {
+        producer: Some(pair),
+        target: Target::All,
+        frame: command.into_frame(),
+    };
+    let first = client.append_proposal(proposal.clone()).await.unwrap();
+    let again = client.append_proposal(proposal).await.unwrap();
+    assert_eq!(again.offset, first.offset);
+    assert!(again.duplicate, "the same pair appends once");
+    cluster.shutdown().await;
+}

@@ -632,6 +632,9 @@ pub struct ControlClient {
     /// The highest offset this client's appends were acknowledged at; its subscriptions'
     /// resets read at least this far (read your writes).
     pub(super) own_writes: Arc<AtomicU64>,
+    /// This handle's own deadline per call ([`ControlClient::with_deadline`]), within the
+    /// options' retry deadline.
+    deadline: Option<Duration>,
 }
 
 impl std::fmt::Debug for ControlClient {
@@ -640,6 +643,7 @@ impl std::fmt::Debug for ControlClient {
             .field("seeds", &self.connector.settings.seeds)
             .field("options", &self.connector.settings.options)
             .field("producer", &self.producer)
+            .field("deadline", &self.deadline)
             .finish_non_exhaustive()
     }
 }
@@ -688,6 +692,7 @@ impl ControlClient {
             producer: random_u64(),
             sequences: Sequences::new(),
             own_writes: Arc::default(),
+            deadline: None,
         };
         tracing::Instrument::instrument(client.status(), span).await?;
         Ok(client)
@@ -715,7 +720,55 @@ impl ControlClient {
             producer: random_u64(),
             sequences: Sequences::new(),
             own_writes: Arc::default(),
+            deadline: self.deadline,
         }
+    }
+
+    /// This client (the same producer, on the same connection) with a deadline of its own for
+    /// each call: a call not done within `deadline` ends with [`ClientError::GaveUp`], which for
+    /// an append names its `(producer, seq)`, so that it can be retried with
+    /// [`ControlClient::append_proposal`] without appending twice. The options' retry deadline
+    /// still applies when it is shorter. `deadline` is clamped to [`OPTION_DURATION_MAX`].
+    ///
+    /// ```no_run
+    /// # async fn example(client: ctrlog::client::ControlClient) {
+    /// use std::time::Duration;
+    /// use ctrlog::client::ClientError;
+    /// use ctrlog::log::Command;
+    ///
+    /// let quick = client.with_deadline(Duration::from_millis(500));
+    /// match quick.append(Command::custom(1, 1, b"hello".to_vec())).await {
+    ///     Ok(ack) => println!("at offset {}", ack.offset),
+    ///     Err(ClientError::GaveUp { append: Some(pair), .. }) => println!("retry {pair:?} later"),
+    ///     Err(other) => println!("refused: {other}"),
+    /// }
+    /// # }
+    /// ```
+    pub fn with_deadline(&self, deadline: Duration) -> ControlClient {
+        ControlClient {
+            deadline: Some(deadline.min(OPTION_DURATION_MAX)),
+            ..self.clone()
+        }
+    }
+
+    /// Runs `call` within this handle's deadline, if it has one.
+    async fn within<T>(
+        &self,
+        append: Option<ProducerSeq>,
+        call: impl std::future::Future<Output = Result<T, ClientError>>,
+    ) -> Result<T, ClientError> {
+        let Some(deadline) = self.deadline else {
+            return call.await;
+        };
+        tokio::time::timeout(deadline, call)
+            .await
+            .unwrap_or_else(|_| {
+                Err(ClientError::GaveUp {
+                    elapsed: deadline,
+                    last: format!("the call's deadline ({deadline:?}) passed"),
+                    append,
+                })
+            })
     }
 
     /// The name of [`ControlClient::new_producer_sharing_connection`] in v0.1.0.
@@ -737,14 +790,25 @@ impl ControlClient {
     /// vocabulary level 3, an append of a producer they forgot (65,536 others appended since
     /// its last) is answered [`ApiError::ProducerForgotten`] rather than appended again, at
     /// once and without retrying; whether its earlier attempt committed is then unknown, and
-    /// later appends need a new producer ([`ControlClient::new_producer`]). Below level 3 such
-    /// a retry is taken for a new append.
+    /// later appends need a new producer
+    /// ([`ControlClient::new_producer_sharing_connection`]). Below level 3 such a retry is
+    /// taken for a new append.
+    ///
+    /// Cancel safety: dropping the future abandons the wait, not the append, which may still
+    /// commit; its `(producer, seq)` is then unknown to the caller. To bound an append and
+    /// still retry it exactly, use [`ControlClient::with_deadline`] (its `GaveUp` names the
+    /// pair) or [`ControlClient::append_proposal`] with a pair of your own.
     pub async fn append(&self, command: Command) -> Result<AppendAck, ClientError> {
         let target = command.target().unwrap_or(Target::All);
         self.append_to(target, command).await
     }
 
     /// Appends a command idempotently to a chosen target.
+    ///
+    /// Cancel safety: dropping the future abandons the wait, not the append, which may still
+    /// commit; its `(producer, seq)` is then unknown to the caller. To bound an append and
+    /// still retry it exactly, use [`ControlClient::with_deadline`] (its `GaveUp` names the
+    /// pair) or [`ControlClient::append_proposal`] with a pair of your own.
     pub async fn append_to(
         &self,
         target: Target,
@@ -767,6 +831,9 @@ impl ControlClient {
 
     /// Appends a proposal exactly as given, with the caller's own `(producer, seq)` if any.
     /// Retries are idempotent only if the proposal carries a producer pair.
+    ///
+    /// Cancel safe for retrying: the proposal carries its pair, so sending it again after a
+    /// dropped future appends it at most once.
     #[tracing::instrument(
         name = "ctrlog.append",
         level = "debug",
@@ -777,106 +844,126 @@ impl ControlClient {
         let batched = proposal.producer.is_some()
             && self.connector.shared_by_producers.load(Ordering::Relaxed);
         let pair = proposal.producer;
-        let ack = if batched {
-            self.connector.append(proposal).await
-        } else {
-            self.connector.append_alone(proposal).await
-        }
-        .map_err(|error| error.for_append(pair))?;
+        let appended = async {
+            if batched {
+                self.connector.append(proposal).await
+            } else {
+                self.connector.append_alone(proposal).await
+            }
+        };
+        let ack = self
+            .within(pair, appended)
+            .await
+            .map_err(|error| error.for_append(pair))?;
         self.own_writes.fetch_max(ack.offset, Ordering::AcqRel);
         Ok(ack)
     }
 
     /// One fetch from any replica (without waiting unless `request.max_wait_ms` says so).
     /// Most readers want [`ControlClient::subscribe`].
+    ///
+    /// Cancel safe: dropping the future abandons the call and changes nothing.
     #[tracing::instrument(name = "ctrlog.fetch", level = "debug", skip_all, fields(from = request.from))]
     pub async fn fetch(&self, request: FetchRequest) -> Result<FetchResponse, ClientError> {
-        self.connector
-            .call(false, |rpc, mut ctx, _| {
-                let request = request.clone();
-                ctx.deadline += Duration::from_millis(request.max_wait_ms.into());
-                async move { rpc.fetch(ctx, request).await }
-            })
-            .await
+        let fetched = self.connector.call(false, |rpc, mut ctx, _| {
+            let request = request.clone();
+            ctx.deadline += Duration::from_millis(request.max_wait_ms.into());
+            async move { rpc.fetch(ctx, request).await }
+        });
+        self.within(None, fetched).await
     }
 
     /// The JobState as of an offset of at least `min_offset`, from any replica.
+    ///
+    /// Cancel safe: dropping the future abandons the call and changes nothing.
     pub async fn state(&self, min_offset: Offset) -> Result<StateAt, ClientError> {
-        state_at(&self.connector, min_offset).await
+        self.within(None, state_at(&self.connector, min_offset))
+            .await
     }
 
     /// The status of whichever replica answers.
+    ///
+    /// Cancel safe: dropping the future abandons the call and changes nothing.
     pub async fn status(&self) -> Result<Status, ClientError> {
-        self.connector
-            .call(false, |rpc, ctx, _| async move { rpc.status(ctx).await })
-            .await
+        let status = self
+            .connector
+            .call(false, |rpc, ctx, _| async move { rpc.status(ctx).await });
+        self.within(None, status).await
     }
 
     /// Tells the leader a container session is alive, with its lag per task. Most containers
     /// use [`ContainerSession`](super::ContainerSession), which does this in the background.
+    ///
+    /// Cancel safe: dropping the future abandons the call and changes nothing.
     pub async fn heartbeat(
         &self,
         container: &ContainerId,
         epoch: Epoch,
         lag: &BTreeMap<TaskId, u64>,
     ) -> Result<HeartbeatAck, ClientError> {
-        self.connector
-            .call(true, |rpc, ctx, _| {
-                let (container, lag) = (container.clone(), lag.clone());
-                async move { rpc.heartbeat(ctx, container, epoch, lag).await }
-            })
-            .await
+        let call = self.connector.call(true, |rpc, ctx, _| {
+            let (container, lag) = (container.clone(), lag.clone());
+            async move { rpc.heartbeat(ctx, container, epoch, lag).await }
+        });
+        self.within(None, call).await
     }
 
     /// The leader's status (follows redirects until a leader answers).
+    ///
+    /// Cancel safe: dropping the future abandons the call and changes nothing.
     pub async fn leader_status(&self) -> Result<Status, ClientError> {
-        self.connector
-            .call(true, |rpc, ctx, _| async move {
-                rpc.status(ctx).await.map(|answer| {
-                    answer.and_then(|status| {
-                        if status.leader_id == Some(status.id) {
-                            Ok(status)
-                        } else {
-                            Err(ApiError::NotLeader {
-                                leader_id: status.leader_id,
-                                leader_client_addr: status.leader_client_addr().map(str::to_string),
-                            })
-                        }
-                    })
+        let call = self.connector.call(true, |rpc, ctx, _| async move {
+            rpc.status(ctx).await.map(|answer| {
+                answer.and_then(|status| {
+                    if status.leader_id == Some(status.id) {
+                        Ok(status)
+                    } else {
+                        Err(ApiError::NotLeader {
+                            leader_id: status.leader_id,
+                            leader_client_addr: status.leader_client_addr().map(str::to_string),
+                        })
+                    }
                 })
             })
-            .await
+        });
+        self.within(None, call).await
     }
 
     /// Adds a replica (learner first, voter once caught up).
+    ///
+    /// Cancel safe in that dropping the future stops waiting; the change may still happen
+    /// (check with `leader_status`).
     pub async fn add_member(&self, id: NodeId, member: Member) -> Result<(), ClientError> {
-        self.connector
-            .call(true, |rpc, mut ctx, _| {
-                let member = member.clone();
-                // Catching up can take a while; the server bounds it itself.
-                ctx.deadline = Instant::now() + Duration::from_secs(90);
-                async move { rpc.add_member(ctx, id, member).await }
-            })
-            .await
+        let call = self.connector.call(true, |rpc, mut ctx, _| {
+            let member = member.clone();
+            // Catching up can take a while; the server bounds it itself.
+            ctx.deadline = Instant::now() + Duration::from_secs(90);
+            async move { rpc.add_member(ctx, id, member).await }
+        });
+        self.within(None, call).await
     }
 
     /// Removes a replica.
+    ///
+    /// Cancel safe in that dropping the future stops waiting; the change may still happen
+    /// (check with `leader_status`).
     pub async fn remove_member(&self, id: NodeId) -> Result<(), ClientError> {
-        self.connector
-            .call(true, |rpc, ctx, _| async move {
-                rpc.remove_member(ctx, id).await
-            })
-            .await
+        let call = self.connector.call(true, |rpc, ctx, _| async move {
+            rpc.remove_member(ctx, id).await
+        });
+        self.within(None, call).await
     }
 
     /// Takes a snapshot on the leader now; returns the last offset it covers.
+    ///
+    /// Cancel safe in that dropping the future stops waiting; the change may still happen
+    /// (check with `leader_status`).
     pub async fn snapshot(&self) -> Result<Offset, ClientError> {
-        self.connector
-            .call(true, |rpc, mut ctx, _| async move {
-                ctx.deadline = Instant::now() + Duration::from_secs(40);
-                rpc.snapshot(ctx).await
-            })
-            .await
+        let call = self.connector.call(true, |rpc, mut ctx, _| async move {
+            ctx.deadline = Instant::now() + Duration::from_secs(40);
+            rpc.snapshot(ctx).await
+        });
+        self.within(None, call).await
     }
 }
 

@@ -354,6 +354,25 @@ pub fn status_text(status: &Status) -> String {
     text
 }
 
+/// One replica's own view on one line, for `ctrlog status --all-replicas`.
+pub fn status_line(status: &Status) -> String {
+    format!(
+        "{:<3} {:<21} {:<9} term {:<4} leader {:<4} applied {:<8} first {:<8} snapshot {}",
+        status.id,
+        status
+            .members
+            .iter()
+            .find(|m| m.id == status.id)
+            .map_or("?", |m| m.member.client_addr.as_str()),
+        status.role,
+        status.term,
+        status.leader_id.map_or("-".into(), |id| id.to_string()),
+        status.applied_offset,
+        status.first_offset,
+        status.snapshot_offset
+    )
+}
+
 /// `ctrlog members list` for people: one replica per line, the leader marked.
 pub fn members_text(status: &Status) -> String {
     let mut text = String::from("ID  ROLE     LEADER  PEER                   CLIENT\n");

@@ -161,11 +161,37 @@ pub async fn tail(args: TailArgs, flags: &ClientFlags, out: &mut impl Write) -> 
 }
 
 pub async fn status(
+    all_replicas: bool,
     output: OutputFlags,
     flags: &ClientFlags,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
-    let status = flags.connect().await?.status().await?;
+    let client = flags.connect().await?;
+    if all_replicas {
+        let members = client.leader_status().await?.members;
+        for member in members {
+            let addr = member.member.client_addr;
+            let status = async {
+                ctrlog::client::ControlClient::connect_with([&addr], flags.options()?)
+                    .await?
+                    .status()
+                    .await
+                    .map_err(anyhow::Error::from)
+            };
+            let line = match (status.await, output.json()) {
+                (Ok(status), true) => cli::status_json(&status).to_string(),
+                (Ok(status), false) => cli::status_line(&status),
+                (Err(error), true) => {
+                    serde_json::json!({ "id": member.id, "client_addr": addr, "error": format!("{error:#}") })
+                        .to_string()
+                }
+                (Err(error), false) => format!("{:<3} {addr:<21} error: {error:#}", member.id),
+            };
+            writeln!(out, "{line}")?;
+        }
+        return Ok(());
+    }
+    let status = client.status().await?;
     if output.json() {
         writeln!(out, "{}", cli::status_json(&status))?;
     } else {

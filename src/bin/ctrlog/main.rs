@@ -77,8 +77,12 @@ enum Cmd {
         #[command(flatten)]
         client: ClientFlags,
     },
-    /// Show a replica's view of the cluster.
+    /// Show a replica's view of the cluster, or every replica's with --all-replicas.
     Status {
+        /// Ask every member (from the membership) for its own view, one line each: a replica
+        /// that does not answer shows its error.
+        #[arg(long)]
+        all_replicas: bool,
         #[command(flatten)]
         output: OutputFlags,
         #[command(flatten)]
@@ -228,7 +232,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Append { args, client } => client::append(args, &client, &mut out).await?,
         Cmd::Tail { args, client } => client::tail(args, &client, &mut out).await?,
-        Cmd::Status { output, client } => client::status(output, &client, &mut out).await?,
+        Cmd::Status {
+            all_replicas,
+            output,
+            client,
+        } => client::status(all_replicas, output, &client, &mut out).await?,
         Cmd::State { output, client } => client::state(output, &client, &mut out).await?,
         Cmd::Snapshot { output, client } => client::snapshot(output, &client, &mut out).await?,
         Cmd::Vocabulary {
