@@ -59,7 +59,9 @@ pub enum ClientError {
     /// [`ControlClient::append_proposal`] with that pair retries it without appending twice.
     #[error("gave up after {elapsed:?}: {last}")]
     GaveUp {
+        /// How long the call tried.
         elapsed: Duration,
+        /// Why the last attempt failed.
         last: String,
         /// The append's producer pair, when the call was an idempotent append.
         append: Option<ProducerSeq>,
@@ -67,19 +69,31 @@ pub enum ClientError {
     /// A replica answered something that breaks the protocol's guarantees (for example a gap
     /// in an unfiltered fetch). The client refuses to pass it on rather than skip silently.
     #[error("protocol violation by {replica}: {detail}")]
-    Protocol { replica: String, detail: String },
+    Protocol {
+        /// The replica that answered (its client address), or who, when not one.
+        replica: String,
+        /// What broke the guarantee.
+        detail: String,
+    },
     /// The options or the seeds cannot work (no seeds, a zero timeout, one too long for the
     /// clock); nothing was sent.
     #[error("client option {option}: {reason}")]
     Config {
+        /// The option at fault (`request_timeout`, `seeds`, ...).
         option: &'static str,
+        /// What is wrong with its value.
         reason: String,
     },
     /// TLS with a replica failed in a way retrying cannot fix: its certificate is not signed
     /// by the CA this client trusts, or does not name the address dialled, or this client's
     /// own certificate was refused.
     #[error("TLS with {replica}: {reason}")]
-    Tls { replica: String, reason: String },
+    Tls {
+        /// The address dialled.
+        replica: String,
+        /// What TLS refused, in rustls's words.
+        reason: String,
+    },
 }
 
 impl ClientError {

@@ -31,23 +31,37 @@ impl fmt::Display for Member {
 
 /// Every error a caller can act on. Travels over tarpc, so it is plain data.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+// New variants come last (their wire index), and callers outside the crate must allow for
+// them.
+#[non_exhaustive]
 pub enum ApiError {
     /// This replica is not the leader. Retry at the leader, if one is known.
     #[error("not the leader; the leader is {leader_id:?} at {leader_client_addr:?}")]
     NotLeader {
+        /// The leader's node id, if this replica knows one.
         leader_id: Option<NodeId>,
+        /// Where the leader takes clients, if it is known and in the membership; the client
+        /// library retries there.
         leader_client_addr: Option<String>,
     },
     /// The command is larger than the configured limit.
     #[error("command of {size} bytes exceeds the {limit}-byte limit")]
-    TooLarge { size: u64, limit: u64 },
+    TooLarge {
+        /// The size of the command's body, in bytes.
+        size: u64,
+        /// The replica's limit on a command's body, in bytes
+        /// ([`COMMAND_BYTES_MAX_DEFAULT`](crate::log::COMMAND_BYTES_MAX_DEFAULT) by default).
+        limit: u64,
+    },
     /// The requested offset is below the first retained one: load the state (`state()`) and
     /// resume after its offset. The client library's subscription does this by itself.
     #[error(
         "offsets below {first_offset} are compacted; a snapshot covers up to {snapshot_offset}"
     )]
     Compacted {
+        /// The lowest offset still in this replica's log.
         first_offset: Offset,
+        /// The last offset this replica's snapshot covers.
         snapshot_offset: Offset,
     },
     /// The producer's sequence number is too far below its newest one for the replicated
@@ -56,24 +70,36 @@ pub enum ApiError {
     /// sequence numbers must keep unanswered ones within the window.
     #[error("sequence {seq} of producer {producer} is below its window, which starts at {lowest}")]
     SequenceOutOfWindow {
+        /// The producer that appended.
         producer: ProducerId,
+        /// The sequence number refused.
         seq: Seq,
+        /// The lowest sequence number of this producer the replicas still decide: its
+        /// highest accepted one less [`PRODUCER_WINDOW`](crate::jobs::PRODUCER_WINDOW), plus
+        /// one.
         lowest: Seq,
     },
     /// The sender's `(container, epoch)` is not a live session (it expired, deregistered or
     /// registered again). A container that gets this must stop work and register anew.
     #[error("container {container} epoch {epoch} is fenced (current epoch: {current_epoch:?})")]
     Fenced {
+        /// The container the request named.
         container: ContainerId,
+        /// The epoch the request carried.
         epoch: Epoch,
+        /// The container's live epoch if it registered again since; `None` if it has no
+        /// live session.
         current_epoch: Option<Epoch>,
     },
     /// The `(kind, version)` is deprecated at the recorded vocabulary level; write its
     /// successor. Entries of it already in the log stay readable.
     #[error("kind {kind} version {version} is deprecated at vocabulary level {level}")]
     Deprecated {
+        /// The refused command's kind.
         kind: Kind,
+        /// The refused command's version.
         version: u16,
+        /// The level the log records, at or above the one that deprecated it.
         level: Level,
     },
     /// The job model refused the command (see the reason); it took no offset.
@@ -82,7 +108,11 @@ pub enum ApiError {
     /// This connection already has the maximum number of requests in flight. Retry once some
     /// have been answered, or open another connection.
     #[error("too many requests in flight on this connection (limit {in_flight_max})")]
-    Overloaded { in_flight_max: u32 },
+    Overloaded {
+        /// The connection's limit that was reached: requests in flight, or, for a fetch,
+        /// fetches waiting for their answer.
+        in_flight_max: u32,
+    },
     /// The request itself is malformed (an invalid container id, a zero limit, ...); retrying
     /// it unchanged will not help.
     #[error("invalid request: {0}")]
@@ -103,12 +133,23 @@ pub enum ApiError {
     Unauthorized(String),
     /// The credentials are known, but their role may not do this.
     #[error("forbidden: {principal} may not {action}")]
-    Forbidden { principal: String, action: String },
+    Forbidden {
+        /// Who the connection's credentials (client certificate or token) name.
+        principal: String,
+        /// What it may not do, in words (for example `change the membership`).
+        action: String,
+    },
     /// The answer would not fit this port's frames. A job state this large is read in pieces
     /// with `state_chunk`, which the client library does by itself. (A replica of v0.1.0
     /// closed the connection instead, so no older client ever receives this.)
     #[error("the answer of {size} bytes exceeds this port's {limit}-byte answers")]
-    AnswerTooLarge { size: u64, limit: u64 },
+    AnswerTooLarge {
+        /// The encoded answer's size, in bytes.
+        size: u64,
+        /// The most bytes this port's answers carry (its client frame limit less
+        /// [`ANSWER_ENVELOPE_BYTES_MAX`]).
+        limit: u64,
+    },
     /// The replicas no longer remember this producer (more than 65,536 others appended since
     /// its last append) and `seq` is above those a producer begins with, so this may be the
     /// retry of an append that is in the log already; nothing was appended, and retrying
@@ -119,7 +160,13 @@ pub enum ApiError {
         "producer {producer} is no longer remembered; seq {seq} may be a retry of an append \
          in the log already"
     )]
-    ProducerForgotten { producer: ProducerId, seq: Seq },
+    ProducerForgotten {
+        /// The producer the replicas no longer remember.
+        producer: ProducerId,
+        /// The sequence number of the append, above
+        /// [`PRODUCER_WINDOW`](crate::jobs::PRODUCER_WINDOW).
+        seq: Seq,
+    },
     /// `members add` of a replica whose build knows vocabulary levels only up to
     /// `supported`, below the level the log records: it would stop applying once it caught
     /// up. Nothing was added; upgrade it first.
@@ -128,8 +175,11 @@ pub enum ApiError {
          {recorded}: upgrade it before adding it (nothing was added)"
     )]
     MemberLevelUnsupported {
+        /// The node id of the replica that was not added.
         member: NodeId,
+        /// The highest vocabulary level its build knows.
         supported: Level,
+        /// The level the log records.
         recorded: Level,
     },
 }
@@ -230,6 +280,7 @@ pub struct AnswerSlot(
 );
 
 impl AnswerSlot {
+    /// A slot that holds `permit` until the answer carrying it is dropped.
     pub fn new(permit: tokio::sync::OwnedSemaphorePermit) -> AnswerSlot {
         AnswerSlot(Some(std::sync::Arc::new(permit)))
     }
@@ -250,6 +301,7 @@ impl fmt::Debug for AnswerSlot {
     }
 }
 
+/// The answer to a fetch: the matching entries, and where to ask next.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FetchResponse {
     /// Matching entries in increasing offset order, none below `from`. Without a filter they
@@ -259,6 +311,8 @@ pub struct FetchResponse {
     pub next_offset: Offset,
     /// The last offset applied (hence committed) on this replica when the response was built.
     pub applied_offset: Offset,
+    /// The replica's fetch slot, held until the answer is sent; never on the wire, so always
+    /// empty on the client's side.
     #[serde(skip)]
     pub slot: AnswerSlot,
 }
@@ -275,6 +329,7 @@ pub struct HeartbeatAck {
 pub struct StateAt {
     /// The last offset folded into `state`.
     pub offset: Offset,
+    /// The job as the log describes it at `offset`.
     pub state: JobState,
     /// The commands the job model refused up to then.
     pub rejections: RejectionLog,
@@ -283,21 +338,33 @@ pub struct StateAt {
 /// One replica in a [`Status`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberStatus {
+    /// The replica's node id.
     pub id: NodeId,
+    /// Its peer and client addresses.
     pub member: Member,
+    /// True for a voter; false for a learner (a replica being added that has not caught up).
     pub voter: bool,
 }
 
 /// A replica's view of the cluster.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {
+    /// This replica's node id.
     pub id: NodeId,
-    /// `Leader`, `Follower`, `Candidate` or `Learner`.
+    /// `Leader`, `Leader without quorum`, `Follower`, `Candidate`, `Learner` or `Shutdown`.
     pub role: String,
+    /// The Raft term this replica is in.
     pub term: u64,
+    /// The leader this replica knows of; `None` when it knows none (a leader cut off from
+    /// its quorum knows none).
     pub leader_id: Option<NodeId>,
+    /// Every replica in the membership, voters and learners.
     pub members: Vec<MemberStatus>,
+    /// The Raft index of the last entry in this replica's log (`None` while it is empty).
+    /// Raft indices count Raft entries (batches of commands, membership changes), not
+    /// offsets.
     pub last_log_index: Option<u64>,
+    /// The Raft index of the last entry applied here (`None` before the first).
     pub applied_index: Option<u64>,
     /// The last offset applied here. Offsets are numbered when entries are applied, so this is
     /// also the highest offset this replica knows to be committed.
@@ -306,10 +373,15 @@ pub struct Status {
     pub first_offset: Offset,
     /// The last offset the current snapshot covers (0 without one).
     pub snapshot_offset: Offset,
-    /// The vocabulary level recorded in the log, and the highest this replica's build supports.
+    /// The vocabulary level recorded in the log.
     pub vocabulary_level: Level,
+    /// The highest vocabulary level this replica's build supports
+    /// ([`LEVEL_MAX`](crate::log::vocabulary::LEVEL_MAX)).
     pub vocabulary_level_max: Level,
+    /// The Raft index the current snapshot covers up to (`None` without one).
     pub snapshot_index: Option<u64>,
+    /// The Raft index of the last entry purged from the log, which the snapshot covers
+    /// (`None` before the first purge).
     pub purged_index: Option<u64>,
 }
 
@@ -374,8 +446,12 @@ pub trait ControlLog {
 pub struct StateChunk {
     /// The offset the state is as of.
     pub offset: Offset,
+    /// This piece's number, from 0.
     pub chunk: u32,
+    /// How many pieces the state is in.
     pub chunks: u32,
+    /// This piece's bytes, at most the port's answer size: the pieces' bytes in order are
+    /// the [`StateAt`] in the log's codec ([`decode`](crate::log::decode)).
     #[serde(with = "serde_bytes")]
     pub bytes: Vec<u8>,
 }

@@ -139,6 +139,7 @@ impl ContainerSession {
         })
     }
 
+    /// The container this session registered.
     pub fn container(&self) -> &ContainerId {
         &self.container
     }

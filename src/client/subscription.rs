@@ -31,7 +31,12 @@ pub enum SubscriptionItem {
     /// client that made the subscription acknowledged by then (read your writes: a container
     /// never sees a state that lacks its own answers). Replace whatever was built from earlier
     /// entries with it. Entries continue from `offset + 1`.
-    Reset { state: JobState, offset: Offset },
+    Reset {
+        /// The job as the log describes it at `offset`.
+        state: JobState,
+        /// The last offset folded into `state`.
+        offset: Offset,
+    },
 }
 
 /// A stream of the committed commands matching a filter, from an offset.

@@ -16,8 +16,18 @@ use tokio_util::codec::LengthDelimitedCodec;
 /// Why TLS material could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
+    /// A PEM file could not be read, or does not hold what it should (no certificate, no
+    /// key, a certificate the trust store refuses): fix the file.
     #[error("{path}: {reason}")]
-    File { path: String, reason: String },
+    File {
+        /// The file, as given.
+        path: String,
+        /// What was wrong with it.
+        reason: String,
+    },
+    /// rustls refused the configuration built from the files (a key that does not suit its
+    /// certificate, for example), or a name to check a certificate against is not a valid
+    /// host name: fix the configuration.
     #[error("TLS configuration: {0}")]
     Config(String),
 }
@@ -105,13 +115,18 @@ pub enum DialError {
     /// No TCP connection (refused, unreachable, reset): the replica may be down.
     #[error("connecting to {addr}: {source}")]
     Connect {
+        /// The address dialled.
         addr: String,
+        /// Why the connection failed.
         source: std::io::Error,
     },
     /// The TLS handshake failed.
     #[error("TLS with {addr}: {source}")]
     Tls {
+        /// The address dialled.
         addr: String,
+        /// Why the handshake failed; it wraps a [`rustls::Error`] when TLS refused a
+        /// certificate, which [`DialError::is_permanent`] reports.
         source: std::io::Error,
     },
     /// The name to check the certificate against is not one.

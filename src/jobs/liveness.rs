@@ -17,7 +17,10 @@ use crate::log::{ContainerId, Epoch, TaskId};
 /// The last heartbeat of one container.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Heartbeat {
+    /// The epoch the heartbeat was sent from; it keeps only that session alive, not a newer
+    /// one of the same container.
     pub epoch: Epoch,
+    /// When the leader recorded it, on the clock passed to [`Liveness::record`].
     pub at: Instant,
     /// Consumer lag per task, as the container reported it.
     pub lag: BTreeMap<TaskId, u64>,

@@ -19,6 +19,8 @@ use crate::log::{
 
 /// Groups inputs into tasks.
 pub trait Grouper: Send + Sync {
+    /// The task `input` belongs to. It should depend on the input alone, so that every plan,
+    /// on every leader, groups the inputs the same way.
     fn task_for(&self, input: &Input) -> TaskId;
 }
 
@@ -43,15 +45,24 @@ pub trait ScalingPolicy: Send {
 /// once per `cooldown`.
 #[derive(Clone, Debug)]
 pub struct LagPolicy {
+    /// The fewest containers wanted; a count below it is raised to it at once.
     pub min: u32,
+    /// The most containers wanted, at least `min`; a count above it is lowered to it at once.
     pub max: u32,
+    /// Scale out while the lag per container (the total reported lag divided by the current
+    /// count) is above this, in the unit the containers report lag in.
     pub scale_out_lag: u64,
+    /// Scale in while the lag per container is below this; keep it below `scale_out_lag`.
     pub scale_in_lag: u64,
+    /// The least time between two changes made for lag; bringing the count back within
+    /// `[min, max]` does not wait for it.
     pub cooldown: Duration,
     last_change: Option<Instant>,
 }
 
 impl LagPolicy {
+    /// A policy with these bounds, thresholds and cooldown, whose first change is not held
+    /// back by the cooldown. A `max` below `min` is taken as `min`.
     pub fn new(
         min: u32,
         max: u32,
@@ -117,6 +128,7 @@ pub struct Observed {
 /// One step of a plan.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
+    /// Append this command to the log; what it asks for happens once it is applied.
     Append(Command),
     /// Start this many new containers.
     Launch(usize),

@@ -8,17 +8,19 @@ use serde::{Deserialize, Serialize};
 use crate::log::{Offset, ProducerId, ProducerSeq, Seq};
 
 /// How many producers the table remembers. When a new producer arrives at a full table, the
-/// producer that appended least recently is forgotten (see [`Seen::UnknownProducer`] for what
-/// its later appends get). 65,536 producers × a full window is at most a few tens of MiB of
-/// snapshot, while a job has far fewer live containers and coordinators than that.
+/// producer that appended least recently is forgotten (see
+/// [`Outcome::ProducerForgotten`](super::Outcome::ProducerForgotten) for what its later
+/// appends get). 65,536 producers × a full window is at most a few tens of MiB of snapshot,
+/// while a job has far fewer live containers and coordinators than that.
 pub const PRODUCERS_MAX: usize = 65_536;
 
 /// The span of sequence numbers below a producer's highest accepted one that the table still
 /// decides exactly. Within it a retry learns its original offset and a late, never-appended
 /// sequence (concurrent appends may commit out of order) is appended. Below it the table cannot
-/// tell the two apart, so such an append is refused as [`Seen::OutOfWindow`] rather than
-/// guessed. The client library never lets one of its unanswered sequence numbers fall that far
-/// behind the newest it has issued, so a well-behaved producer never meets that refusal.
+/// tell the two apart, so such an append is refused
+/// ([`Outcome::OutOfWindow`](super::Outcome::OutOfWindow)) rather than guessed. The client
+/// library never lets one of its unanswered sequence numbers fall that far behind the newest
+/// it has issued, so a well-behaved producer never meets that refusal.
 pub const PRODUCER_WINDOW: u64 = 32;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,7 +48,8 @@ impl ProducerWindow {
 /// * At most [`PRODUCERS_MAX`] producers are remembered; eviction is by least recent offset,
 ///   which every replica computes identically.
 /// * A producer it does not remember is new only at a sequence up to [`PRODUCER_WINDOW`]
-///   (where every producer starts); above that it is [`Seen::UnknownProducer`].
+///   (where every producer starts); above that it is `Seen::UnknownProducer`, which
+///   `JobState` answers with [`Outcome::ProducerForgotten`](super::Outcome::ProducerForgotten).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProducerTable {
     windows: BTreeMap<ProducerId, ProducerWindow>,
@@ -84,6 +87,9 @@ pub enum Seen {
 }
 
 impl ProducerTable {
+    /// What the table says about `pair`: new, a duplicate with its original offset, below
+    /// its producer's window, or from a producer it does not remember. Changes nothing;
+    /// [`ProducerTable::record`] records an append.
     pub fn check(&self, pair: ProducerSeq) -> Seen {
         let Some(window) = self.windows.get(&pair.producer) else {
             return if pair.seq <= PRODUCER_WINDOW {
@@ -107,8 +113,8 @@ impl ProducerTable {
         }
     }
 
-    /// Records that `pair` was appended at `offset`. The caller has checked it is [`Seen::New`];
-    /// offsets only grow.
+    /// Records that `pair` was appended at `offset`. The caller has checked that it is new
+    /// ([`ProducerTable::check`]); offsets only grow.
     pub fn record(&mut self, pair: ProducerSeq, offset: Offset) {
         let window = self.windows.entry(pair.producer).or_default();
         if !window.recent.is_empty() {
@@ -131,10 +137,12 @@ impl ProducerTable {
         }
     }
 
+    /// How many producers the table remembers, at most [`PRODUCERS_MAX`].
     pub fn len(&self) -> usize {
         self.windows.len()
     }
 
+    /// Whether the table remembers no producer (no idempotent append yet).
     pub fn is_empty(&self) -> bool {
         self.windows.is_empty()
     }

@@ -26,17 +26,27 @@ pub const DEAD_CONTAINERS_KEPT: usize = 1024;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
     /// Appended at this offset.
-    Appended { offset: Offset },
+    Appended {
+        /// The offset the command now holds.
+        offset: Offset,
+    },
     /// The `(producer, seq)` pair was appended before, at `offset`; nothing new was appended.
-    Duplicate { offset: Offset },
+    Duplicate {
+        /// The offset of the original append, which answers the retry.
+        offset: Offset,
+    },
     /// The pair's sequence is too far below the producer's newest to tell a retry from a late
     /// first attempt (see [`PRODUCER_WINDOW`](super::PRODUCER_WINDOW)); nothing was appended.
-    OutOfWindow { lowest: Seq },
+    OutOfWindow {
+        /// The lowest sequence of this producer still decided; every one below is refused.
+        lowest: Seq,
+    },
     /// The job model refused the command; it took no offset.
     Rejected(Rejection),
     /// The producer is not remembered and the sequence is not one a producer begins with, so
     /// this may be the retry of an append made before the producer was forgotten (see
-    /// [`Seen::UnknownProducer`]); nothing was appended. From vocabulary level 3 only.
+    /// [`LEVEL_FORGOTTEN_PRODUCERS_REFUSED`]); nothing was appended. From vocabulary level 3
+    /// only.
     ProducerForgotten,
 }
 
@@ -53,10 +63,25 @@ impl Outcome {
 /// Why a subscriber's replay of delivered entries does not fit its state.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ReplayError {
+    /// The entry is not the next one this state expects: entries were missed (a filtered
+    /// subscription) or repeated, or the state is not of this log. Load a state from a
+    /// replica and replay from its offset.
     #[error("entry at offset {got} where {expected} was due")]
-    Gap { expected: Offset, got: Offset },
+    Gap {
+        /// The offset this state expects next ([`JobState::next_offset`]).
+        expected: Offset,
+        /// The offset of the entry given.
+        got: Offset,
+    },
+    /// The entry did not fold here as it did on the replicas: this state is not the one the
+    /// log had at that offset. Load a state from a replica and replay from its offset.
     #[error("entry at offset {offset} does not apply here: {outcome:?}")]
-    Diverged { offset: Offset, outcome: Outcome },
+    Diverged {
+        /// The entry's offset.
+        offset: Offset,
+        /// What folding it here gave instead of [`Outcome::Appended`].
+        outcome: Outcome,
+    },
 }
 
 /// The whole control log folded into one value: the job as the log describes it.
@@ -156,6 +181,8 @@ impl JobState {
         self.next_offset - 1
     }
 
+    /// The idempotent-producer table: which `(producer, seq)` pairs were appended, and at
+    /// which offsets.
     pub fn producers(&self) -> &ProducerTable {
         &self.producers
     }
@@ -173,6 +200,8 @@ impl JobState {
         self.level <= LEVEL_MAX
     }
 
+    /// Every container the log knows, by id: live, launching, or gone (the records of gone
+    /// ones are kept up to [`DEAD_CONTAINERS_KEPT`], the oldest forgotten first).
     pub fn containers(&self) -> &BTreeMap<ContainerId, ContainerRecord> {
         &self.containers
     }
@@ -199,22 +228,29 @@ impl JobState {
             })
     }
 
+    /// Every input of the job, with the task it belongs to (`None` until one is assigned it).
     pub fn inputs(&self) -> &BTreeMap<Input, Option<TaskId>> {
         &self.inputs
     }
 
+    /// Every task of the job, by name: its inputs, phase and last checkpoint. A task appears
+    /// when first assigned, and is dropped after losing its last input while unassigned.
     pub fn tasks(&self) -> &BTreeMap<TaskId, TaskRecord> {
         &self.tasks
     }
 
+    /// The latest schema of each subject, by subject.
     pub fn schemas(&self) -> &BTreeMap<String, SchemaRecord> {
         &self.schemas
     }
 
+    /// The job's configuration: every key a `ConfigChange` set and none removed since.
     pub fn config(&self) -> &BTreeMap<String, String> {
         &self.config
     }
 
+    /// The container count the coordinator recorded last (`DesiredContainers`), `None`
+    /// before the first.
     pub fn desired_containers(&self) -> Option<&DesiredCount> {
         self.desired.as_ref()
     }

@@ -10,12 +10,23 @@ use serde::{de::DeserializeOwned, Serialize};
 /// Why bytes did not decode. Every variant is a value, never a panic.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
+    /// The bytes ended before the value did, or a length prefix claims more bytes than
+    /// remain: the input was cut short or is corrupt.
     #[error("input ended before the value was complete")]
     Truncated,
+    /// The value needs more than the decode limit: the input is corrupt or hostile, or the
+    /// limit is too small for it.
     #[error("value exceeds the {limit}-byte decode limit")]
-    TooLarge { limit: u64 },
+    TooLarge {
+        /// The limit given to [`decode`], in bytes.
+        limit: u64,
+    },
+    /// A whole value decoded, but this many bytes were left after it: the input is not one
+    /// value of the type asked for.
     #[error("{0} bytes were left over after the value")]
     TrailingBytes(usize),
+    /// The bytes are not a value of the type asked for (an unknown enum tag, text that is not
+    /// UTF-8, ...); the message is bincode's.
     #[error("malformed input: {0}")]
     Malformed(String),
 }

@@ -27,8 +27,6 @@ pub type Epoch = Offset;
 /// The vocabulary level recorded in the log (like KRaft's `metadata.version`).
 pub type Level = u16;
 
-/// The wire and disk form of every command, as KRaft frames its records.
-///
 /// The most bytes of free text a command may carry where the job's state keeps it: a
 /// container's location, a schema's subject, a scaling reason, a config key (checked on
 /// append, [`Command::check_limits`]).
@@ -37,12 +35,18 @@ pub const TEXT_BYTES_MAX: usize = 256;
 /// The most bytes of one config value (checked on append, [`Command::check_limits`]).
 pub const CONFIG_VALUE_BYTES_MAX: usize = 64 << 10;
 
+/// The wire and disk form of every command, as KRaft frames its records.
+///
 /// The frame is what is stored and replicated. Readers decode it with a
 /// [`Vocabulary`](super::vocabulary::Vocabulary), which is what lets an old reader pass a newer
 /// kind through as [`Command::Unknown`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Frame {
+    /// The command's kind: a built-in one ([`kinds`](super::kinds)) below
+    /// [`CUSTOM_KIND_MIN`], a user's from it up.
     pub kind: Kind,
+    /// The layout of `body` within its kind; a changed body is a new version, and readers
+    /// decode only the versions they know.
     pub version: u16,
     /// Encoded as one length and the bytes (the same layout as a byte sequence, without
     /// walking it byte by byte).
@@ -61,6 +65,8 @@ impl Frame {
 /// A container announces itself. The offset this command gets is the container's epoch.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegisterContainer {
+    /// The container that registers. If it already has a live session, that session ends
+    /// (its tasks are released and its answers fenced) and this offset becomes its new epoch.
     pub container: ContainerId,
     /// Free text for operators: where the container runs (host, pid, pod).
     pub location: String,
@@ -69,7 +75,9 @@ pub struct RegisterContainer {
 /// A container leaves cleanly (after it was drained).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeregisterContainer {
+    /// The container that leaves.
     pub container: ContainerId,
+    /// The epoch of the session that ends; refused as `Fenced` unless it is the live one.
     pub epoch: Epoch,
 }
 
@@ -77,13 +85,18 @@ pub struct DeregisterContainer {
 /// epoch is fenced from here on.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExpireContainer {
+    /// The container declared dead.
     pub container: ContainerId,
+    /// The epoch of the session declared dead. Refused as `Fenced` unless it is the live one,
+    /// so a container that registered again since keeps its newer session.
     pub epoch: Epoch,
 }
 
 /// Input partitions that appeared.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AddInputs {
+    /// The inputs that appeared; those the job has already are left as they are. A new input
+    /// belongs to no task until an [`AssignTask`] names it.
     pub inputs: Vec<Input>,
 }
 
@@ -91,6 +104,8 @@ pub struct AddInputs {
 /// first (revoke before reassign).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemoveInputs {
+    /// The inputs that went away. Each must be known to the job; a task left without inputs,
+    /// and without an owner, is dropped.
     pub inputs: Vec<Input>,
 }
 
@@ -98,41 +113,58 @@ pub struct RemoveInputs {
 /// answers [`TaskStarted`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AssignTask {
+    /// The task to give; refused while another session owns it.
     pub task: TaskId,
+    /// The container to run it.
     pub container: ContainerId,
+    /// The container's live epoch; an assignment to any other is refused as `Fenced`.
     pub epoch: Epoch,
+    /// The task's whole input set, replacing the one it had. Each input must be known to the
+    /// job and not belong to another task that is owned.
     pub inputs: Vec<Input>,
 }
 
 /// Tells a container to stop a task. The container answers [`TaskStopped`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StopTask {
+    /// The task to stop: starting or running on this container.
     pub task: TaskId,
+    /// The container that owns the task.
     pub container: ContainerId,
+    /// The owner's live epoch; refused as `Fenced` otherwise.
     pub epoch: Epoch,
 }
 
 /// A container's answer to [`AssignTask`]: the task runs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskStarted {
+    /// The task that now runs; it must be starting on this session.
     pub task: TaskId,
+    /// The container that answers: the task's owner.
     pub container: ContainerId,
+    /// The epoch of the session that answers; an ended session's answer is refused as
+    /// `Fenced`.
     pub epoch: Epoch,
 }
 
 /// A container's answer to [`StopTask`]: the task stopped, with where it got to.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskStopped {
+    /// The task that stopped; it must be stopping on this session. It becomes unassigned.
     pub task: TaskId,
+    /// The container that answers: the task's owner.
     pub container: ContainerId,
+    /// The epoch of the session that answers; an ended session's answer is refused as
+    /// `Fenced`.
     pub epoch: Epoch,
-    /// Opaque position the next owner resumes from.
+    /// Opaque position the next owner resumes from. `None` keeps the checkpoint the task had.
     pub checkpoint: Option<Vec<u8>>,
 }
 
 /// The container count the coordinator wants (version 1, deprecated at level 2).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DesiredContainersV1 {
+    /// How many containers the job should have.
     pub count: u32,
 }
 
@@ -140,7 +172,10 @@ pub struct DesiredContainersV1 {
 /// audit of the log explains every scaling decision.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DesiredContainers {
+    /// How many containers the job should have.
     pub count: u32,
+    /// Why, for people reading the log (for example `lag 12,000 > 10,000`); at most
+    /// [`TEXT_BYTES_MAX`] bytes.
     pub reason: String,
 }
 
@@ -149,21 +184,30 @@ pub struct DesiredContainers {
 pub struct SchemaChange {
     /// What the schema describes, for example a stream name.
     pub subject: String,
+    /// The schema itself, opaque to ctrlog; it replaces the subject's previous one.
     pub schema: Vec<u8>,
 }
 
 /// Configuration changed: every live container must ack it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConfigChange {
+    /// Keys to set, with their values: keys of at most [`TEXT_BYTES_MAX`] bytes, values of at
+    /// most [`CONFIG_VALUE_BYTES_MAX`].
     pub set: BTreeMap<String, String>,
+    /// Keys to remove. Removals apply before `set`, so a key in both ends up set.
     pub remove: Vec<String>,
 }
 
 /// A container acknowledges the command at `offset` (a broadcast, or a user command).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ack {
+    /// The container that acknowledges.
     pub container: ContainerId,
+    /// The epoch of its live session; refused as `Fenced` otherwise.
     pub epoch: Epoch,
+    /// The offset of the command acknowledged, which must be below the ack's own. An ack of
+    /// a broadcast settles this session's share of it; any other ack is recorded and changes
+    /// nothing.
     pub offset: Offset,
 }
 
@@ -171,6 +215,8 @@ pub struct Ack {
 /// ones it deprecates). Raise it only once every replica runs a build that supports it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SetVocabularyLevel {
+    /// The new level: above the recorded one, and at most the highest every replica's build
+    /// supports.
     pub level: Level,
 }
 
@@ -180,6 +226,8 @@ pub struct SetVocabularyLevel {
 /// nor forgets it. The offset this command gets identifies the launch ([`CancelLaunch`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaunchContainer {
+    /// The name the launched container will register under; refused while a container of
+    /// that name is live or being launched.
     pub container: ContainerId,
     /// Which launch of its container slot this is, from 1: retries of a launch that never
     /// registered count up, so that any leader stops retrying after the same number.
@@ -191,39 +239,72 @@ pub struct LaunchContainer {
 /// stopped, and before a retry is launched under a new name.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CancelLaunch {
+    /// The container whose launch is given up; it becomes `Expired`.
     pub container: ContainerId,
+    /// The offset of the [`LaunchContainer`] given up: the launch of this container still in
+    /// flight, or the command is refused.
     pub launch: Offset,
 }
 
 /// A command as a reader understands it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
+    /// `register-container`, addressed to the container: it announces itself, and the offset
+    /// is its new epoch.
     RegisterContainer(RegisterContainer),
+    /// `deregister-container`, addressed to the container: it leaves cleanly.
     DeregisterContainer(DeregisterContainer),
+    /// `expire-container`, addressed to the container, so that a zombie learns from its own
+    /// stream that it is fenced: the coordinator declared it dead.
     ExpireContainer(ExpireContainer),
+    /// `add-inputs`, for the coordinator: input partitions appeared.
     AddInputs(AddInputs),
+    /// `remove-inputs`, for the coordinator: input partitions went away.
     RemoveInputs(RemoveInputs),
+    /// `assign-task`, addressed to the container: run this task; it answers
+    /// [`Command::TaskStarted`].
     AssignTask(AssignTask),
+    /// `stop-task`, addressed to the container: stop this task; it answers
+    /// [`Command::TaskStopped`].
     StopTask(StopTask),
+    /// `task-started`, for the coordinator: a container's answer to an assignment.
     TaskStarted(TaskStarted),
+    /// `task-stopped`, for the coordinator: a container's answer to a stop, with its
+    /// checkpoint.
     TaskStopped(TaskStopped),
+    /// `desired-containers` version 1, for the coordinator: refused on append from level 2,
+    /// still read from older logs.
     DesiredContainersV1(DesiredContainersV1),
+    /// `desired-containers` version 2 (from level 2), for the coordinator: the wanted count
+    /// and why.
     DesiredContainers(DesiredContainers),
+    /// `schema-change`, broadcast: every container live when it is applied must ack it.
     SchemaChange(SchemaChange),
+    /// `config-change`, broadcast: every container live when it is applied must ack it.
     ConfigChange(ConfigChange),
+    /// `ack`, for the coordinator: a container acknowledges the command at an offset.
     Ack(Ack),
+    /// `set-vocabulary-level`, broadcast: the level recorded in the log goes up.
     SetVocabularyLevel(SetVocabularyLevel),
     /// A user-defined command. ctrlog orders and replicates it and never looks inside.
     Custom {
+        /// The kind number, at or above [`CUSTOM_KIND_MIN`] ([`Command::custom`] adds the
+        /// user's own number to it).
         kind: Kind,
+        /// The payload's format version, chosen by the user; ctrlog only carries it.
         version: u16,
+        /// The body as the user encoded it, at most the replica's command size limit.
         payload: Vec<u8>,
     },
     /// A frame this reader does not know (a newer release wrote it). Passed through untouched
     /// so that the stream never stalls on it.
     Unknown(Frame),
     // Variants added after v0.1.0 come last, so that those before keep their encoding.
+    /// `launch-container` (from level 3), for the coordinator: a launch recorded before it is
+    /// carried out.
     LaunchContainer(LaunchContainer),
+    /// `cancel-launch` (from level 3), for the coordinator: a launch that never registered,
+    /// given up.
     CancelLaunch(CancelLaunch),
 }
 

@@ -8,16 +8,22 @@ use super::{Command, Frame, Offset, ProducerId, Seq, Target, Term, CONTAINER_ID_
 /// replicated state machine answers it with the original offset instead of appending again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct ProducerSeq {
+    /// The producer's id, which the client library draws at random.
     pub producer: ProducerId,
+    /// The producer's number for this append, from 1; a retry reuses it.
     pub seq: Seq,
 }
 
 /// One command as a producer proposes it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Proposal {
+    /// The idempotent producer's pair, de-duplicated by the replicas; `None` for an append
+    /// that is not, which a retry may then append twice.
     pub producer: Option<ProducerSeq>,
     /// Who the command is for; subscribers filter on it.
     pub target: Target,
+    /// The command; its body is at most the replica's command size limit
+    /// ([`COMMAND_BYTES_MAX_DEFAULT`](super::COMMAND_BYTES_MAX_DEFAULT) by default).
     pub frame: Frame,
 }
 
@@ -35,7 +41,11 @@ impl Proposal {
 /// never reads a clock and stays deterministic.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Batch {
+    /// The leader's wall clock when it proposed the batch, in milliseconds since the Unix
+    /// epoch; every command of the batch carries it.
     pub appended_at_ms: u64,
+    /// The proposals in the order they are applied: each accepted one takes the next offset,
+    /// while duplicates and refused ones take none.
     pub proposals: Vec<Proposal>,
 }
 
@@ -53,12 +63,16 @@ impl std::fmt::Display for Batch {
 /// One command of the control log as subscribers see it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LogEntry {
+    /// The command's position in the control log.
     pub offset: Offset,
     /// The Raft term of the entry that carried this command.
     pub term: Term,
     /// The leader's wall clock when the batch was proposed.
     pub appended_at_ms: u64,
+    /// The `(producer, seq)` pair it was appended with, if its producer was idempotent.
     pub producer: Option<ProducerSeq>,
+    /// Who the command is for, as appended; for a built-in command always
+    /// [`Command::target`].
     pub target: Target,
     /// The command as written. Decode it with [`LogEntry::command`] so that the reader's own
     /// vocabulary decides what is `Unknown`.

@@ -2,19 +2,36 @@
 
 use super::Kind;
 
+/// `register-container`: [`RegisterContainer`](super::RegisterContainer).
 pub const REGISTER_CONTAINER: Kind = 1;
+/// `deregister-container`: [`DeregisterContainer`](super::DeregisterContainer).
 pub const DEREGISTER_CONTAINER: Kind = 2;
+/// `expire-container`: [`ExpireContainer`](super::ExpireContainer).
 pub const EXPIRE_CONTAINER: Kind = 3;
+/// `launch-container`: [`LaunchContainer`](super::LaunchContainer), from level 3.
 pub const LAUNCH_CONTAINER: Kind = 4;
+/// `cancel-launch`: [`CancelLaunch`](super::CancelLaunch), from level 3.
 pub const CANCEL_LAUNCH: Kind = 5;
+/// `add-inputs`: [`AddInputs`](super::AddInputs).
 pub const ADD_INPUTS: Kind = 10;
+/// `remove-inputs`: [`RemoveInputs`](super::RemoveInputs).
 pub const REMOVE_INPUTS: Kind = 11;
+/// `assign-task`: [`AssignTask`](super::AssignTask).
 pub const ASSIGN_TASK: Kind = 20;
+/// `stop-task`: [`StopTask`](super::StopTask).
 pub const STOP_TASK: Kind = 21;
+/// `task-started`: [`TaskStarted`](super::TaskStarted).
 pub const TASK_STARTED: Kind = 22;
+/// `task-stopped`: [`TaskStopped`](super::TaskStopped).
 pub const TASK_STOPPED: Kind = 23;
+/// `desired-containers`: version 1 is [`DesiredContainersV1`](super::DesiredContainersV1),
+/// deprecated at level 2; version 2 is [`DesiredContainers`](super::DesiredContainers).
 pub const DESIRED_CONTAINERS: Kind = 30;
+/// `schema-change`: [`SchemaChange`](super::SchemaChange).
 pub const SCHEMA_CHANGE: Kind = 40;
+/// `config-change`: [`ConfigChange`](super::ConfigChange).
 pub const CONFIG_CHANGE: Kind = 41;
+/// `ack`: [`Ack`](super::Ack).
 pub const ACK: Kind = 50;
+/// `set-vocabulary-level`: [`SetVocabularyLevel`](super::SetVocabularyLevel).
 pub const SET_VOCABULARY_LEVEL: Kind = 60;

@@ -29,11 +29,14 @@ pub struct TaskId(String);
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("invalid {what} {name:?}: use 1 to {NAME_BYTES_MAX} characters from [A-Za-z0-9._:-]")]
 pub struct InvalidName {
+    /// What the name was for: `task` or `input`.
     pub what: &'static str,
+    /// The refused name as given (an input in its `system/stream/partition` form).
     pub name: String,
 }
 
 impl TaskId {
+    /// Checks the name: 1 to [`NAME_BYTES_MAX`] ASCII letters, digits or `._:-`.
     pub fn new(name: impl Into<String>) -> Result<TaskId, InvalidName> {
         let name = name.into();
         if valid_name(&name) {
@@ -43,10 +46,13 @@ impl TaskId {
         }
     }
 
+    /// Whether the name passes the checks of [`TaskId::new`]; false only for a name that
+    /// arrived unchecked, decoded from the wire or the log.
     pub fn is_valid(&self) -> bool {
         valid_name(&self.0)
     }
 
+    /// The name as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -61,12 +67,17 @@ impl fmt::Display for TaskId {
 /// One input partition, a Samza SSP: `system/stream/partition`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Input {
+    /// The system the stream lives in (for example `kafka`); a name by the rules of
+    /// [`TaskId::new`].
     pub system: String,
+    /// The stream within the system (a topic); a name by the same rules.
     pub stream: String,
+    /// The partition's number within the stream.
     pub partition: u32,
 }
 
 impl Input {
+    /// Checks `system` and `stream` by the name rules of [`TaskId::new`].
     pub fn new(
         system: impl Into<String>,
         stream: impl Into<String>,
@@ -87,6 +98,8 @@ impl Input {
         }
     }
 
+    /// Whether `system` and `stream` pass the checks of [`Input::new`]; false only for an
+    /// input that arrived unchecked, decoded from the wire or the log.
     pub fn is_valid(&self) -> bool {
         valid_name(&self.system) && valid_name(&self.stream)
     }

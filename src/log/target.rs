@@ -25,6 +25,7 @@ pub struct ContainerId(String);
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("invalid container id {id:?}: use 1 to {CONTAINER_ID_BYTES_MAX} characters from [A-Za-z0-9._:-]")]
 pub struct InvalidContainerId {
+    /// The refused id, as given.
     pub id: String,
 }
 
@@ -49,10 +50,13 @@ impl ContainerId {
         }
     }
 
+    /// Whether the id passes the checks of [`ContainerId::new`]; false only for an id that
+    /// arrived unchecked, decoded from the wire or the log.
     pub fn is_valid(&self) -> bool {
         valid_name(&self.0)
     }
 
+    /// The id as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -128,6 +132,9 @@ pub enum Filter {
 }
 
 impl Filter {
+    /// Whether a command addressed to `target` passes this filter: everything passes
+    /// [`Filter::Everything`]; a container's filter passes its own commands and broadcasts,
+    /// never those for the coordinator.
     pub fn matches(&self, target: &Target) -> bool {
         match (self, target) {
             (Filter::Everything, _) | (Filter::Container(_), Target::All) => true,

@@ -49,8 +49,12 @@ pub const LEVEL_FORGOTTEN_PRODUCERS_REFUSED: Level = 3;
 /// One `(kind, version)` of the built-in vocabulary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KindSpec {
+    /// The kind number ([`kinds`]).
     pub kind: Kind,
+    /// The body's version within the kind.
     pub version: u16,
+    /// The name people read and type (`ctrlog vocabulary show`, [`kind_by_name`]); the
+    /// versions of one kind share it.
     pub name: &'static str,
     /// The level from which it may be written.
     pub since: Level,
