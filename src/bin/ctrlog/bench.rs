@@ -7,15 +7,14 @@ use std::time::Duration;
 use clap::Subcommand;
 use ctrlog::tools::bench::{self, BenchTarget, ProcessCluster, OWN_CLUSTER_REPLICAS};
 use ctrlog::tools::chaos::{self, ChaosOptions, FaultFamily};
-use ctrlog::tools::cli::{self, ClientFlags};
+use ctrlog::tools::cli::{self, ClientFlags, OutputFlags};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
     #[command(subcommand)]
     workload: BenchCmd,
-    /// One JSON object per line instead of a table.
-    #[arg(long, global = true)]
-    json: bool,
+    #[command(flatten)]
+    output: OutputFlags,
 }
 
 #[derive(Subcommand)]
@@ -93,8 +92,8 @@ pub struct ChaosArgs {
     /// root and nftables).
     #[arg(long, value_enum, value_delimiter = ',')]
     faults: Vec<FaultFamily>,
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    output: OutputFlags,
 }
 
 /// An append bench that runs its own replicas shares the machine with them as a light client:
@@ -112,7 +111,7 @@ pub async fn bench(
     flags: &ClientFlags,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
-    let json = args.json;
+    let json = args.output.json();
     let mut print = |result: &serde_json::Value| -> std::io::Result<()> {
         if json {
             writeln!(out, "{result}")
@@ -211,7 +210,7 @@ pub async fn chaos(args: ChaosArgs, out: &mut impl Write) -> anyhow::Result<()> 
         },
     })
     .await?;
-    if args.json {
+    if args.output.json() {
         writeln!(out, "{figures}")?;
     } else {
         writeln!(out, "{}", cli::chaos_text(&figures))?;
