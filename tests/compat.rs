@@ -9,6 +9,7 @@ use std::time::Duration;
 use common::WAIT;
 use ctrlog::client::{ApiError, FetchRequest};
 use ctrlog::log::{Command, Target};
+use ctrlog::raft::storage::{DATA_FORMAT, FORMAT_FILE};
 use ctrlog::server::{Replica, ReplicaConfig};
 use ctrlog::tools::cli::{entry_json, state_json};
 
@@ -46,6 +47,7 @@ async fn start(data_dir: &Path) -> Replica {
 }
 
 /// Goal: a replica of this build starts on a copy of a v0.1.0 data directory (one replica,
+/// no `format` file, which it records as format 1;
 /// snapshot at offset 122, log retained from 113 to 132) and serves it as v0.1.0 did: the same
 /// retained entries, the same JobState, `Compacted` below the retained range; it appends on
 /// from offset 133 and serves all of it again after a restart.
@@ -65,7 +67,16 @@ async fn a_v0_1_0_data_directory_opens_and_serves_what_v0_1_0_served() {
     )
     .unwrap();
 
+    assert!(
+        !data.join(FORMAT_FILE).exists(),
+        "v0.1.0 wrote no format file"
+    );
     let replica = start(&data).await;
+    let format = std::fs::read_to_string(data.join(FORMAT_FILE)).unwrap();
+    assert!(
+        format.contains("format = 1"),
+        "recorded as format 1: {format}"
+    );
     let tail = common::read_from(&replica, 113).await;
     let tail_json: Vec<serde_json::Value> = tail.iter().map(entry_json).collect();
     assert_eq!(tail_json, expected_tail);
@@ -96,4 +107,57 @@ async fn a_v0_1_0_data_directory_opens_and_serves_what_v0_1_0_served() {
     assert_eq!(after[..20], tail[..]);
     assert_eq!(after[20].frame.body, b"written by this build");
     replica.shutdown().await;
+}
+
+/// Goal: a data directory of a newer format than this build knows is refused, naming both
+/// formats, before anything in it is opened or changed (a downgrade is refused, not
+/// attempted). Steps: a copy of the v0.1.0 fixture marked one format ahead; `Replica::start`
+/// fails saying so; the file and the directory's contents are as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_data_directory_format_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("replica-1");
+    copy_dir(&fixture().join("single-replica"), &data);
+    let newer = format!("format = {}\n", DATA_FORMAT + 1);
+    std::fs::write(data.join(FORMAT_FILE), &newer).unwrap();
+    let listing = |path: &Path| {
+        let mut names: Vec<_> = walk(path);
+        names.sort();
+        names
+    };
+    let before = listing(&data);
+    let refused = Replica::start(ReplicaConfig {
+        id: 1,
+        data_dir: data.clone(),
+        ..ReplicaConfig::default()
+    })
+    .await
+    .err()
+    .expect("a newer format is refused")
+    .to_string();
+    assert!(
+        refused.contains(&format!("format {}", DATA_FORMAT + 1))
+            && refused.contains(&format!("formats 1 to {DATA_FORMAT}")),
+        "{refused}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(data.join(FORMAT_FILE)).unwrap(),
+        newer
+    );
+    assert_eq!(listing(&data), before, "nothing was opened or written");
+}
+
+/// Every file under `dir` with its size.
+fn walk(dir: &Path) -> Vec<(std::path::PathBuf, u64)> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            let len = std::fs::metadata(&path).unwrap().len();
+            files.push((path, len));
+        }
+    }
+    files
 }

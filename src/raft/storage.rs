@@ -1,6 +1,14 @@
-//! A replica's data directory: sled (metadata and snapshots) in `meta/`, the WAL in `log/`.
+//! A replica's data directory: sled (metadata and snapshots) in `meta/`, the WAL in `log/`,
+//! and the directory's format version in `format`.
 //!
 //! The layout is spelled here once, for a replica's start and for disaster recovery alike.
+//!
+//! The format version covers everything under the directory: sled's trees and their key and
+//! value encodings, and the WAL's segment and record layout. A change to any of them that an
+//! older build would misread is a new format, written only by a build that reads every older
+//! one; a build refuses a directory of a newer format than it knows, naming both, rather than
+//! misread it (a downgrade is refused, not attempted). As Kafka's `meta.properties`, the file
+//! is plain text: `format = N`.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -20,12 +28,93 @@ pub fn log_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("log")
 }
 
+/// The data directory format this build writes, and the newest it opens. Format 1 is the
+/// layout of v0.1.0, which wrote no `format` file: a directory without one is format 1.
+pub const DATA_FORMAT: u32 = 1;
+
+/// The file in a data directory that names its format.
+pub const FORMAT_FILE: &str = "format";
+
+/// Why a data directory's format cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    /// Written by a newer build: this one would misread it.
+    #[error(
+        "{path} is data directory format {found}, written by a newer ctrlog; this build reads \
+         formats 1 to {DATA_FORMAT}. Downgrading is refused: run a build that knows format \
+         {found}, or restore a backup taken before the upgrade"
+    )]
+    Newer { path: String, found: u32 },
+    /// The file does not say `format = N`.
+    #[error("{path} does not name a data directory format (`format = N`): {reason}")]
+    Unreadable { path: String, reason: String },
+}
+
+/// Checks the format of `data_dir` and records it if the directory has no `format` file yet
+/// (a new directory, or one v0.1.0 wrote). Returns the format found.
+pub fn check_format(data_dir: &Path) -> io::Result<u32> {
+    let path = data_dir.join(FORMAT_FILE);
+    let invalid = |error: FormatError| io::Error::new(io::ErrorKind::InvalidData, error);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let found = parse_format(&text).map_err(|reason| {
+                invalid(FormatError::Unreadable {
+                    path: path.display().to_string(),
+                    reason,
+                })
+            })?;
+            if found > DATA_FORMAT {
+                return Err(invalid(FormatError::Newer {
+                    path: path.display().to_string(),
+                    found,
+                }));
+            }
+            Ok(found)
+        }
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(data_dir)?;
+            write_format(data_dir, DATA_FORMAT)?;
+            Ok(DATA_FORMAT)
+        }
+        Err(error) => Err(error),
+    }
+}
+
+fn parse_format(text: &str) -> Result<u32, String> {
+    let line = text
+        .lines()
+        .map(str::trim)
+        .find(|line| !line.is_empty() && !line.starts_with('#'))
+        .ok_or("it is empty")?;
+    let value = line
+        .strip_prefix("format")
+        .and_then(|rest| rest.trim_start().strip_prefix('='))
+        .ok_or_else(|| format!("`{line}`"))?;
+    value.trim().parse().map_err(|e| format!("`{line}`: {e}"))
+}
+
+/// Writes the `format` file durably: a temporary file, synced, renamed over, and the
+/// directory synced, so that a crash leaves the old file or the new one.
+fn write_format(data_dir: &Path, format: u32) -> io::Result<()> {
+    use std::io::Write as _;
+    let temporary = data_dir.join(format!("{FORMAT_FILE}.tmp"));
+    let mut file = std::fs::File::create(&temporary)?;
+    writeln!(
+        file,
+        "# The layout of this ctrlog data directory (meta/, log/). Do not edit.\nformat = {format}"
+    )?;
+    file.sync_all()?;
+    std::fs::rename(&temporary, data_dir.join(FORMAT_FILE))?;
+    std::fs::File::open(data_dir)?.sync_all()
+}
+
 /// Opens the metadata and the log (the WAL) of the replica whose data is in `data_dir`.
 pub fn open_log(data_dir: &Path) -> io::Result<(Arc<MetaStore>, LogStore)> {
     open_log_with(data_dir, Flushing::GroupCommit)
 }
 
 fn open_log_with(data_dir: &Path, flushing: Flushing) -> io::Result<(Arc<MetaStore>, LogStore)> {
+    check_format(data_dir)?;
     let meta = Arc::new(MetaStore::open(&meta_dir(data_dir))?);
     let log = LogStore::open_with(
         &log_dir(data_dir),
@@ -64,4 +153,38 @@ pub fn open_storage_with(data_dir: &Path, flushing: Flushing) -> io::Result<Stor
         state_machine,
         closed,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Goal: a directory without a `format` file (new, or v0.1.0's) is format 1 and gets the
+    /// file; a newer format is refused naming both versions; an unreadable file is refused.
+    #[test]
+    fn data_directory_formats_are_recorded_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        assert_eq!(check_format(&data).unwrap(), 1);
+        let written = std::fs::read_to_string(data.join(FORMAT_FILE)).unwrap();
+        assert!(written.contains("format = 1"), "{written}");
+        assert_eq!(check_format(&data).unwrap(), 1, "read back");
+
+        std::fs::write(data.join(FORMAT_FILE), "format = 2\n").unwrap();
+        let refused = check_format(&data).unwrap_err().to_string();
+        assert!(
+            refused.contains("format 2") && refused.contains("formats 1 to 1"),
+            "{refused}"
+        );
+        assert!(refused.contains("Downgrading is refused"), "{refused}");
+
+        for garbage in ["", "format two", "version = 1"] {
+            std::fs::write(data.join(FORMAT_FILE), garbage).unwrap();
+            let refused = check_format(&data).unwrap_err().to_string();
+            assert!(
+                refused.contains("does not name a data directory format"),
+                "{refused}"
+            );
+        }
+    }
 }
