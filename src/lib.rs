@@ -101,7 +101,7 @@
 
 // What a container links is documented item by item; the replica's modules are documented
 // for their maintainers (ARCHITECTURE.md), not held to the lint.
-#[warn(missing_docs)]
+#[warn(missing_docs, missing_debug_implementations)]
 pub mod client;
 #[cfg(feature = "server")]
 #[cfg_attr(docsrs, doc(cfg(feature = "server")))]

@@ -88,6 +88,16 @@ pub struct ContainerSession {
     heartbeats: JoinHandle<()>,
 }
 
+impl std::fmt::Debug for ContainerSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContainerSession")
+            .field("container", &self.container)
+            .field("epoch", &self.epoch)
+            .field("fenced", &self.fenced.borrow().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Drop for ContainerSession {
     fn drop(&mut self) {
         self.heartbeats.abort();

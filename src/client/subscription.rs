@@ -54,6 +54,13 @@ pub struct Subscription {
     inner: BoxStream<'static, Result<SubscriptionItem, ClientError>>,
 }
 
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Where it is lives inside the stream's state, which is not reachable from here.
+        f.debug_struct("Subscription").finish_non_exhaustive()
+    }
+}
+
 struct Cursor {
     connector: Connector,
     linger: Duration,
