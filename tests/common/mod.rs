@@ -6,7 +6,7 @@ pub mod proxy;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use ctrlog::client::{AppendAck, FetchRequest};
+use ctrlog::client::{ApiError, AppendAck, FetchRequest};
 use ctrlog::log::{Command, LogEntry, Proposal, Target};
 use ctrlog::server::ReplicaHandle;
 use ctrlog::tools::{poll_until, LocalCluster, POLL_INTERVAL};
@@ -64,14 +64,24 @@ pub async fn read_all(replica: &ReplicaHandle) -> Vec<LogEntry> {
     read_from(replica, 1).await
 }
 
+/// Every entry a replica has, from `from`. A replica answers reads only once it knows a
+/// leader (else `Unavailable`, so that a stale log is not served as current), which a replica
+/// just restarted may not yet: that answer is retried until [`WAIT`].
 pub async fn read_from(replica: &ReplicaHandle, from: u64) -> Vec<LogEntry> {
     let mut entries = Vec::new();
     let mut next = from;
+    let started = std::time::Instant::now();
     loop {
-        let response = replica
+        let response = match replica
             .fetch(&FetchRequest::from(next), Duration::ZERO)
             .await
-            .expect("fetch");
+        {
+            Err(ApiError::Unavailable(_)) if started.elapsed() < WAIT => {
+                tokio::time::sleep(POLL_INTERVAL).await;
+                continue;
+            }
+            answer => answer.expect("fetch"),
+        };
         if response.entries.is_empty() {
             return entries;
         }
