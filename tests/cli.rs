@@ -493,6 +493,19 @@ async fn printing_subcommands_speak_json_and_failures_have_their_own_exit_codes(
     assert_eq!(members["members"][0]["leader"], true);
     let legacy = json_lines(&ctrlog(&addrs, &["status", "--json"]).await);
     assert_eq!(legacy[0]["id"], 1, "v0.1.0's --json still works");
+    let before = json_lines(&ctrlog("", &["--cluster", &addrs, "status", "--json"]).await);
+    assert_eq!(
+        before[0]["id"], 1,
+        "v0.1.0's flags before the subcommand still work"
+    );
+    exits_within(
+        "",
+        &[
+            "--ca", "ca.pem", "certs", "generate", "--out", "x", "--nodes", "1",
+        ],
+        2,
+    )
+    .await;
 
     exits_within("", &["status"], 2).await; // no cluster given
     exits_within(&addrs, &["status", "--dial-timeout", "0s"], 2).await;

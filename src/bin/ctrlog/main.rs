@@ -44,8 +44,115 @@ struct Cli {
     /// object per line, for a log shipper.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    #[command(flatten)]
+    before_subcommand: ClientFlagsBeforeSubcommand,
     #[command(subcommand)]
     command: Cmd,
+}
+
+/// The client flags where v0.1.0 also took them, before the subcommand
+/// (`ctrlog --cluster ADDRS status`): still accepted there for a client subcommand, and
+/// refused for any other (`ctrlog --ca ca.pem serve` would otherwise start a plaintext
+/// replica). Hidden: the subcommands' own flags are the documented spelling.
+#[derive(clap::Args, Clone, Debug, Default)]
+struct ClientFlagsBeforeSubcommand {
+    #[arg(long = "cluster", hide = true, value_delimiter = ',')]
+    cluster: Vec<String>,
+    #[arg(long = "ca", hide = true)]
+    ca: Option<PathBuf>,
+    #[arg(long = "cert", hide = true)]
+    cert: Option<PathBuf>,
+    #[arg(long = "key", hide = true)]
+    key: Option<PathBuf>,
+    #[arg(long = "token", hide = true)]
+    token: Option<String>,
+    #[arg(long = "token-file", hide = true)]
+    token_file: Option<PathBuf>,
+}
+
+impl ClientFlagsBeforeSubcommand {
+    /// The first flag given, as typed.
+    fn first_given(&self) -> Option<&'static str> {
+        [
+            (!self.cluster.is_empty(), "--cluster"),
+            (self.ca.is_some(), "--ca"),
+            (self.cert.is_some(), "--cert"),
+            (self.key.is_some(), "--key"),
+            (self.token.is_some(), "--token"),
+            (self.token_file.is_some(), "--token-file"),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag))
+    }
+
+    /// Fills in what the subcommand's own flags (or the environment) left unset.
+    fn fill(&self, flags: &mut ClientFlags) {
+        if flags.cluster.is_empty() {
+            flags.cluster = self.cluster.clone();
+        }
+        for (ours, theirs) in [
+            (&self.ca, &mut flags.ca),
+            (&self.cert, &mut flags.cert),
+            (&self.key, &mut flags.key),
+            (&self.token_file, &mut flags.token_file),
+        ] {
+            if theirs.is_none() {
+                theirs.clone_from(ours);
+            }
+        }
+        if flags.token.is_none() {
+            flags.token.clone_from(&self.token);
+        }
+    }
+}
+
+impl Cmd {
+    /// The client flags of a subcommand that talks to a cluster.
+    fn client_flags(&mut self) -> Option<&mut ClientFlags> {
+        match self {
+            Cmd::Append { client, .. }
+            | Cmd::Tail { client, .. }
+            | Cmd::Status { client, .. }
+            | Cmd::State { client, .. }
+            | Cmd::Snapshot { client, .. }
+            | Cmd::Vocabulary { client, .. }
+            | Cmd::Members { client, .. }
+            | Cmd::Bench { client, .. }
+            | Cmd::Container { client, .. } => Some(client),
+            Cmd::Serve(_)
+            | Cmd::ForceNewCluster(_)
+            | Cmd::Chaos(_)
+            | Cmd::Demo { .. }
+            | Cmd::Certs { .. }
+            | Cmd::Tokens { .. } => None,
+        }
+    }
+}
+
+/// Moves client flags typed before the subcommand onto it, or refuses them where the
+/// subcommand talks to no cluster.
+fn place_client_flags(cli: &mut Cli) -> Result<(), String> {
+    let Some(flag) = cli.before_subcommand.first_given() else {
+        return Ok(());
+    };
+    let before = cli.before_subcommand.clone();
+    match cli.command.client_flags() {
+        Some(flags) => {
+            before.fill(flags);
+            Ok(())
+        }
+        None => {
+            let hint = match cli.command {
+                Cmd::Serve(_) | Cmd::ForceNewCluster(_) => {
+                    " (a replica's TLS flags are --tls-ca, --tls-cert and --tls-key)"
+                }
+                _ => "",
+            };
+            Err(format!(
+                "{flag} is a flag of the client subcommands; this subcommand does not use it{hint}"
+            ))
+        }
+    }
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -308,7 +415,11 @@ fn is_broken_pipe(error: &anyhow::Error) -> bool {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    if let Err(error) = place_client_flags(&mut cli) {
+        eprintln!("ctrlog: {error}");
+        return ExitCode::from(2);
+    }
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
     if let Cmd::Bench { args, client } = &cli.command {
