@@ -75,6 +75,13 @@ async fn append_and_fanout_report_the_documented_json() {
         for key in ["p50_us", "p99_us", "p999_us", "max_us"] {
             assert!(result[key].as_u64().unwrap() > 0, "{key}");
         }
+        // The disk's floor, measured before the run where the replicas write.
+        let floor = result["fdatasync_p50_us"].as_u64().unwrap();
+        assert!(floor > 0 && result["fdatasync_p99_us"].as_u64().unwrap() >= floor);
+        assert!(result["fdatasync_dir"]
+            .as_str()
+            .unwrap()
+            .contains("ctrlog-bench-"));
     }
     let fanout = &bench(&[
         "fanout",

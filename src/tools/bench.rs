@@ -394,6 +394,35 @@ pub fn processes_mentioning(path: &Path) -> Vec<libc::pid_t> {
 /// tell its own commands from the job's.
 const BENCH_KIND: u32 = 0xbe7c;
 
+/// Writes of the disk-floor probe, each 4 KiB and `fdatasync`ed: enough for a stable median
+/// in well under a second on cloud block storage (about 0.5 ms a sync).
+pub const FDATASYNC_PROBE_WRITES: usize = 200;
+
+/// The disk's durability floor where `dir` lives: the median and p99 time, in microseconds, of
+/// an `fdatasync` after a 4 KiB write, over `writes` writes to a scratch file in `dir` (removed
+/// after). No commit can be durable faster than one of these, so every latency the bench
+/// reports is read beside it (BENCHMARKS.md).
+pub fn fdatasync_floor(dir: &Path, writes: usize) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::FileExt;
+    let scratch = tempfile::Builder::new()
+        .prefix("fdatasync-probe-")
+        .tempfile_in(dir)?;
+    let block = [0x5au8; 4096];
+    let mut latencies = histogram();
+    for i in 0..writes {
+        let started = Instant::now();
+        scratch
+            .as_file()
+            .write_all_at(&block, (i * block.len()) as u64)?;
+        scratch.as_file().sync_data()?;
+        let _ = latencies.record(started.elapsed().as_micros() as u64);
+    }
+    Ok((
+        latencies.value_at_quantile(0.5),
+        latencies.value_at_quantile(0.99),
+    ))
+}
+
 fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("static bounds")
 }

@@ -475,8 +475,8 @@ pub fn bench_line(result: &Value) -> String {
     let ms = |key: &str| result[key].as_u64().unwrap_or(0) as f64 / 1000.0;
     match result["workload"].as_str() {
         Some("append") => format!(
-            "append  clients {:>4}  connections {:>4}  {:>8} commits/s  p50 {:>7.2} ms  p99 {:>7.2} ms  p99.9 {:>7.2} ms  max {:>7.2} ms  errors {}",
-            result["clients"], result["connections"], result["ops_per_s"], ms("p50_us"), ms("p99_us"), ms("p999_us"), ms("max_us"), result["errors"]
+            "append  clients {:>4}  connections {:>4}  {:>8} commits/s  p50 {:>7.2} ms  p99 {:>7.2} ms  p99.9 {:>7.2} ms  max {:>7.2} ms  errors {}  (disk fdatasync p50 {:.3} ms)",
+            result["clients"], result["connections"], result["ops_per_s"], ms("p50_us"), ms("p99_us"), ms("p999_us"), ms("max_us"), result["errors"], ms("fdatasync_p50_us")
         ),
         Some("fanout") => format!(
             "fanout  subscribers {}  rate {}/s  delivered {}/{}  lag p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms  append p99 {:.2} ms",

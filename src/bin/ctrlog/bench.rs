@@ -145,8 +145,14 @@ pub async fn bench(
             payload_bytes,
             plot,
         } => {
+            // The floor is measured where the replicas write: our own cluster's folder, or
+            // (a cluster elsewhere) this machine's temporary folder, as a stand-in.
+            let floor_dir = own
+                .as_ref()
+                .map_or_else(std::env::temp_dir, |c| c.data_dir().to_path_buf());
             let mut results = Vec::new();
             for n in clients {
+                let floor = bench::fdatasync_floor(&floor_dir, bench::FDATASYNC_PROBE_WRITES);
                 let result = bench::append(
                     &target,
                     n,
@@ -156,6 +162,13 @@ pub async fn bench(
                     payload_bytes,
                 )
                 .await?;
+                let mut result = result;
+                let (p50, p99) = floor.map_err(|e| {
+                    anyhow::anyhow!("measuring fdatasync in {}: {e}", floor_dir.display())
+                })?;
+                result["fdatasync_p50_us"] = serde_json::json!(p50);
+                result["fdatasync_p99_us"] = serde_json::json!(p99);
+                result["fdatasync_dir"] = serde_json::json!(floor_dir.display().to_string());
                 print(&result)?;
                 results.push(result);
             }
