@@ -765,10 +765,10 @@ impl ControlClient {
         }
     }
 
-    /// Runs `call` within this handle's deadline, if it has one.
+    /// Runs `call` within this handle's deadline, if it has one. (An append's `GaveUp` gets
+    /// its pair from `append_proposal`, as one at the retry deadline does.)
     async fn within<T>(
         &self,
-        append: Option<ProducerSeq>,
         call: impl std::future::Future<Output = Result<T, ClientError>>,
     ) -> Result<T, ClientError> {
         let Some(deadline) = self.deadline else {
@@ -780,7 +780,7 @@ impl ControlClient {
                 Err(ClientError::GaveUp {
                     elapsed: deadline,
                     last: format!("the call's deadline ({deadline:?}) passed"),
-                    append,
+                    append: None,
                 })
             })
     }
@@ -866,7 +866,7 @@ impl ControlClient {
             }
         };
         let ack = self
-            .within(pair, appended)
+            .within(appended)
             .await
             .map_err(|error| error.for_append(pair))?;
         self.own_writes.fetch_max(ack.offset, Ordering::AcqRel);
@@ -884,15 +884,14 @@ impl ControlClient {
             ctx.deadline += Duration::from_millis(request.max_wait_ms.into());
             async move { rpc.fetch(ctx, request).await }
         });
-        self.within(None, fetched).await
+        self.within(fetched).await
     }
 
     /// The JobState as of an offset of at least `min_offset`, from any replica.
     ///
     /// Cancel safe: dropping the future abandons the call and changes nothing.
     pub async fn state(&self, min_offset: Offset) -> Result<StateAt, ClientError> {
-        self.within(None, state_at(&self.connector, min_offset))
-            .await
+        self.within(state_at(&self.connector, min_offset)).await
     }
 
     /// The status of whichever replica answers.
@@ -902,7 +901,7 @@ impl ControlClient {
         let status = self
             .connector
             .call(false, |rpc, ctx, _| async move { rpc.status(ctx).await });
-        self.within(None, status).await
+        self.within(status).await
     }
 
     /// Tells the leader a container session is alive, with its lag per task. Most containers
@@ -919,7 +918,7 @@ impl ControlClient {
             let (container, lag) = (container.clone(), lag.clone());
             async move { rpc.heartbeat(ctx, container, epoch, lag).await }
         });
-        self.within(None, call).await
+        self.within(call).await
     }
 
     /// The leader's status (follows redirects until a leader answers).
@@ -940,7 +939,7 @@ impl ControlClient {
                 })
             })
         });
-        self.within(None, call).await
+        self.within(call).await
     }
 
     /// Adds a replica (learner first, voter once caught up).
@@ -954,7 +953,7 @@ impl ControlClient {
             ctx.deadline = Instant::now() + Duration::from_secs(90);
             async move { rpc.add_member(ctx, id, member).await }
         });
-        self.within(None, call).await
+        self.within(call).await
     }
 
     /// Removes a replica.
@@ -965,7 +964,7 @@ impl ControlClient {
         let call = self.connector.call(true, |rpc, ctx, _| async move {
             rpc.remove_member(ctx, id).await
         });
-        self.within(None, call).await
+        self.within(call).await
     }
 
     /// Takes a snapshot on the leader now; returns the last offset it covers.
@@ -977,7 +976,7 @@ impl ControlClient {
             ctx.deadline = Instant::now() + Duration::from_secs(40);
             rpc.snapshot(ctx).await
         });
-        self.within(None, call).await
+        self.within(call).await
     }
 }
 

@@ -94,6 +94,24 @@ impl OutputFlags {
     pub fn json(&self) -> bool {
         self.json || self.output == OutputFormat::Json
     }
+
+    /// Prints one result: `json` as one line, or `text` (ended with a newline if it has none).
+    pub fn print(
+        &self,
+        out: &mut dyn std::io::Write,
+        text: impl std::fmt::Display,
+        json: impl FnOnce() -> Value,
+    ) -> std::io::Result<()> {
+        if self.json() {
+            return writeln!(out, "{}", json());
+        }
+        let text = text.to_string();
+        if text.ends_with('\n') {
+            write!(out, "{text}")
+        } else {
+            writeln!(out, "{text}")
+        }
+    }
 }
 
 impl ClientFlags {
@@ -133,7 +151,6 @@ impl ClientFlags {
         if let Some(token) = token {
             options = options.token(token);
         }
-        options.check()?;
         Ok(options)
     }
 

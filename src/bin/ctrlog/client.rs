@@ -167,35 +167,28 @@ pub async fn status(
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
     let client = flags.connect().await?;
-    if all_replicas {
-        let members = client.leader_status().await?.members;
-        for member in members {
-            let addr = member.member.client_addr;
-            let status = async {
-                ctrlog::client::ControlClient::connect_with([&addr], flags.options()?)
-                    .await?
-                    .status()
-                    .await
-                    .map_err(anyhow::Error::from)
-            };
-            let line = match (status.await, output.json()) {
-                (Ok(status), true) => cli::status_json(&status).to_string(),
-                (Ok(status), false) => cli::status_line(&status),
-                (Err(error), true) => {
-                    serde_json::json!({ "id": member.id, "client_addr": addr, "error": format!("{error:#}") })
-                        .to_string()
-                }
-                (Err(error), false) => format!("{:<3} {addr:<21} error: {error:#}", member.id),
-            };
-            writeln!(out, "{line}")?;
-        }
+    if !all_replicas {
+        let status = client.status().await?;
+        output.print(out, cli::status_text(&status), || cli::status_json(&status))?;
         return Ok(());
     }
-    let status = client.status().await?;
-    if output.json() {
-        writeln!(out, "{}", cli::status_json(&status))?;
-    } else {
-        write!(out, "{}", cli::status_text(&status))?;
+    let options = flags.options()?;
+    for member in client.leader_status().await?.members {
+        let addr = member.member.client_addr;
+        let status = async {
+            ctrlog::client::ControlClient::connect_with([&addr], options.clone())
+                .await?
+                .status()
+                .await
+        };
+        match status.await {
+            Ok(status) => output.print(out, cli::status_line(&status), || cli::status_json(&status))?,
+            Err(error) => output.print(
+                out,
+                format!("{:<3} {addr:<21} error: {error:#}", member.id),
+                || serde_json::json!({ "id": member.id, "client_addr": addr, "error": format!("{error:#}") }),
+            )?,
+        }
     }
     Ok(())
 }
@@ -206,11 +199,7 @@ pub async fn state(
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
     let at = flags.connect().await?.state(0).await?;
-    if output.json() {
-        writeln!(out, "{}", cli::state_json(&at))?;
-    } else {
-        write!(out, "{}", cli::state_text(&at))?;
-    }
+    output.print(out, cli::state_text(&at), || cli::state_json(&at))?;
     Ok(())
 }
 
@@ -220,11 +209,11 @@ pub async fn snapshot(
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
     let offset = flags.connect().await?.snapshot().await?;
-    if output.json() {
-        writeln!(out, "{}", serde_json::json!({ "snapshot_offset": offset }))?;
-    } else {
-        writeln!(out, "snapshot taken; it covers offsets up to {offset}")?;
-    }
+    output.print(
+        out,
+        format!("snapshot taken; it covers offsets up to {offset}"),
+        || serde_json::json!({ "snapshot_offset": offset }),
+    )?;
     Ok(())
 }
 
@@ -238,24 +227,17 @@ pub async fn vocabulary(
     match command {
         VocabularyCmd::Show => {
             let level = client.leader_status().await?.vocabulary_level;
-            if output.json() {
-                writeln!(out, "{}", cli::vocabulary_json(level))?;
-            } else {
-                write!(out, "{}", cli::vocabulary_text(level))?;
-            }
+            output.print(out, cli::vocabulary_text(level), || {
+                cli::vocabulary_json(level)
+            })?;
         }
         VocabularyCmd::Raise { level } => {
-            let ack = cli::raise_level(&client, level).await?;
-            if output.json() {
-                let line = serde_json::json!({ "level": level, "offset": ack.offset });
-                writeln!(out, "{line}")?;
-            } else {
-                writeln!(
-                    out,
-                    "vocabulary level {level} recorded at offset {}",
-                    ack.offset
-                )?;
-            }
+            let offset = cli::raise_level(&client, level).await?.offset;
+            output.print(
+                out,
+                format!("vocabulary level {level} recorded at offset {offset}"),
+                || serde_json::json!({ "level": level, "offset": offset }),
+            )?;
         }
     }
     Ok(())
@@ -268,21 +250,12 @@ pub async fn members(
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
     let client = flags.connect().await?;
-    let done = |out: &mut dyn Write, text: String, json: serde_json::Value| {
-        if output.json() {
-            writeln!(out, "{json}")
-        } else {
-            writeln!(out, "{text}")
-        }
-    };
     match command {
         MembersCmd::List => {
             let status = client.leader_status().await?;
-            if output.json() {
-                writeln!(out, "{}", cli::members_json(&status))?;
-            } else {
-                write!(out, "{}", cli::members_text(&status))?;
-            }
+            output.print(out, cli::members_text(&status), || {
+                cli::members_json(&status)
+            })?;
         }
         MembersCmd::Add {
             id,
@@ -294,15 +267,18 @@ pub async fn members(
                 client_addr,
             };
             client.add_member(id, member).await?;
-            let text = format!("replica {id} added and promoted to voter");
-            done(out, text, serde_json::json!({ "added": id, "voter": true }))?;
+            output.print(
+                out,
+                format!("replica {id} added and promoted to voter"),
+                || serde_json::json!({ "added": id, "voter": true }),
+            )?;
         }
         MembersCmd::Remove { id } => {
             client.remove_member(id).await?;
-            done(
+            output.print(
                 out,
                 format!("replica {id} removed"),
-                serde_json::json!({ "removed": id }),
+                || serde_json::json!({ "removed": id }),
             )?;
         }
     }

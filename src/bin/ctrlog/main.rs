@@ -54,7 +54,7 @@ struct Cli {
 /// (`ctrlog --cluster ADDRS status`): still accepted there for a client subcommand, and
 /// refused for any other (`ctrlog --ca ca.pem serve` would otherwise start a plaintext
 /// replica). Hidden: the subcommands' own flags are the documented spelling.
-#[derive(clap::Args, Clone, Debug, Default)]
+#[derive(clap::Args, Debug, Default)]
 struct ClientFlagsBeforeSubcommand {
     #[arg(long = "cluster", hide = true, value_delimiter = ',')]
     cluster: Vec<String>,
@@ -135,10 +135,9 @@ fn place_client_flags(cli: &mut Cli) -> Result<(), String> {
     let Some(flag) = cli.before_subcommand.first_given() else {
         return Ok(());
     };
-    let before = cli.before_subcommand.clone();
     match cli.command.client_flags() {
         Some(flags) => {
-            before.fill(flags);
+            cli.before_subcommand.fill(flags);
             Ok(())
         }
         None => {
@@ -374,15 +373,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let written =
                 ctrlog::tools::certs::generate(&dir, &nodes, &hosts, &clients, days, force)?;
-            if output.json() {
-                let written: Vec<String> =
-                    written.iter().map(|p| p.display().to_string()).collect();
-                writeln!(out, "{}", serde_json::json!({ "written": written }))?;
-            } else {
-                for path in written {
-                    writeln!(out, "{}", path.display())?;
-                }
-            }
+            let written: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
+            output.print(
+                &mut out,
+                written.join("\n"),
+                || serde_json::json!({ "written": written }),
+            )?;
         }
         Cmd::Tokens {
             action: TokensCmd::Hash { file },
