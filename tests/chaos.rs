@@ -10,7 +10,9 @@ use serde_json::Value;
 /// catches up by snapshot install and is restarted twice right after, a WAL tail left torn by
 /// a crash, a partition (nftables between real processes), and a fourth replica replacing a
 /// voter, with commands at the size limit in the load, every acknowledged append survives at
-/// its offset, every subscriber saw the log exactly once, and every replica came back. Steps:
+/// its offset, every subscriber saw the log exactly once, every replica came back, and the
+/// job the replicas run (container processes, launched, moved and drained as the rounds
+/// change its inputs and lag) settled with no task run by two containers at once. Steps:
 /// `ctrlog chaos --rounds 7 --seed 14 --connections 2 --json` (a run meets each kind of fault
 /// once before drawing at random; the four producers share two connections, so their appends
 /// go out in batches); it exits non-zero on any violation or a replica that does not come
@@ -54,6 +56,10 @@ async fn a_short_chaos_run_loses_and_duplicates_nothing() {
     assert_eq!(figures["lost"], 0);
     assert_eq!(figures["duplicates"], 0);
     assert_eq!(figures["violations"], 0);
+    // The job ran through it: containers were launched, ran tasks, and none ran one twice.
+    assert_eq!(figures["double_runs"], 0);
+    assert!(figures["job"]["container_sessions"].as_u64().unwrap() > 0);
+    assert!(figures["job"]["task_starts"].as_u64().unwrap() > 0);
     let faults = &figures["faults"];
     let injected = |name: &str| faults[name].as_u64().unwrap_or(0);
     assert!(

@@ -395,3 +395,99 @@ async fn an_orchestrator_scales_an_external_job_on_the_published_count() {
     );
     files.reports_hold_no_double_run();
 }
+
+/// The task ids a container's own reports say it runs now.
+fn running_on(files: &JobFiles, container: &str) -> std::collections::BTreeSet<String> {
+    let mut running = std::collections::BTreeSet::new();
+    for event in read_reports(&files.path("reports.jsonl")).unwrap() {
+        if event.container == container {
+            match event.running {
+                true => running.insert(event.task),
+                false => running.remove(&event.task),
+            };
+        }
+    }
+    running
+}
+
+/// Goal: a container stops its work when its lease lapses even while it is waiting on an
+/// answer to the log: the wait may last until the client gives up (30 s), long after the
+/// coordinator may have expired the container and given its tasks to another. Steps: a
+/// container that takes 4 s to stop a task runs 2 tasks; a second container joins, so one
+/// task is moved off the first; while the first is stopping it, every replica is paused
+/// (SIGSTOP): its heartbeats and its coming answer hang. Its report must show its other task
+/// stopped while it still runs; after SIGCONT the job recovers, and no task ran twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_stops_work_when_its_lease_lapses_while_it_waits_on_an_answer() {
+    let files = JobFiles::new();
+    let (cluster, client) = start_replicas(&files, "kind = \"external\"").await;
+    let start_container = |name: &str, stop_delay_ms: &str| {
+        let mut args = files.container_args();
+        let delay = args.iter().position(|a| a == "--stop-delay-ms").unwrap() + 1;
+        args[delay] = stop_delay_ms.into();
+        Process::new(EXE)
+            .args(["container", "--id", name, "--cluster"])
+            .arg(cluster.client_addrs().join(","))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut slow = start_container("slow", "4000");
+    wait_for_state(&client, &cluster, "2 tasks on the slow container", |s| {
+        settled(s, 2, 1)
+    })
+    .await;
+    assert_eq!(running_on(&files, "slow").len(), 2);
+    let mut quick = start_container("quick", "0");
+    // The slow container got the stop (it reports the task stopped at once, then takes 4 s
+    // before it answers).
+    poll_until(
+        "the slow container to stop one task",
+        STEP,
+        Duration::from_millis(10),
+        || {
+            std::future::ready(match running_on(&files, "slow").len() {
+                1 => Ok(()),
+                n => Err(format!("it runs {n}")),
+            })
+        },
+    )
+    .await
+    .unwrap();
+    for i in 0..3 {
+        cluster.signal(i, libc::SIGSTOP).unwrap();
+    }
+    let stopped = poll_until(
+        "the slow container's own report to show all its work stopped",
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || {
+            let running = running_on(&files, "slow");
+            std::future::ready(if running.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("it still runs {running:?}"))
+            })
+        },
+    )
+    .await;
+    let exited = slow.try_wait().unwrap();
+    for i in 0..3 {
+        cluster.signal(i, libc::SIGCONT).unwrap();
+    }
+    stopped.unwrap();
+    assert_eq!(exited, None, "it stopped work only by exiting");
+    // Whether the pause outlasted the slow container's session is the machine's timing.
+    wait_for_state(&client, &cluster, "both tasks running again", |s| {
+        settled(s, 2, 2) || settled(s, 2, 1)
+    })
+    .await;
+    for child in [&mut slow, &mut quick] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    files.reports_hold_no_double_run();
+}

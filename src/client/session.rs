@@ -170,6 +170,10 @@ impl ContainerSession {
     /// as one). A container should stop work once this exceeds a lease shorter than the
     /// coordinator's session timeout: by then the coordinator may have expired it and given its
     /// tasks to another container.
+    ///
+    /// Check it on a timer of its own, not only between commands: an answer
+    /// ([`task_stopped`](Self::task_stopped) and the others) to a leader this container cannot
+    /// reach waits up to the client's retry deadline, far longer than any lease.
     pub fn heartbeat_age(&self) -> Duration {
         self.last_accepted.borrow().elapsed()
     }

@@ -217,11 +217,12 @@ impl ProcessCluster {
 
     /// Replica `i`'s peer port.
     pub fn peer_port(&self, i: usize) -> u16 {
-        let (peer, _) = &self.addrs[i];
-        peer.rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .expect("addresses are built from a port")
+        port_of(&self.addrs[i].0)
+    }
+
+    /// Replica `i`'s client port.
+    pub fn client_port(&self, i: usize) -> u16 {
+        port_of(&self.addrs[i].1)
     }
 
     /// Replica `i`'s observability port, if the cluster was started with them.
@@ -358,6 +359,14 @@ impl ProcessCluster {
         self.children[i] = Some(self.spawn(i)?);
         Ok(())
     }
+}
+
+/// The port of an address this module built (`127.0.0.1:{port}`).
+fn port_of(addr: &str) -> u16 {
+    addr.rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("addresses are built from a port")
 }
 
 impl Drop for ProcessCluster {

@@ -3,8 +3,13 @@
 //! SIGKILL a replica or the leader; SIGSTOP the leader past the election timeout; stop a
 //! follower until the leader has purged past it, so that it catches up by snapshot install,
 //! then kill and restart it twice right after; kill a follower and leave zeros or garbage
-//! after the last record of its WAL before it restarts. Then the history is verified with the
-//! [`checker`](super::checker), and every replica must have come back.
+//! after the last record of its WAL before it restarts. Meanwhile the replicas run a job: their
+//! controllers launch `ctrlog container` processes that hold leases and run tasks, and the
+//! rounds add inputs and raise and drop the lag, so that containers are launched and drained
+//! and tasks move while the faults land; partitions also cut the containers off from the
+//! leader. Then the history is verified with the [`checker`](super::checker), the containers'
+//! own reports included (no task ran on two containers at once), and every replica must have
+//! come back and the job settled.
 //!
 //! Faults are chosen by a seeded generator, so a run's fault schedule is reproducible from its
 //! seed (the timing of real processes is not).
@@ -19,13 +24,15 @@ use futures::StreamExt;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use super::bench::{BenchTarget, ProcessCluster};
-use super::checker::{check, Acked, Delivery, History, SubscriptionRecord, Violation};
+use super::bench::{processes_mentioning, BenchTarget, ProcessCluster};
+use super::checker::{check, Acked, Delivery, History, SubscriptionRecord, TaskEvent, Violation};
 use super::firewall::Firewall;
-use super::wait::{poll_until, POLL_INTERVAL};
+use super::job_files::JobFiles;
+use super::wait::{job_state_until, poll_until, POLL_INTERVAL};
 use crate::client::{
     ApiError, ClientError, ClientOptions, ControlClient, FetchRequest, SubscriptionItem,
 };
+use crate::jobs::plan::settled;
 use crate::log::{
     Command, Filter, LogEntry, Offset, ProducerSeq, Proposal, Target, COMMAND_BYTES_MAX_DEFAULT,
 };
@@ -55,8 +62,9 @@ pub enum FaultFamily {
     Snapshots,
     /// A killed follower's WAL gets zeros or garbage after its last record.
     TornTails,
-    /// Cut peer links with nftables: the leader from its peers (both ways, or only what it
-    /// sends), or a follower from everyone; clients still reach every replica. Needs root.
+    /// Cut links with nftables: the leader from its peers (both ways, or only what it sends)
+    /// while its clients still reach it, a follower from everyone, or the job's containers
+    /// from the leader's client port. Needs root.
     Partitions,
     /// Add a fourth replica as a voter and remove another voter (the leader among them),
     /// or add a replica that cannot be reached, which must fail and leave nothing behind.
@@ -99,6 +107,9 @@ enum Fault {
     CutLeaderOneWay,
     /// A follower's peer links cut both ways.
     IsolateFollower(usize),
+    /// The job's containers cannot reach the leader's client port, for longer than the
+    /// session timeout: their leases lapse and the leader expires them.
+    CutContainersFromLeader,
     /// The spare replica added as a voter, then voter `remove` removed (it becomes the spare).
     ReplaceVoter {
         remove: usize,
@@ -113,6 +124,14 @@ const REPLICAS_MAX: u32 = 4;
 
 /// How long a partition lasts (at least; a leader's lasts until a new leader has committed).
 const PARTITION_HELD: Duration = Duration::from_millis(2_000);
+
+/// How long containers stay cut from the leader: past the job's session timeout (3 s), so
+/// that the leader expires them.
+const CONTAINER_CUT_HELD: Duration = Duration::from_millis(4_500);
+
+/// How long the job may take to settle once the faults are over: every input assigned and
+/// running on the minimum of containers.
+const JOB_SETTLED_MAX: Duration = Duration::from_secs(90);
 
 /// uids for replicas under [`FaultFamily::Partitions`]: replica `i` runs as `UID_BASE + i + 1`.
 /// Far above Debian's range for people and system accounts.
@@ -136,6 +155,109 @@ struct Produced {
     acked: Vec<Acked>,
 }
 
+/// The job every chaos run carries. The replicas' controllers launch `ctrlog container`
+/// processes (1 to 3), which hold leases, run tasks and report what they run; each round may
+/// add an input or raise or drop the lag, so that containers are launched and drained and
+/// tasks move while the faults land.
+struct ChaosJob {
+    dir: tempfile::TempDir,
+    files: JobFiles,
+    /// Inputs `kafka/events/0..partitions`.
+    partitions: u32,
+    lag_high: bool,
+}
+
+impl ChaosJob {
+    /// The job's files in a folder of their own, readable by replicas under uids of their own
+    /// when `other_users`.
+    fn create(other_users: bool) -> anyhow::Result<ChaosJob> {
+        let dir = tempfile::Builder::new()
+            .prefix("ctrlog-chaos-job-")
+            .tempdir()?;
+        let partitions = 4;
+        let files = JobFiles::create(dir.path(), 0..partitions)?;
+        if other_users {
+            files.open_to_every_user()?;
+        }
+        JobFiles::write_serve_config(
+            &dir.path().join("job.toml"),
+            files.job(1, 3, files.process_launcher()?),
+        )?;
+        Ok(ChaosJob {
+            dir,
+            files,
+            partitions,
+            lag_high: false,
+        })
+    }
+
+    /// The `ctrlog serve` flags that run this job.
+    fn serve_args(&self) -> Vec<String> {
+        let config = self.dir.path().join("job.toml");
+        vec!["--config".into(), config.display().to_string()]
+    }
+
+    /// After round `round`: an input more every third round; the lag raised or dropped at
+    /// random, which scales the job out to 3 containers or back in to 1.
+    fn step(&mut self, round: u32, rng: &mut impl Rng) -> anyhow::Result<()> {
+        if round % 3 == 2 {
+            self.partitions += 1;
+            self.files.set_inputs(0..self.partitions)?;
+        }
+        if rng.gen_bool(0.5) {
+            self.lag_high = !self.lag_high;
+            self.files.set_lag(if self.lag_high { 1_000 } else { 0 })?;
+        }
+        Ok(())
+    }
+
+    /// Drops the lag and waits until every input runs on the one container left; returns
+    /// how long that took.
+    async fn settle(&self, client: &ControlClient) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        self.files.set_lag(0)?;
+        let what = format!(
+            "the job to settle: {} tasks on 1 container",
+            self.partitions
+        );
+        job_state_until(client, &what, JOB_SETTLED_MAX, |state| {
+            settled(state, self.partitions as usize, 1)
+        })
+        .await?;
+        Ok(started.elapsed())
+    }
+
+    /// Leaves the folder in place for a failure to be looked into; returns its path.
+    fn keep_files(&mut self) -> &std::path::Path {
+        self.dir.disable_cleanup(true);
+        self.dir.path()
+    }
+
+    /// What the job went through, from the containers' reports.
+    fn figures(&self, events: &[TaskEvent], settled_in: Duration) -> serde_json::Value {
+        let sessions: BTreeSet<(&str, u64)> = events
+            .iter()
+            .map(|e| (e.container.as_str(), e.epoch))
+            .collect();
+        json!({
+            "inputs": self.partitions,
+            "container_sessions": sessions.len(),
+            "task_starts": events.iter().filter(|e| e.running).count(),
+            "settled_ms": settled_in.as_millis() as u64,
+        })
+    }
+}
+
+/// Containers outlive the replicas that launched them; the run's end is theirs too.
+impl Drop for ChaosJob {
+    fn drop(&mut self) {
+        for pid in processes_mentioning(self.dir.path()) {
+            // SAFETY: kill(2) on a container process of this run; no memory is involved.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
 async fn leader_index(client: &ControlClient) -> anyhow::Result<usize> {
     Ok(client.leader_status().await?.id as usize - 1)
 }
@@ -150,10 +272,12 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
     let firewall = partitions
         .then(|| Firewall::new((1..=REPLICAS_MAX).map(|id| UID_BASE + id)))
         .transpose()?;
+    let mut job = ChaosJob::create(partitions)?;
+    let serve_args: Vec<String> = snapshot_args.into_iter().chain(job.serve_args()).collect();
     let cluster = if partitions {
-        ProcessCluster::with_own_uids(3, &snapshot_args, UID_BASE).await?
+        ProcessCluster::with_own_uids(3, &serve_args, UID_BASE).await?
     } else {
-        ProcessCluster::start(3, &snapshot_args).await?
+        ProcessCluster::start(3, &serve_args).await?
     };
     let seeds = cluster.client_addrs();
     // A paused leader holds requests until they time out; keep that short.
@@ -254,20 +378,30 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
         };
         let fault = injector.choose(&mut rng, family, leader);
         tracing::info!(round, ?fault, leader = leader + 1, "fault");
-        if let Err(error) = injector.inject(fault, leader).await {
+        let injected = injector.inject(fault, leader).await;
+        let moved = injected.and_then(|()| job.step(round, &mut rng));
+        if let Err(error) = moved {
             let replicas = injector.describe().await;
             let kept = injector.cluster.keep_files().display().to_string();
             return Err(error.context(format!(
                 "round {round}: {fault:?} with replica {} leading; now:\n{replicas}\n\
-                 the replicas' data and logs are kept in {kept}",
-                leader + 1
+                 the replicas' data and logs are kept in {kept}, the job's files in {}",
+                leader + 1,
+                job.keep_files().display()
             )));
         }
     }
-    // Every replica came back from every fault.
+    // Every replica came back from every fault, and the job settles.
     for i in injector.running() {
         wait_until_back(&mut injector.cluster, i, &options_quick).await?;
     }
+    let job_settled = job.settle(&injector.admin).await.with_context(|| {
+        format!(
+            "the job's files are kept in {}, the replicas' in {}",
+            job.keep_files().display(),
+            injector.cluster.keep_files().display()
+        )
+    })?;
 
     // Quiesce: stop producing, let every subscriber reach the end, read every replica's log.
     stop.store(true, Ordering::Relaxed);
@@ -321,7 +455,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
                 deliveries,
             })
             .collect(),
-        task_events: Vec::new(),
+        task_events: job.files.reports()?,
     };
     let violations = check(&history);
     let count = |f: fn(&Violation) -> bool| violations.iter().filter(|v| f(v)).count();
@@ -340,6 +474,8 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
         "lost": count(|v| matches!(v, Violation::LostAck { .. })),
         "duplicates": count(|v| matches!(v, Violation::DuplicateInLog { .. } | Violation::DuplicateDelivery { .. })),
         "violations": violations.len(),
+        "double_runs": count(|v| matches!(v, Violation::DoubleRun(_))),
+        "job": job.figures(&history.task_events, job_settled),
         "failover_ms": failover_ms,
         "failover_all_ms": quantiles(&mut all),
         "subscriber_catch_up_ms": catch_up.as_millis() as u64,
@@ -348,6 +484,11 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
         for violation in violations.iter().take(20) {
             eprintln!("violation: {violation}");
         }
+        eprintln!(
+            "the job's files are kept in {}, the replicas' in {}",
+            job.keep_files().display(),
+            injector.cluster.keep_files().display()
+        );
         anyhow::bail!(
             "{} violations in the history (seed {}; replay the fault schedule with `ctrlog chaos --seed {} --rounds {}`): {figures}",
             violations.len(),
@@ -412,9 +553,10 @@ impl Injector {
             FaultFamily::Pauses => Fault::PauseLeader,
             FaultFamily::Snapshots => Fault::SnapshotCatchUp(follower),
             FaultFamily::TornTails => Fault::TornTail(follower, rng.gen_bool(0.5)),
-            FaultFamily::Partitions => match rng.gen_range(0..3) {
+            FaultFamily::Partitions => match rng.gen_range(0..4) {
                 0 => Fault::CutLeader,
                 1 => Fault::CutLeaderOneWay,
+                2 => Fault::CutContainersFromLeader,
                 _ => Fault::IsolateFollower(follower),
             },
             FaultFamily::Membership if self.spare.is_some() && rng.gen_bool(0.25) => {
@@ -440,6 +582,7 @@ impl Injector {
             Fault::CutLeader => "leader_cut",
             Fault::CutLeaderOneWay => "leader_cut_one_way",
             Fault::IsolateFollower(_) => "follower_cut",
+            Fault::CutContainersFromLeader => "containers_cut",
             Fault::ReplaceVoter { remove } if remove == leader => "leader_replaced",
             Fault::ReplaceVoter { .. } => "follower_replaced",
             Fault::AddUnreachable => "unreachable_added",
@@ -494,6 +637,15 @@ impl Injector {
                     self.cut(peer, i)?;
                 }
                 tokio::time::sleep(PARTITION_HELD).await;
+                self.heal()?;
+            }
+            Fault::CutContainersFromLeader => {
+                // Containers run under the uid of the replica that launched them, and
+                // replicas themselves never dial a client port.
+                for replica in self.running() {
+                    self.cut_to_port(replica, self.cluster.client_port(leader))?;
+                }
+                tokio::time::sleep(CONTAINER_CUT_HELD).await;
                 self.heal()?;
             }
             Fault::ReplaceVoter { remove } => {
@@ -594,12 +746,18 @@ impl Injector {
 
     /// Drops what replica `from` sends to replica `to`'s peer port.
     fn cut(&self, from: usize, to: usize) -> anyhow::Result<()> {
+        self.cut_to_port(from, self.cluster.peer_port(to))
+    }
+
+    /// Drops what the processes of replica `from`'s uid (it, and the containers it launched)
+    /// send to `port`.
+    fn cut_to_port(&self, from: usize, port: u16) -> anyhow::Result<()> {
         let firewall = self.firewall.as_ref().expect("partitions have a firewall");
         let uid = self
             .cluster
             .uid(from)
             .expect("partitions run replicas under own uids");
-        firewall.cut(uid, self.cluster.peer_port(to))
+        firewall.cut(uid, port)
     }
 
     fn heal(&self) -> anyhow::Result<()> {

@@ -202,10 +202,13 @@ fn check_log_pairs(
     canonical: &BTreeMap<Offset, LogEntry>,
     violations: &mut Vec<Violation>,
 ) {
+    // Only the recorded producers' pairs can be phantoms: others in the log (a job's
+    // containers answering through the client) were never the history's to record.
+    let recorded: BTreeSet<_> = history.attempted.iter().map(|p| p.producer).collect();
     let mut seen: BTreeMap<ProducerSeq, Offset> = BTreeMap::new();
     for (offset, entry) in canonical {
         let Some(pair) = entry.producer else { continue };
-        if !history.attempted.contains(&pair) {
+        if recorded.contains(&pair.producer) && !history.attempted.contains(&pair) {
             violations.push(Violation::Phantom {
                 pair,
                 offset: *offset,
@@ -475,6 +478,39 @@ mod tests {
     #[test]
     fn a_healthy_history_passes() {
         assert_eq!(check(&healthy()), vec![]);
+    }
+
+    /// The log also holds what others appended idempotently (a job's containers answering):
+    /// their pairs are no phantoms, but their duplicates are still caught.
+    #[test]
+    fn pairs_of_producers_not_recorded_are_checked_only_for_duplicates() {
+        let mut h = healthy();
+        let container = ProducerSeq {
+            producer: 7,
+            seq: 1,
+        };
+        for (_, log) in &mut h.replica_logs {
+            for e in log.iter_mut().filter(|e| e.offset == 5) {
+                e.producer = Some(container);
+            }
+        }
+        h.acked.retain(|a| a.offset != 5);
+        for s in &mut h.subscriptions {
+            for d in &mut s.deliveries {
+                if let Delivery::Entry(e) = d {
+                    if e.offset == 5 {
+                        e.producer = Some(container);
+                    }
+                }
+            }
+        }
+        assert_eq!(check(&h), vec![]);
+        for (_, log) in &mut h.replica_logs {
+            for e in log.iter_mut().filter(|e| e.offset == 4) {
+                e.producer = Some(container);
+            }
+        }
+        caught(&h, |v| matches!(v, Violation::DuplicateInLog { .. }));
     }
 
     #[test]

@@ -150,99 +150,115 @@ pub async fn run_simulated_container(
         location: format!("pid {}", std::process::id()),
     };
     let session = ContainerSession::join(client, container.clone(), session_options, lag).await?;
-    let mut worker = Worker {
+    // Never locked across an await.
+    let shared_worker = Mutex::new(Worker {
         container: container.clone(),
         epoch: session.epoch(),
         report_file: options.report_file.clone(),
         owned: BTreeSet::new(),
         working: true,
+    });
+    let worker = || shared_worker.lock().expect("never poisoned");
+    // The lease is checked on a clock of its own, not between commands: an answer may wait a
+    // long time on a leader this container cannot reach (until the client gives up), and
+    // work must stop when the lease lapses whatever the container is waiting on.
+    let watchdog = async {
+        let mut tick = tokio::time::interval(LEASE_CHECK_INTERVAL);
+        loop {
+            tick.tick().await;
+            worker().set_working(session.heartbeat_age() < options.lease);
+        }
     };
     let epoch = session.epoch();
     let mut commands = session.commands();
-    let mut watchdog = tokio::time::interval(Duration::from_millis(50));
     tokio::pin!(shutdown);
     // Asked to stop (SIGTERM from a launcher or an orchestrator scaling in): leave the job
     // after stopping work, so that the tasks move now rather than after the session timeout.
     let mut leave = false;
-    let result = loop {
-        tokio::select! {
-            _ = &mut shutdown => {
-                leave = true;
-                break Ok(());
-            }
-            refusal = session.fenced() => {
-                tracing::warn!(%container, %refusal, "fenced; stopping all work");
-                break Ok(());
-            }
-            _ = watchdog.tick() => worker.set_working(session.heartbeat_age() < options.lease),
-            item = commands.next() => {
-                let entry = match item {
-                    Some(Ok(SubscriptionItem::Entry(entry))) => entry,
-                    Some(Ok(SubscriptionItem::Reset { state, .. })) => {
-                        // Far behind: do exactly what the state says this session owes.
-                        worker.stop_all();
-                        let mine = |phase: &TaskPhase| {
-                            phase.owner().is_some_and(|o| o.container == container && o.epoch == epoch)
-                        };
-                        let mut answered = Ok(());
-                        for (task, record) in state.tasks().iter().filter(|(_, r)| mine(&r.phase)) {
-                            answered = match record.phase {
-                                TaskPhase::Starting { .. } => {
-                                    worker.start(task.clone());
-                                    session.task_started(task.clone()).await.map(drop)
-                                }
-                                TaskPhase::Stopping { .. } => {
-                                    session.task_stopped(task.clone(), None).await.map(drop)
-                                }
-                                _ => {
-                                    worker.start(task.clone());
-                                    Ok(())
-                                }
+    let obey = async {
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => {
+                    leave = true;
+                    break Ok(());
+                }
+                refusal = session.fenced() => {
+                    tracing::warn!(%container, %refusal, "fenced; stopping all work");
+                    break Ok(());
+                }
+                item = commands.next() => {
+                    let entry = match item {
+                        Some(Ok(SubscriptionItem::Entry(entry))) => entry,
+                        Some(Ok(SubscriptionItem::Reset { state, .. })) => {
+                            // Far behind: do exactly what the state says this session owes.
+                            worker().stop_all();
+                            let mine = |phase: &TaskPhase| {
+                                phase.owner().is_some_and(|o| o.container == container && o.epoch == epoch)
                             };
-                            if answered.is_err() {
-                                break;
+                            let mut answered = Ok(());
+                            for (task, record) in state.tasks().iter().filter(|(_, r)| mine(&r.phase)) {
+                                answered = match record.phase {
+                                    TaskPhase::Starting { .. } => {
+                                        worker().start(task.clone());
+                                        session.task_started(task.clone()).await.map(drop)
+                                    }
+                                    TaskPhase::Stopping { .. } => {
+                                        session.task_stopped(task.clone(), None).await.map(drop)
+                                    }
+                                    _ => {
+                                        worker().start(task.clone());
+                                        Ok(())
+                                    }
+                                };
+                                if answered.is_err() {
+                                    break;
+                                }
+                            }
+                            *owned_now.lock().expect("never poisoned") = worker().owned.clone();
+                            match answered {
+                                Ok(()) => continue,
+                                Err(error) => break Err(error),
                             }
                         }
-                        *owned_now.lock().expect("never poisoned") = worker.owned.clone();
-                        match answered {
-                            Ok(()) => continue,
-                            Err(error) => break Err(error),
+                        Some(Err(error)) => {
+                            tracing::warn!(%error, "subscription trouble; retrying");
+                            continue;
                         }
+                        None => break Ok(()),
+                    };
+                    let answered = match entry.command() {
+                        Command::AssignTask(assign) if assign.epoch == epoch => {
+                            worker().start(assign.task.clone());
+                            session.task_started(assign.task).await.map(drop)
+                        }
+                        Command::StopTask(stop) if stop.epoch == epoch => {
+                            // Stop first, then say so: the next owner starts only after this.
+                            worker().stop(&stop.task);
+                            tokio::time::sleep(options.stop_delay).await;
+                            let checkpoint = format!("stopped at offset {}", entry.offset).into_bytes();
+                            session.task_stopped(stop.task, Some(checkpoint)).await.map(drop)
+                        }
+                        Command::SchemaChange(_) | Command::ConfigChange(_) => {
+                            session.ack(entry.offset).await.map(drop)
+                        }
+                        Command::ExpireContainer(c) if c.epoch == epoch => break Ok(()),
+                        Command::DeregisterContainer(c) if c.epoch == epoch => break Ok(()),
+                        _ => Ok(()),
+                    };
+                    *owned_now.lock().expect("never poisoned") = worker().owned.clone();
+                    if let Err(error) = answered {
+                        tracing::warn!(%container, %error, "answer refused; stopping");
+                        break Err(error);
                     }
-                    Some(Err(error)) => {
-                        tracing::warn!(%error, "subscription trouble; retrying");
-                        continue;
-                    }
-                    None => break Ok(()),
-                };
-                let answered = match entry.command() {
-                    Command::AssignTask(assign) if assign.epoch == epoch => {
-                        worker.start(assign.task.clone());
-                        session.task_started(assign.task).await.map(drop)
-                    }
-                    Command::StopTask(stop) if stop.epoch == epoch => {
-                        // Stop first, then say so: the next owner starts only after this.
-                        worker.stop(&stop.task);
-                        tokio::time::sleep(options.stop_delay).await;
-                        let checkpoint = format!("stopped at offset {}", entry.offset).into_bytes();
-                        session.task_stopped(stop.task, Some(checkpoint)).await.map(drop)
-                    }
-                    Command::SchemaChange(_) | Command::ConfigChange(_) => {
-                        session.ack(entry.offset).await.map(drop)
-                    }
-                    Command::ExpireContainer(c) if c.epoch == epoch => break Ok(()),
-                    Command::DeregisterContainer(c) if c.epoch == epoch => break Ok(()),
-                    _ => Ok(()),
-                };
-                *owned_now.lock().expect("never poisoned") = worker.owned.clone();
-                if let Err(error) = answered {
-                    tracing::warn!(%container, %error, "answer refused; stopping");
-                    break Err(error);
                 }
             }
         }
     };
-    worker.stop_all();
+    let result = tokio::select! {
+        result = obey => result,
+        _ = watchdog => unreachable!("the watchdog never ends"),
+    };
+    worker().stop_all();
     if leave {
         // Refused if the controller deregistered it first (a drain), which is as good.
         match tokio::time::timeout(LEAVE_TIMEOUT, session.leave()).await {
@@ -253,6 +269,9 @@ pub async fn run_simulated_container(
     }
     result
 }
+
+/// How often a container checks its lease.
+const LEASE_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
 /// How long a container asked to stop tries to leave the job before it exits anyway; within
 /// the launchers' grace period ([`STOP_GRACE`](crate::controller::STOP_GRACE)).

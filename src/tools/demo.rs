@@ -20,7 +20,8 @@ use anyhow::{ensure, Context};
 use futures::StreamExt;
 
 use super::bench::{processes_mentioning, ProcessCluster};
-use super::checker::{double_runs, longest_unowned, read_reports};
+use super::checker::{double_runs, longest_unowned};
+use super::job_files::JobFiles;
 use super::local_cluster::LocalCluster;
 use super::local_job::{ControllerFactory, LocalJob};
 use super::wait::job_state_until;
@@ -33,23 +34,11 @@ use crate::jobs::plan::{settled, GroupByPartition};
 use crate::jobs::{ContainerStatus, JobState, TaskPhase};
 use crate::log::{Command, LogEntry, Offset, SchemaChange};
 use crate::server::auth::container_token;
-use crate::server::{AuthConfig, JobConfig, LauncherConfig, ScalingConfig, TlsFiles};
+use crate::server::{AuthConfig, JobConfig, LauncherConfig, TlsFiles};
 use crate::NodeId;
 
 /// Each step of the scenario must finish within this.
 const STEP: Duration = Duration::from_secs(30);
-
-struct Files {
-    inputs: PathBuf,
-    lag: PathBuf,
-    reports: PathBuf,
-    logs: PathBuf,
-}
-
-fn write_inputs(path: &Path, partitions: std::ops::Range<u32>) -> anyhow::Result<()> {
-    let text: String = partitions.map(|p| format!("kafka/events/{p}\n")).collect();
-    std::fs::write(path, text).context("writing the inputs file")
-}
 
 /// One committed command as a timeline line.
 fn describe(entry: &LogEntry) -> String {
@@ -272,56 +261,9 @@ pub async fn run(data: Option<PathBuf>, serve: bool) -> anyhow::Result<()> {
     result
 }
 
-/// The files the story drives the job with.
-fn demo_files(dir: &Path) -> anyhow::Result<Files> {
-    let files = Files {
-        inputs: dir.join("inputs.txt"),
-        lag: dir.join("lag.txt"),
-        reports: dir.join("container-reports.jsonl"),
-        logs: dir.join("container-logs"),
-    };
-    std::fs::create_dir_all(&files.logs)?;
-    write_inputs(&files.inputs, 0..4)?;
-    std::fs::write(&files.lag, "0")?;
-    Ok(files)
-}
-
-/// How the containers run: fast heartbeats, a lease well inside the session timeout, the lag
-/// and report files.
-fn container_args(files: &Files) -> Vec<String> {
-    [
-        "--heartbeat-ms",
-        "200",
-        "--lease-ms",
-        "1500",
-        "--stop-delay-ms",
-        "300",
-        "--lag-file",
-        &files.lag.display().to_string(),
-        "--report-file",
-        &files.reports.display().to_string(),
-    ]
-    .map(String::from)
-    .to_vec()
-}
-
-/// The job both kinds of demo run: a short tick and session timeout for a demo of seconds, and
-/// 2 to 3 containers, out above 1,000 lag per container and in below 100.
-fn demo_job(files: &Files, launcher: LauncherConfig) -> JobConfig {
-    JobConfig {
-        inputs_file: Some(files.inputs.clone()),
-        tick_ms: 50,
-        session_timeout_ms: 3000,
-        scaling: ScalingConfig {
-            min: 2,
-            max: 3,
-            scale_out_lag: 1_000,
-            scale_in_lag: 100,
-            cooldown_ms: 1_000,
-        },
-        launcher,
-        ..JobConfig::default()
-    }
+/// The demo's job: 2 to 3 containers (see [`JobFiles::job`]).
+fn demo_job(files: &JobFiles, launcher: LauncherConfig) -> JobConfig {
+    files.job(2, 3, launcher)
 }
 
 fn started_clock() -> (Instant, u64) {
@@ -332,7 +274,7 @@ fn started_clock() -> (Instant, u64) {
 }
 
 async fn in_process(dir: &Path) -> anyhow::Result<()> {
-    let files = demo_files(dir)?;
+    let files = JobFiles::create(dir, 0..4)?;
     let (started, started_ms) = started_clock();
 
     step(&format!(
@@ -366,7 +308,7 @@ async fn in_process(dir: &Path) -> anyhow::Result<()> {
             ]
             .map(String::from)
             .into_iter()
-            .chain(container_args(&files))
+            .chain(files.container_args())
             .collect(),
             Some(files.logs.clone()),
         )
@@ -397,36 +339,11 @@ async fn in_process(dir: &Path) -> anyhow::Result<()> {
     verdict
 }
 
-/// The replicas' shared TOML file in `--serve` mode: only the job (identity and addresses are
-/// flags), with the process launcher running `ctrlog container`.
-fn job_config(files: &Files) -> anyhow::Result<String> {
-    let exe = std::env::current_exe().context("finding this executable")?;
-    let mut command = vec![
-        exe.display().to_string(),
-        "container".into(),
-        "--id".into(),
-        "{id}".into(),
-        "--cluster".into(),
-        "{cluster}".into(),
-    ];
-    command.extend(container_args(files));
-    let launcher = LauncherConfig::Process {
-        command,
-        log_dir: Some(files.logs.clone()),
-    };
-    let job = demo_job(files, launcher);
-    #[derive(serde::Serialize)]
-    struct JobFile {
-        job: JobConfig,
-    }
-    Ok(toml::to_string(&JobFile { job })?)
-}
-
 async fn on_serve_processes(dir: &Path) -> anyhow::Result<()> {
-    let files = demo_files(dir)?;
+    let files = JobFiles::create(dir, 0..4)?;
     let (started, started_ms) = started_clock();
     let config = dir.join("job.toml");
-    std::fs::write(&config, job_config(&files)?)?;
+    JobFiles::write_serve_config(&config, demo_job(&files, files.process_launcher()?))?;
     step(&format!(
         "3 `ctrlog serve` processes, each started with --config {}",
         config.display()
@@ -455,7 +372,7 @@ async fn on_serve_processes(dir: &Path) -> anyhow::Result<()> {
 async fn story(
     job: &mut impl DemoCluster,
     client: Arc<ControlClient>,
-    files: &Files,
+    files: &JobFiles,
     started: Instant,
     started_ms: u64,
 ) -> anyhow::Result<()> {
@@ -466,12 +383,12 @@ async fn story(
         .await?;
 
     step("4 new partitions appear in the inputs file");
-    write_inputs(&files.inputs, 0..8)?;
+    files.set_inputs(0..8)?;
     job.until("8 tasks running on 2 containers", |s| settled(s, 8, 2))
         .await?;
 
     step("lag rises: the policy scales out to 3 containers and moves tasks onto the new one");
-    std::fs::write(&files.lag, "5000")?;
+    files.set_lag(5000)?;
     let old_leader = job.leader().await?;
     let mid_move = job
         .until("a task in the middle of a move", |s| {
@@ -521,7 +438,7 @@ async fn story(
     .await?;
 
     step("lag falls: the policy scales in, draining one container first");
-    std::fs::write(&files.lag, "0")?;
+    files.set_lag(0)?;
     let end = job
         .until("8 tasks running on 2 containers", |s| {
             settled(s, 8, 2)
@@ -547,7 +464,7 @@ fn check_and_summarise(
     end: &JobState,
     log: &[LogEntry],
     reports: &[ControllerReport],
-    files: &Files,
+    files: &JobFiles,
     failover: Duration,
     move_done: Duration,
     started: Instant,
@@ -575,7 +492,7 @@ fn check_and_summarise(
             }
         }
     }
-    let events = read_reports(&files.reports).map_err(anyhow::Error::msg)?;
+    let events = files.reports()?;
     let idle = longest_unowned(&events, now_us());
 
     println!("\n== summary");

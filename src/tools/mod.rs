@@ -13,6 +13,7 @@ pub mod cli;
 pub mod container;
 pub mod demo;
 pub mod firewall;
+pub mod job_files;
 pub mod local_cluster;
 pub mod local_job;
 pub mod wait;
