@@ -334,7 +334,7 @@ impl<P: ControlPlane> Controller<P> {
                 Some(ack.offset)
             }
             Err(error) => {
-                tracing::debug!(%error, ?command, "command not appended");
+                tracing::info!(%error, ?command, "command not appended");
                 self.report.send_modify(|r| r.refused += 1);
                 None
             }

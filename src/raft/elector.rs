@@ -11,9 +11,14 @@
 //! So replicas run with openraft's timer off (`enable_elect = false`) and [`drive`] stands for
 //! them through `Raft::trigger().elect()`, on an [`ElectionTimer`] that the peer port feeds:
 //! * a follower that heard the leader (an `AppendEntries` or snapshot chunk it accepted) stands
-//!   `lease + random(min..max)` later, where the lease is openraft's leader lease
-//!   (`election_timeout_max`), within which every voter that heard the same leader refuses any
-//!   candidate: standing earlier could only bump the term and depose a live leader;
+//!   `lease + heartbeat + random(0..max - min)` later, where the lease is openraft's leader
+//!   lease (`election_timeout_max`), within which every voter that heard the same leader
+//!   refuses any candidate: standing earlier could only bump the term and depose a live
+//!   leader. The heartbeat is a margin for a voter that heard one heartbeat more than this
+//!   replica did; the random spread (as wide as openraft's timeout range) keeps the followers
+//!   of a dead leader from standing together. openraft's own timer would add a whole election
+//!   timeout after the lease, which only delays a failover: no voter can still refuse for the
+//!   lease by then;
 //! * a replica that granted its vote, or stood itself, stands again `random(min..max)` later,
 //!   drawn afresh each time, so candidates that collided once are unlikely to collide again;
 //! * a candidate a voter refused with a longer log waits a further `election_timeout_max` at its
@@ -54,6 +59,8 @@ pub const UNANSWERED_BACKOFF_MAX: u32 = 3;
 pub struct ElectionTiming {
     pub timeout_min: Duration,
     pub timeout_max: Duration,
+    /// The leader's heartbeat interval.
+    pub heartbeat: Duration,
 }
 
 impl ElectionTiming {
@@ -85,6 +92,12 @@ impl TimerState {
     fn draw(&mut self, timing: &ElectionTiming) -> Duration {
         self.random
             .gen_range(timing.timeout_min..timing.timeout_max)
+    }
+
+    /// How long after it last heard the leader a follower stands: once every voter that heard
+    /// the same leader, perhaps one heartbeat later, is past its lease, with a random spread.
+    fn after_lease(&mut self, timing: &ElectionTiming) -> Duration {
+        timing.lease() + timing.heartbeat + self.draw(timing) - timing.timeout_min
     }
 }
 
@@ -119,13 +132,13 @@ impl ElectionTimer {
         self.with(|state, _| state.stand_at)
     }
 
-    /// A leader was heard: stand only once its lease and a fresh timeout have passed.
+    /// A leader was heard: stand only once the voters' leases have passed.
     fn heard_leader(&self) {
         self.with(|state, timing| {
             state.refused_for_log = false;
             state.unanswered = false;
             state.unanswered_in_a_row = 0;
-            state.stand_at = Instant::now() + timing.lease() + state.draw(timing);
+            state.stand_at = Instant::now() + state.after_lease(timing);
         });
     }
 
@@ -271,20 +284,25 @@ mod tests {
     const TIMING: ElectionTiming = ElectionTiming {
         timeout_min: Duration::from_millis(300),
         timeout_max: Duration::from_millis(450),
+        heartbeat: Duration::from_millis(50),
     };
 
     fn wait(timer: &ElectionTimer) -> Duration {
         timer.stand_at() - Instant::now()
     }
 
+    /// Lease 450 ms, a heartbeat's margin, and up to the timeout range's 150 ms of spread.
     #[tokio::test(start_paused = true)]
-    async fn a_follower_that_heard_a_leader_waits_its_lease_and_a_timeout() {
+    async fn a_follower_that_heard_a_leader_waits_out_the_lease_and_a_heartbeat() {
         let timer = ElectionTimer::new(TIMING, 1);
+        let mut waits = std::collections::BTreeSet::new();
         for _ in 0..100 {
             timer.heard_leader();
             let wait = wait(&timer);
-            assert!(wait >= Duration::from_millis(750) && wait < Duration::from_millis(900));
+            assert!(wait >= Duration::from_millis(500) && wait < Duration::from_millis(650));
+            waits.insert(wait);
         }
+        assert!(waits.len() > 50, "{waits:?}");
     }
 
     /// openraft 0.9 draws once; a collision would repeat at every election.

@@ -139,6 +139,7 @@ impl Replica {
             ElectionTiming {
                 timeout_min: Duration::from_millis(config.election_timeout_min_ms),
                 timeout_max: Duration::from_millis(config.election_timeout_max_ms),
+                heartbeat: Duration::from_millis(config.heartbeat_interval_ms),
             },
             rand::random(),
         ));

@@ -265,7 +265,8 @@ impl ProcessCluster {
             // `CTRLOG_REPLICA_LOG` sets the replicas' filter (e.g. `info` to follow elections).
             .env(
                 "RUST_LOG",
-                std::env::var("CTRLOG_REPLICA_LOG").unwrap_or_else(|_| "warn".into()),
+                std::env::var("CTRLOG_REPLICA_LOG")
+                    .unwrap_or_else(|_| "warn,ctrlog::controller=info".into()),
             )
             .env("TOKIO_WORKER_THREADS", self.worker_threads.to_string())
             .stdin(Stdio::null())

@@ -74,6 +74,8 @@ const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(200);
 /// may expire the session (`SESSION_TIMEOUT`). Everyone here shares one clock; the margin is
 /// what a deployment keeps for clock drift.
 const CONTAINER_LEASE: Duration = Duration::from_millis(1_200);
+/// The leader's heartbeat interval, as a replica's default.
+const HEARTBEAT_INTERVAL_MS: u64 = 50;
 /// The shortest election timeout a replica may draw here: a leader's quorum lease holds this
 /// long after a quorum acknowledged it, as a real replica's holds for `election_timeout_min`.
 const ELECTION_TIMEOUT_MIN_MS: u64 = 300;
@@ -255,11 +257,12 @@ impl Sim {
         let timing = ElectionTiming {
             timeout_min: Duration::from_millis(ELECTION_TIMEOUT_MIN_MS),
             timeout_max: Duration::from_millis(ELECTION_TIMEOUT_MAX_MS),
+            heartbeat: Duration::from_millis(HEARTBEAT_INTERVAL_MS),
         };
         let elections = Arc::new(ElectionTimer::new(timing, self.net.random(|rng| rng.gen())));
         let config = openraft::Config {
             cluster_name: "sim".into(),
-            heartbeat_interval: 50,
+            heartbeat_interval: HEARTBEAT_INTERVAL_MS,
             election_timeout_min: ELECTION_TIMEOUT_MIN_MS,
             election_timeout_max: ELECTION_TIMEOUT_MAX_MS,
             enable_elect: false,
