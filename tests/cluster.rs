@@ -141,6 +141,47 @@ async fn follower_restarted_on_same_directory_catches_up() {
     cluster.shutdown().await;
 }
 
+/// Goal: a follower behind a stretch of commands at the size limit catches up from the log.
+/// openraft 0.9 gives each AppendEntries the heartbeat interval (50 ms) to be answered, and
+/// the leader used to send a lagging follower up to 64 entries in one message: 24 MiB here,
+/// which no follower answers in 50 ms, so every try timed out and the follower never caught
+/// up. The follower still applied what it received, but the leader never learned it had: with
+/// the other follower gone, the cluster committed nothing more (as `ctrlog chaos` found).
+/// Steps: stop a follower; append 24 commands of 1 MiB, one entry each; restart it; stop the
+/// other follower; one more append must commit (it needs the lagging follower's ack), and
+/// the follower's log equals the leader's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_behind_commands_at_the_size_limit_catches_up_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start_secure(dir.path(), 3, |_| {})
+        .await
+        .unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let follower = cluster.follower_of(leader);
+    append_many(&cluster, 1, 1).await;
+    cluster.wait_for_applied(1, WAIT).await.unwrap();
+    cluster.stop(follower).await;
+    let handle = cluster.replica(leader).clone_handle();
+    for i in 2..=25 {
+        let size = ctrlog::log::COMMAND_BYTES_MAX_DEFAULT;
+        handle.append(command(i, size)).await.unwrap();
+    }
+    cluster.restart(follower).await.unwrap();
+    let other = (1..=3).find(|&id| id != leader && id != follower).unwrap();
+    cluster.stop(other).await;
+    let last = tokio::time::timeout(WAIT, handle.append(command(26, 32)))
+        .await
+        .expect("an append that needs the caught-up follower's ack commits")
+        .unwrap();
+    assert_eq!(last.offset, 26);
+    cluster.wait_for_applied(26, WAIT).await.unwrap();
+    assert_eq!(
+        read_all(cluster.replica(follower)).await,
+        read_all(cluster.replica(leader)).await
+    );
+    cluster.shutdown().await;
+}
+
 /// Goal: after snapshot and purge, a lagging replica catches up by snapshot install, and a
 /// fetch below the retained log gets an explicit `Compacted`.
 /// Steps: snapshot every 20 entries, keep 5; stop a follower; append 300 commands one at a

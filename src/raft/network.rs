@@ -7,20 +7,23 @@
 //! on the next call; openraft's backoff paces the retries. So is a connection that has gone
 //! silent: after a partition heals, TCP resends what the partition swallowed only on its
 //! retransmission backoff (seconds to minutes), and every call queued behind it would wait as
-//! long; a fresh connection works at once.
+//! long; a fresh connection works at once. An AppendEntries message is cut to
+//! [`APPEND_ENTRIES_BYTES_MAX`] so that it can be answered within openraft's short deadline.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use openraft::error::{NetworkError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::EntryPayload;
 use tarpc::{client, context};
 
 use super::elector::ElectionTimer;
+use super::proposer::BATCH_BYTES_MAX;
 use super::types::*;
 use crate::client::tls::{dial_expecting, framed, node_name};
 use crate::client::Member;
-use crate::log::Level;
+use crate::log::{Level, Proposal};
 use crate::NodeId;
 
 /// The largest frame on the peer port. It must exceed the biggest AppendEntries message
@@ -32,6 +35,17 @@ pub const PEER_FRAME_BYTES_MAX: usize = 256 << 20;
 /// `command_bytes_max` bounded by the configuration's check a message always fits
 /// [`PEER_FRAME_BYTES_MAX`].
 pub const RAFT_PAYLOAD_ENTRIES_MAX: u64 = 64;
+
+/// The encoded command bytes one AppendEntries message carries at most (always at least one
+/// entry, however large). openraft 0.9 gives each AppendEntries only the heartbeat interval
+/// (50 ms by default) to be answered, and a follower behind a stretch of large commands was
+/// sent up to [`RAFT_PAYLOAD_ENTRIES_MAX`] of them, tens of MiB, at every try: each try timed
+/// out and was sent again, the follower never caught up, and the leader, whose heartbeats
+/// still got through, kept its quorum and could commit nothing (found by `ctrlog chaos` with
+/// its job, seeds 2028 and 2049). A longer message is cut here, and the follower's
+/// acceptance of the part sent is answered to openraft as `PartialSuccess`, after which it
+/// sends the rest.
+pub const APPEND_ENTRIES_BYTES_MAX: usize = BATCH_BYTES_MAX;
 
 /// How long dialling a peer may take before the call counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -233,16 +247,52 @@ impl PeerClient {
     }
 }
 
+/// The command bytes an entry carries (blank and membership entries carry none to speak of).
+fn entry_bytes(entry: &Entry) -> usize {
+    match &entry.payload {
+        EntryPayload::Normal(batch) => batch.proposals.iter().map(Proposal::encoded_len).sum(),
+        EntryPayload::Blank | EntryPayload::Membership(_) => 0,
+    }
+}
+
+/// Keeps the longest prefix of `request`'s entries within `bytes_max` (at least one entry);
+/// returns the log id of the last entry kept if any were cut.
+fn cut_to_bytes(request: &mut AppendEntriesRequest, bytes_max: usize) -> Option<LogId> {
+    let mut bytes = 0;
+    let within = request
+        .entries
+        .iter()
+        .take_while(|entry| {
+            bytes += entry_bytes(entry);
+            bytes <= bytes_max
+        })
+        .count();
+    let keep = within.max(1);
+    if keep >= request.entries.len() {
+        return None;
+    }
+    request.entries.truncate(keep);
+    Some(request.entries[keep - 1].log_id)
+}
+
 impl RaftNetwork<TypeConfig> for PeerClient {
     async fn append_entries(
         &mut self,
-        request: AppendEntriesRequest,
+        mut request: AppendEntriesRequest,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse, RpcError> {
-        self.call(&option, |client, ctx| async move {
-            client.append_entries(ctx, request).await
+        let cut_after = cut_to_bytes(&mut request, APPEND_ENTRIES_BYTES_MAX);
+        let answer = self
+            .call(&option, |client, ctx| async move {
+                client.append_entries(ctx, request).await
+            })
+            .await?;
+        Ok(match (answer, cut_after) {
+            (AppendEntriesResponse::Success, Some(last_sent)) => {
+                AppendEntriesResponse::PartialSuccess(Some(last_sent))
+            }
+            (answer, _) => answer,
         })
-        .await
     }
 
     async fn install_snapshot(
@@ -279,6 +329,71 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
+    use crate::log::{Batch, Command, Target};
+
+    /// An AppendEntries request of entries 1.. carrying commands of these sizes.
+    fn request_of(sizes: &[usize]) -> AppendEntriesRequest {
+        let entries = sizes
+            .iter()
+            .zip(1..)
+            .map(|(&size, index)| Entry {
+                log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+                payload: EntryPayload::Normal(Batch {
+                    appended_at_ms: 0,
+                    proposals: vec![Proposal {
+                        producer: None,
+                        target: Target::All,
+                        frame: Command::custom(1, 1, vec![0; size]).into_frame(),
+                    }],
+                }),
+            })
+            .collect();
+        AppendEntriesRequest {
+            vote: Vote::new_committed(1, 1),
+            prev_log_id: None,
+            leader_commit: None,
+            entries,
+        }
+    }
+
+    /// A message keeps the entries that fit the byte bound, and always its first entry, and
+    /// says where it was cut; one that fits is sent whole.
+    #[test]
+    fn append_entries_are_cut_to_the_byte_bound() {
+        const KIB: usize = 1 << 10;
+        // (what, command sizes, entries kept, cut)
+        let cases: [(&str, Vec<usize>, usize, bool); 4] = [
+            ("all fit", vec![100 * KIB; 3], 3, false),
+            (
+                "cut after what fits",
+                vec![400 * KIB, 400 * KIB, 400 * KIB, 2048 * KIB],
+                2,
+                true,
+            ),
+            (
+                "a large first entry goes alone",
+                vec![2048 * KIB, 1],
+                1,
+                true,
+            ),
+            (
+                "one large entry alone is not cut",
+                vec![4096 * KIB],
+                1,
+                false,
+            ),
+        ];
+        for (what, sizes, kept, cut) in cases {
+            let mut request = request_of(&sizes);
+            let last = cut_to_bytes(&mut request, 1 << 20);
+            assert_eq!(request.entries.len(), kept, "{what}");
+            assert_eq!(
+                last.map(|id| id.index),
+                cut.then_some(kept as u64),
+                "{what}"
+            );
+        }
+    }
 
     /// Goal: a peer connection that stops answering (as one does whose packets a partition
     /// swallowed, until TCP's retransmission backoff resends them) is replaced by a fresh

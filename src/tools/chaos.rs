@@ -233,8 +233,9 @@ impl ChaosJob {
         self.dir.path()
     }
 
-    /// What the job went through, from the containers' reports.
-    fn figures(&self, events: &[TaskEvent], settled_in: Duration) -> serde_json::Value {
+    /// What the job went through, from the containers' reports; `settled_in` is `None` when
+    /// it did not settle.
+    fn figures(&self, events: &[TaskEvent], settled_in: Option<Duration>) -> serde_json::Value {
         let sessions: BTreeSet<(&str, u64)> = events
             .iter()
             .map(|e| (e.container.as_str(), e.epoch))
@@ -243,7 +244,7 @@ impl ChaosJob {
             "inputs": self.partitions,
             "container_sessions": sessions.len(),
             "task_starts": events.iter().filter(|e| e.running).count(),
-            "settled_ms": settled_in.as_millis() as u64,
+            "settled_ms": settled_in.map(|d| d.as_millis() as u64),
         })
     }
 }
@@ -395,13 +396,9 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
     for i in injector.running() {
         wait_until_back(&mut injector.cluster, i, &options_quick).await?;
     }
-    let job_settled = job.settle(&injector.admin).await.with_context(|| {
-        format!(
-            "the job's files are kept in {}, the replicas' in {}",
-            job.keep_files().display(),
-            injector.cluster.keep_files().display()
-        )
-    })?;
+    // A job that does not settle fails the run, after the history is checked and the figures
+    // are out: what was lost or run twice matters most when something else went wrong too.
+    let job_settled = job.settle(&injector.admin).await;
 
     // Quiesce: stop producing, let every subscriber reach the end, read every replica's log.
     stop.store(true, Ordering::Relaxed);
@@ -475,20 +472,28 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
         "duplicates": count(|v| matches!(v, Violation::DuplicateInLog { .. } | Violation::DuplicateDelivery { .. })),
         "violations": violations.len(),
         "double_runs": count(|v| matches!(v, Violation::DoubleRun(_))),
-        "job": job.figures(&history.task_events, job_settled),
+        "job": job.figures(&history.task_events, job_settled.as_ref().ok().copied()),
         "failover_ms": failover_ms,
         "failover_all_ms": quantiles(&mut all),
         "subscriber_catch_up_ms": catch_up.as_millis() as u64,
     });
-    if !violations.is_empty() {
-        for violation in violations.iter().take(20) {
-            eprintln!("violation: {violation}");
-        }
+    if !violations.is_empty() || job_settled.is_err() {
         eprintln!(
             "the job's files are kept in {}, the replicas' in {}",
             job.keep_files().display(),
             injector.cluster.keep_files().display()
         );
+    }
+    for violation in violations.iter().take(20) {
+        eprintln!("violation: {violation}");
+    }
+    if let Err(error) = job_settled {
+        return Err(error.context(format!(
+            "seed {}; replay the fault schedule with `ctrlog chaos --seed {} --rounds {}`: {figures}",
+            options.seed, options.seed, options.rounds
+        )));
+    }
+    if !violations.is_empty() {
         anyhow::bail!(
             "{} violations in the history (seed {}; replay the fault schedule with `ctrlog chaos --seed {} --rounds {}`): {figures}",
             violations.len(),
