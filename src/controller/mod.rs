@@ -62,6 +62,15 @@ pub trait ControlPlane: Send + Sync + 'static {
     fn append(&self, command: Command) -> impl Future<Output = Result<AppendAck, ApiError>> + Send;
 }
 
+/// How long the controller waits for one of its commands to be committed. A write that is
+/// never answered must not stop the controller for good: seen in `ctrlog chaos`, where a
+/// leader's controller waited 90 s on a desired count that never committed while the same
+/// leader committed everything else (openraft 0.9 can leave a write unanswered; see
+/// `raft::proposer`; the cause of that one is not known). The controller then re-plans from
+/// the state at its next tick, and every command it writes is checked against that state, so
+/// one whose fate it never learned is at worst refused when written again.
+pub const APPEND_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Timing and limits of the controller.
 #[derive(Clone, Debug)]
 pub struct ControllerConfig {
@@ -319,10 +328,19 @@ impl<P: ControlPlane> Controller<P> {
         self.append_at(command).await.is_some()
     }
 
-    /// Appends one command; its offset, or `None` if it was refused or failed.
+    /// Appends one command; its offset, or `None` if it was refused, failed or went
+    /// unanswered for [`APPEND_TIMEOUT`].
     async fn append_at(&mut self, command: Command) -> Option<Offset> {
         let kind = command.kind_version().0;
-        match self.plane.append(command.clone()).await {
+        let answer = tokio::time::timeout(APPEND_TIMEOUT, self.plane.append(command.clone()))
+            .await
+            .unwrap_or_else(|_| {
+                tracing::warn!(?command, "a command went unanswered; re-planning");
+                Err(ApiError::Unavailable(format!(
+                    "no answer within {APPEND_TIMEOUT:?}"
+                )))
+            });
+        match answer {
             Ok(ack) => {
                 if kind == kinds::EXPIRE_CONTAINER {
                     tracing::warn!(offset = ack.offset, ?command, "expired a silent container");

@@ -25,6 +25,8 @@ struct Replica {
     log: Vec<Command>,
     /// Leadership moves away right after the next launch record commits.
     lose_leadership_after_launch_record: bool,
+    /// The next append is never answered (nor written).
+    leave_next_append_unanswered: bool,
 }
 
 /// A [`ControlPlane`] over an in-memory JobState. Clones share the replica, so a second
@@ -148,6 +150,9 @@ impl ControlPlane for FakePlane {
     }
 
     async fn append(&self, command: Command) -> Result<AppendAck, ApiError> {
+        if std::mem::take(&mut self.lock().leave_next_append_unanswered) {
+            return std::future::pending().await;
+        }
         if !self.is_leader() {
             return Err(ApiError::NotLeader {
                 leader_id: None,
@@ -330,6 +335,30 @@ async fn an_empty_job_records_its_count_launches_and_assigns_every_input() {
     assert_eq!(owners.len(), 2, "{owners:?}");
     assert!(owners.values().all(|tasks| tasks.len() == 2), "{owners:?}");
     assert!(controller.report().borrow().leading);
+}
+
+/// Goal: a command that is never answered does not stop the controller: it gives the
+/// command up after `APPEND_TIMEOUT` and re-plans from the state at its next tick. Steps:
+/// the first append (the container count) is left unanswered; a tick ends, counting it
+/// refused; the job then settles as if nothing happened. On a paused clock.
+#[tokio::test(start_paused = true)]
+async fn a_command_never_answered_is_given_up_and_planned_again() {
+    let (plane, wanted, launches) = (FakePlane::leading(), Wanted::default(), Arc::default());
+    wanted.set(1);
+    let mut controller = controller(&plane, 2, &wanted, &launches);
+    plane.lock().leave_next_append_unanswered = true;
+    let started = tokio::time::Instant::now();
+    controller.tick().await;
+    assert_eq!(started.elapsed(), APPEND_TIMEOUT);
+    assert_eq!(controller.report().borrow().refused, 1);
+    assert_eq!(plane.log_len(), 0);
+
+    settle(&mut controller, &plane).await;
+    plane.register("container-1");
+    settle(&mut controller, &plane).await;
+    let job = plane.job();
+    assert_eq!(job.desired_containers().map(|d| d.count), Some(1));
+    assert_eq!(owners(&job).get("container-1").map(Vec::len), Some(2));
 }
 
 /// Goal: scaling out moves work with the handshake in the log: stop, the old owner's
