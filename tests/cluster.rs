@@ -589,6 +589,40 @@ async fn add_fourth_replica(cluster: &mut LocalCluster, client: &ControlClient) 
     client.add_member(4, joining).await.unwrap();
 }
 
+/// Goal: a leader that removed itself refuses reads of its frozen state, so that a reader
+/// moves to a member. It used to answer `state` with the job as of its removal, for good: in
+/// `ctrlog chaos` (seed 2049) a run waited 90 s on that frozen state for a job that had long
+/// settled. Steps: 4 replicas; remove the leader; once it has applied its own removal, its
+/// `state` and `fetch` answer `Unavailable`, while a member's `state` answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_leader_refuses_reads_of_its_frozen_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start_secure(dir.path(), 3, |_| {})
+        .await
+        .unwrap();
+    let client = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
+        .await
+        .unwrap();
+    add_fourth_replica(&mut cluster, &client).await;
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    client.remove_member(leader).await.unwrap();
+    eventually("the removed leader to apply its own removal", || {
+        (!voters(&cluster, leader).contains(&leader)).then_some(())
+    })
+    .await;
+    let removed = cluster.replica(leader).clone_handle();
+    let state = removed.state(0, Duration::ZERO).await;
+    assert!(matches!(state, Err(ApiError::Unavailable(_))), "{state:?}");
+    let fetched = removed.fetch(&FetchRequest::from(1), Duration::ZERO).await;
+    assert!(
+        matches!(fetched, Err(ApiError::Unavailable(_))),
+        "{fetched:?}"
+    );
+    let member = cluster.replica(4).clone_handle();
+    assert!(member.state(0, Duration::from_secs(5)).await.is_ok());
+    cluster.shutdown().await;
+}
+
 /// Goal: membership 3 → 4 → 3 with traffic flowing.
 /// Steps: a writer appends continuously; start replica 4, which refuses reads until it is a
 /// member, and add it (learner, then voter once

@@ -63,12 +63,12 @@ pub trait ControlPlane: Send + Sync + 'static {
 }
 
 /// How long the controller waits for one of its commands to be committed. A write that is
-/// never answered must not stop the controller for good: seen in `ctrlog chaos`, where a
-/// leader's controller waited 90 s on a desired count that never committed while the same
-/// leader committed everything else (openraft 0.9 can leave a write unanswered; see
-/// `raft::proposer`; the cause of that one is not known). The controller then re-plans from
-/// the state at its next tick, and every command it writes is checked against that state, so
-/// one whose fate it never learned is at worst refused when written again.
+/// never answered must not stop the controller for good (openraft 0.9 can leave a write
+/// unanswered, see `raft::proposer`, and a leader whose followers cannot take its messages
+/// commits nothing while it keeps its lease, as `ctrlog chaos` once found). The controller
+/// then re-plans from the state at its next tick, and every command it writes is checked
+/// against that state, so one whose fate it never learned is at worst refused when written
+/// again.
 pub const APPEND_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Timing and limits of the controller.

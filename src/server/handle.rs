@@ -280,26 +280,7 @@ impl ReplicaHandle {
             id.validate()
                 .map_err(|e| ApiError::Invalid(e.to_string()))?;
         }
-        if self.leads_without_quorum() {
-            return Err(ApiError::Unavailable(format!(
-                "replica {} leads without a quorum; its log may be stale",
-                self.id()
-            )));
-        }
-        let member = self
-            .metrics()
-            .membership_config
-            .membership()
-            .get_node(&self.id())
-            .is_some();
-        if !member {
-            // Not yet added, or removed: nothing new will reach this log, and a long poll here
-            // would wait for nothing.
-            return Err(ApiError::Unavailable(format!(
-                "replica {} is not a member of the cluster; read from a member",
-                self.id()
-            )));
-        }
+        self.refuse_stale_reads()?;
         let deadline = tokio::time::Instant::now() + max_wait;
         let mut applied = self.applied();
         // Offsets start at 1; a fetch from 0 means "from the beginning".
@@ -401,8 +382,38 @@ impl ReplicaHandle {
         self.with_liveness(|table| self.inner.state_machine.read(|state| table.lag(&state.job)))
     }
 
+    /// `Unavailable` where what this replica holds may have stopped moving: it leads without
+    /// a quorum, or it is not a member (not yet added, or removed), so nothing new reaches it.
+    /// A reader then moves to another replica instead of waiting here for nothing, or taking
+    /// a frozen state for the job's (a removed replica answered `state` with the state it had
+    /// at its removal, for good; seen in `ctrlog chaos`, seed 2049).
+    fn refuse_stale_reads(&self) -> Result<(), ApiError> {
+        if self.leads_without_quorum() {
+            return Err(ApiError::Unavailable(format!(
+                "replica {} leads without a quorum; its log may be stale",
+                self.id()
+            )));
+        }
+        let member = self
+            .metrics()
+            .membership_config
+            .membership()
+            .get_node(&self.id())
+            .is_some();
+        if !member {
+            return Err(ApiError::Unavailable(format!(
+                "replica {} is not a member of the cluster; read from a member",
+                self.id()
+            )));
+        }
+        Ok(())
+    }
+
     /// The JobState as of this replica's applied offset, once that reaches `min_offset`.
+    /// `Unavailable` from a replica whose state may have stopped moving
+    /// ([`refuse_stale_reads`](Self::refuse_stale_reads)).
     pub async fn state(&self, min_offset: Offset, max_wait: Duration) -> Result<StateAt, ApiError> {
+        self.refuse_stale_reads()?;
         let mut applied = self.applied();
         match tokio::time::timeout(max_wait, applied.wait_for(|a| a.last_offset >= min_offset))
             .await
