@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use openraft::error::{NetworkError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
-use openraft::EntryPayload;
 use tarpc::{client, context};
 
 use super::elector::ElectionTimer;
@@ -23,7 +22,7 @@ use super::proposer::BATCH_BYTES_MAX;
 use super::types::*;
 use crate::client::tls::{dial_expecting, framed, node_name};
 use crate::client::Member;
-use crate::log::{Level, Proposal};
+use crate::log::Level;
 use crate::NodeId;
 
 /// The largest frame on the peer port. It must exceed the biggest AppendEntries message
@@ -247,14 +246,6 @@ impl PeerClient {
     }
 }
 
-/// The command bytes an entry carries (blank and membership entries carry none to speak of).
-fn entry_bytes(entry: &Entry) -> usize {
-    match &entry.payload {
-        EntryPayload::Normal(batch) => batch.proposals.iter().map(Proposal::encoded_len).sum(),
-        EntryPayload::Blank | EntryPayload::Membership(_) => 0,
-    }
-}
-
 /// Keeps the longest prefix of `request`'s entries within `bytes_max` (at least one entry);
 /// returns the log id of the last entry kept if any were cut.
 fn cut_to_bytes(request: &mut AppendEntriesRequest, bytes_max: usize) -> Option<LogId> {
@@ -263,7 +254,7 @@ fn cut_to_bytes(request: &mut AppendEntriesRequest, bytes_max: usize) -> Option<
         .entries
         .iter()
         .take_while(|entry| {
-            bytes += entry_bytes(entry);
+            bytes += payload_bytes(entry);
             bytes <= bytes_max
         })
         .count();
@@ -329,7 +320,8 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::log::{Batch, Command, Target};
+    use crate::log::{Batch, Command, Proposal, Target};
+    use openraft::EntryPayload;
 
     /// An AppendEntries request of entries 1.. carrying commands of these sizes.
     fn request_of(sizes: &[usize]) -> AppendEntriesRequest {

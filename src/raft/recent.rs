@@ -8,9 +8,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use openraft::EntryPayload;
-
-use super::types::Entry;
+use super::types::{payload_bytes, Entry};
 
 /// Entries kept at most.
 pub const RECENT_ENTRIES_MAX: usize = 8192;
@@ -34,13 +32,6 @@ impl Window {
 #[derive(Default)]
 pub struct RecentEntries {
     window: Mutex<Window>,
-}
-
-fn payload_bytes(entry: &Entry) -> usize {
-    match &entry.payload {
-        EntryPayload::Normal(batch) => batch.proposals.iter().map(|p| p.encoded_len()).sum(),
-        _ => 0,
-    }
 }
 
 impl RecentEntries {

@@ -23,6 +23,17 @@ openraft::declare_raft_types!(
 
 pub type Raft = openraft::Raft<TypeConfig>;
 pub type Entry = openraft::Entry<TypeConfig>;
+
+/// The encoded bytes of the commands an entry carries (blank and membership entries carry
+/// none to speak of): what bounds the recent-entries window and an AppendEntries message.
+pub fn payload_bytes(entry: &Entry) -> usize {
+    match &entry.payload {
+        openraft::EntryPayload::Normal(batch) => {
+            batch.proposals.iter().map(|p| p.encoded_len()).sum()
+        }
+        openraft::EntryPayload::Blank | openraft::EntryPayload::Membership(_) => 0,
+    }
+}
 pub type LogId = openraft::LogId<NodeId>;
 pub type Vote = openraft::Vote<NodeId>;
 pub type StorageError = openraft::StorageError<NodeId>;
