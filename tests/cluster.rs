@@ -117,19 +117,24 @@ async fn leader_killed_new_leader_commits_without_losing_entries() {
     cluster.shutdown().await;
 }
 
+/// Three replicas (TLS on) holding `commands` commands, applied by all; with the leader and
+/// one follower.
+async fn three_holding(dir: &std::path::Path, commands: u64) -> (LocalCluster, u64, u64) {
+    let cluster = LocalCluster::start_secure(dir, 3, |_| {}).await.unwrap();
+    append_many(&cluster, 1, commands).await;
+    cluster.wait_for_applied(commands, WAIT).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let follower = cluster.follower_of(leader);
+    (cluster, leader, follower)
+}
+
 /// Goal: a follower stopped and restarted on its own directory catches up.
 /// Steps: append 30; stop a follower; append 70 more; restart it; it applies all 100 and its
 /// log equals the leader's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follower_restarted_on_same_directory_catches_up() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = LocalCluster::start_secure(dir.path(), 3, |_| {})
-        .await
-        .unwrap();
-    append_many(&cluster, 1, 30).await;
-    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
-    let follower = cluster.follower_of(leader);
-    cluster.wait_for_applied(30, WAIT).await.unwrap();
+    let (mut cluster, leader, follower) = three_holding(dir.path(), 30).await;
     cluster.stop(follower).await;
     append_many(&cluster, 31, 70).await;
     cluster.restart(follower).await.unwrap();
@@ -153,13 +158,7 @@ async fn follower_restarted_on_same_directory_catches_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_behind_commands_at_the_size_limit_catches_up_from_the_log() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = LocalCluster::start_secure(dir.path(), 3, |_| {})
-        .await
-        .unwrap();
-    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
-    let follower = cluster.follower_of(leader);
-    append_many(&cluster, 1, 1).await;
-    cluster.wait_for_applied(1, WAIT).await.unwrap();
+    let (mut cluster, leader, follower) = three_holding(dir.path(), 1).await;
     cluster.stop(follower).await;
     let handle = cluster.replica(leader).clone_handle();
     for i in 2..=25 {
@@ -352,13 +351,7 @@ async fn a_replica_added_after_a_purge_restarts_and_serves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zero_filled_wal_tail_is_cut_and_the_replica_catches_up() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = LocalCluster::start_secure(dir.path(), 3, |_| {})
-        .await
-        .unwrap();
-    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
-    let follower = cluster.follower_of(leader);
-    append_many(&cluster, 1, 20).await;
-    cluster.wait_for_applied(20, WAIT).await.unwrap();
+    let (mut cluster, _, follower) = three_holding(dir.path(), 20).await;
     for (round, zeros) in [17usize, 64 << 10].into_iter().enumerate() {
         cluster.stop(follower).await;
         let log_dir = cluster.config(follower).data_dir.join("log");
