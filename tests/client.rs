@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::proxy::Proxy;
 use common::*;
+use ctrlog::client::version::{ProtocolOffer, PROTOCOLS};
 use ctrlog::client::{
     ApiError, AppendAck, ClientError, ClientOptions, ControlClient, ControlLogClient, FetchRequest,
     SubscriptionItem, APPEND_MANY_PROPOSALS_MAX,
@@ -113,9 +114,10 @@ async fn commands_at_the_size_limit_are_read_one_answer_at_a_time() {
 /// Regression (an answer without a byte bound closed its connection): a job state larger than
 /// the client port's frames failed to encode, which closed the connection and left the client
 /// retrying until it gave up. Now `state` answers `AnswerTooLarge` and the state travels in
-/// chunks. Steps: frames of 128 KiB; three config values of 60 KB; a raw `state` is refused
-/// with the sizes; the client library reads the whole state in chunks; the connection keeps
-/// serving.
+/// chunks. Steps: frames of 128 KiB; three config values of 60 KB; a raw `state` after
+/// `hello` is refused with the sizes, and without `hello` (as v0.1.0 asks) refused `Invalid`
+/// with the same words; the client library reads the whole state in chunks; the connection
+/// keeps serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_state_larger_than_a_frame_travels_in_chunks() {
     let dir = tempfile::tempdir().unwrap();
@@ -135,6 +137,10 @@ async fn a_state_larger_than_a_frame_travels_in_chunks() {
         client.append(Command::ConfigChange(change)).await.unwrap();
     }
     let raw = raw_client(cluster.replica(leader).client_addr()).await;
+    raw.hello(deadline_context(WAIT), ProtocolOffer::ours())
+        .await
+        .unwrap()
+        .unwrap();
     match raw
         .state(deadline_context(Duration::from_secs(10)), 3, 0)
         .await
@@ -145,12 +151,86 @@ async fn a_state_larger_than_a_frame_travels_in_chunks() {
         }
         other => panic!("expected AnswerTooLarge, got {other:?}"),
     }
+    // A connection that said no hello is v0.1.0's, which knows no `AnswerTooLarge`: it is
+    // told in words, in a variant it decodes.
+    let as_v010 = raw_client(cluster.replica(leader).client_addr()).await;
+    match as_v010
+        .state(deadline_context(Duration::from_secs(10)), 3, 0)
+        .await
+        .unwrap()
+    {
+        Err(ApiError::Invalid(why)) => assert!(why.contains("exceeds this port"), "{why}"),
+        other => panic!("expected Invalid, got {other:?}"),
+    }
     let at = client.state(3).await.unwrap();
     assert_eq!(at.offset, 3);
     let config = at.state.config();
     assert_eq!(config.len(), 3);
     assert!(config.iter().all(|(k, v)| *v == k.repeat(60_000)));
     assert_eq!(client.leader_status().await.unwrap().applied_offset, 3);
+    cluster.shutdown().await;
+}
+
+/// Goal: the version handshake agrees on the highest version both sides speak, and refuses
+/// one it does not know with a typed error naming both ranges, keeping the connection (so a
+/// newer client can offer again). Steps: on the client port and the peer port, `hello`
+/// offering 3..=4 is answered `ProtocolUnsupported`; on the same connection, `hello` offering
+/// 1..=9 agrees on this build's highest, lists the requests added since v0.1.0 and the
+/// vocabulary level, and a request works after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hello_agrees_on_a_version_or_names_both_ranges() {
+    use ctrlog::raft::network::RaftRpcClient;
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let offer = |min, max| ProtocolOffer {
+        min,
+        max,
+        build: "ctrlog 9.0.0".into(),
+    };
+    let refusal = ApiError::ProtocolUnsupported {
+        offered_min: 3,
+        offered_max: 4,
+        supported_min: *PROTOCOLS.start(),
+        supported_max: *PROTOCOLS.end(),
+    };
+
+    let raw = raw_client(cluster.replica(leader).client_addr()).await;
+    let too_new = raw
+        .hello(deadline_context(WAIT), offer(3, 4))
+        .await
+        .unwrap();
+    assert_eq!(too_new, Err(refusal.clone()));
+    let hello = raw
+        .hello(deadline_context(WAIT), offer(1, 9))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(hello.protocol, *PROTOCOLS.end());
+    assert!(hello.offers("state_chunk") && hello.offers("hello"));
+    assert_eq!(
+        hello.vocabulary_level_max,
+        ctrlog::log::vocabulary::LEVEL_MAX
+    );
+    raw.status(deadline_context(WAIT)).await.unwrap().unwrap();
+
+    let peer_addr = cluster.replica(leader).clone_handle().member().peer_addr;
+    let transport = tarpc::serde_transport::tcp::connect(&peer_addr, Bincode::default)
+        .await
+        .unwrap();
+    let peer = RaftRpcClient::new(tarpc::client::Config::default(), transport).spawn();
+    let too_new = peer
+        .hello(deadline_context(WAIT), offer(3, 4))
+        .await
+        .unwrap();
+    assert_eq!(too_new, Err(refusal));
+    let hello = peer
+        .hello(deadline_context(WAIT), offer(1, 9))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(hello.protocol, *PROTOCOLS.end());
+    assert!(hello.offers("hello") && !hello.offers("state_chunk"));
     cluster.shutdown().await;
 }
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use ctrlog::client::version::{Hello, ProtocolOffer};
 use ctrlog::client::{ApiError, AppendAck, ControlClient, FetchRequest, Member};
 use ctrlog::log::vocabulary::LEVEL_MAX;
 use ctrlog::log::{
@@ -884,8 +885,18 @@ impl RaftRpc for OlderBuildPeer {
         Err(RaftError::Fatal(openraft::error::Fatal::Stopped))
     }
 
-    async fn vocabulary_level_max(self, _: tarpc::context::Context) -> Level {
-        self.level
+    async fn hello(
+        self,
+        _: tarpc::context::Context,
+        offer: ProtocolOffer,
+    ) -> Result<Hello, ApiError> {
+        let ours = ProtocolOffer::ours();
+        Ok(Hello {
+            protocol: ours.agree(&offer)?,
+            server: ours,
+            requests: vec!["hello".into()],
+            vocabulary_level_max: self.level,
+        })
     }
 }
 

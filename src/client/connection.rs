@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, oneshot, Mutex, Semaphore};
 use super::protocol::*;
 use super::sequences::Sequences;
 use super::tls::{dial, framed};
+use super::version::ProtocolOffer;
 use crate::log::{
     Command, ContainerId, Epoch, Offset, ProducerId, ProducerSeq, Proposal, Target, TaskId,
 };
@@ -328,29 +329,36 @@ impl Connector {
         &self.settings
     }
 
-    /// Dials `addr` and presents the token. A failure retrying cannot fix (TLS refused a
-    /// certificate, the token is refused) is `DialFailure::Refused`, ended at once.
+    /// Dials `addr`, agrees on the protocol version (`hello`) and presents the token. A
+    /// failure retrying cannot fix (TLS refused a certificate, no protocol version in
+    /// common, the token is refused) is `DialFailure::Refused`, ended at once.
     async fn dial(addr: &str, options: &ClientOptions) -> Result<ControlLogClient, DialFailure> {
-        let stream =
-            match tokio::time::timeout(options.connect_timeout, dial(addr, options.tls.as_ref()))
-                .await
-            {
-                Err(_) => {
-                    return Err(DialFailure::Transient(format!(
-                        "connecting to {addr} timed out"
-                    )))
-                }
-                Ok(Err(error)) if error.is_permanent() => {
-                    return Err(DialFailure::Refused(ClientError::Tls {
-                        replica: addr.to_string(),
-                        reason: error.to_string(),
-                    }))
-                }
-                Ok(Err(error)) => return Err(DialFailure::Transient(error.to_string())),
-                Ok(Ok(stream)) => stream,
-            };
-        let transport = framed(stream, CLIENT_FRAME_BYTES_MAX);
-        let client = ControlLogClient::new(client::Config::default(), transport).spawn();
+        let mut client = Self::open(addr, options).await?;
+        let mut ctx = context::current();
+        ctx.deadline = Instant::now() + options.connect_timeout;
+        match client.hello(ctx, ProtocolOffer::ours()).await {
+            Ok(Ok(hello)) => {
+                tracing::debug!(replica = addr, protocol = hello.protocol, build = %hello.server.build, "hello");
+            }
+            Ok(Err(error @ ApiError::ProtocolUnsupported { .. })) => {
+                return Err(DialFailure::Refused(error.into()))
+            }
+            Ok(Err(error)) => {
+                return Err(DialFailure::Transient(format!("hello to {addr}: {error}")))
+            }
+            Err(tarpc::client::RpcError::DeadlineExceeded) => {
+                return Err(DialFailure::Transient(format!(
+                    "{addr} did not answer hello within {:?}",
+                    options.connect_timeout
+                )))
+            }
+            // A v0.1.0 replica knows no `hello` and closes the connection: speak its
+            // protocol, which needs no handshake, on a new one.
+            Err(closed) => {
+                tracing::debug!(replica = addr, error = %closed, "no hello: speaking v0.1.0's protocol");
+                client = Self::open(addr, options).await?;
+            }
+        }
         if let Some(token) = &options.token {
             let mut ctx = context::current();
             ctx.deadline = Instant::now() + options.connect_timeout;
@@ -372,6 +380,30 @@ impl Connector {
             }
         }
         Ok(client)
+    }
+
+    /// A connection to `addr` (over TLS when the options say so), not yet introduced.
+    async fn open(addr: &str, options: &ClientOptions) -> Result<ControlLogClient, DialFailure> {
+        let stream =
+            match tokio::time::timeout(options.connect_timeout, dial(addr, options.tls.as_ref()))
+                .await
+            {
+                Err(_) => {
+                    return Err(DialFailure::Transient(format!(
+                        "connecting to {addr} timed out"
+                    )))
+                }
+                Ok(Err(error)) if error.is_permanent() => {
+                    return Err(DialFailure::Refused(ClientError::Tls {
+                        replica: addr.to_string(),
+                        reason: error.to_string(),
+                    }))
+                }
+                Ok(Err(error)) => return Err(DialFailure::Transient(error.to_string())),
+                Ok(Ok(stream)) => stream,
+            };
+        let transport = framed(stream, CLIENT_FRAME_BYTES_MAX);
+        Ok(ControlLogClient::new(client::Config::default(), transport).spawn())
     }
 
     fn next_seed(&self) -> String {

@@ -10,6 +10,7 @@ mod sequences;
 mod session;
 mod subscription;
 pub mod tls;
+pub mod version;
 
 pub use connection::{
     ClientError, ClientOptions, ControlClient, CLIENT_FRAME_BYTES_MAX, CONNECT_TIMEOUT,

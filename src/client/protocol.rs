@@ -182,6 +182,23 @@ pub enum ApiError {
         /// The level the log records.
         recorded: Level,
     },
+    /// The `hello` of a connection offered only protocol versions this replica does not
+    /// speak (a build too new or too old for it). Nothing else is served on the connection
+    /// until a `hello` agrees.
+    #[error(
+        "protocol versions {offered_min}..={offered_max} offered, but this replica speaks \
+         {supported_min}..={supported_max}"
+    )]
+    ProtocolUnsupported {
+        /// The lowest version offered.
+        offered_min: u16,
+        /// The highest version offered.
+        offered_max: u16,
+        /// The lowest version this replica speaks.
+        supported_min: u16,
+        /// The highest version this replica speaks.
+        supported_max: u16,
+    },
 }
 
 impl ApiError {
@@ -439,6 +456,38 @@ pub trait ControlLog {
     /// other chunks at that offset, on the same connection. `Invalid` if the connection no
     /// longer holds that state (start again from chunk 0).
     async fn state_chunk(offset: Offset, chunk: u32) -> Result<StateChunk, ApiError>;
+    /// The version handshake ([`version`](super::version)): the first request on a
+    /// connection, before `authenticate` and without credentials. A connection that sends
+    /// none is served as v0.1.0 served it.
+    async fn hello(offer: ProtocolOffer) -> Result<Hello, ApiError>;
+}
+
+/// What one side of a connection speaks: the first request's argument (the version
+/// handshake's rules are in [`version`](super::version)).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProtocolOffer {
+    /// The lowest protocol version the sender speaks.
+    pub min: u16,
+    /// The highest protocol version the sender speaks.
+    pub max: u16,
+    /// The sender's build (for example `ctrlog 0.2.0`), for the other side's logs.
+    pub build: String,
+}
+
+/// The answer to `hello`: how the connection speaks from now on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// The version agreed on: the highest both sides speak.
+    pub protocol: u16,
+    /// What the server speaks, and its build.
+    pub server: ProtocolOffer,
+    /// The requests the server serves beyond those of
+    /// [`PROTOCOL_V010`](super::version::PROTOCOL_V010); a caller sends one of them only if
+    /// it is listed.
+    pub requests: Vec<String>,
+    /// The highest vocabulary level the server's build knows: a leader asks before it adds a
+    /// replica or raises the level.
+    pub vocabulary_level_max: Level,
 }
 
 /// A piece of an encoded [`StateAt`]: the chunks' bytes, in order, decode to it.

@@ -209,3 +209,14 @@ pub enum Rejection {
         launch: Offset,
     },
 }
+
+impl Rejection {
+    /// Whether v0.1.0 knows this variant (it decodes none added after it): a replica answers a
+    /// v0.1.0 client's refusal of any other as a message instead.
+    pub fn known_to_v010(&self) -> bool {
+        !matches!(
+            self,
+            Rejection::ContainerExists { .. } | Rejection::NoSuchLaunch { .. }
+        )
+    }
+}

@@ -21,7 +21,8 @@ use super::elector::ElectionTimer;
 use super::proposer::BATCH_BYTES_MAX;
 use super::types::*;
 use crate::client::tls::{dial_expecting, framed, node_name};
-use crate::client::Member;
+use crate::client::version::{Hello, ProtocolOffer};
+use crate::client::{ApiError, Member};
 use crate::log::Level;
 use crate::NodeId;
 
@@ -64,11 +65,13 @@ pub trait RaftRpc {
     async fn install_snapshot(
         request: InstallSnapshotRequest,
     ) -> Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>>;
-    /// The highest vocabulary level this replica's build knows, which a leader asks before
-    /// adding it (a build that does not know the recorded level stops applying). Not a Raft
-    /// request. Added after v0.1.0 and last, so that the requests before it keep their wire
-    /// form; a replica of an earlier build closes the connection on it.
-    async fn vocabulary_level_max() -> Level;
+    /// The version handshake ([`version`](crate::client::version)), sent first on every
+    /// connection a replica dials; its answer also says the highest vocabulary level the
+    /// peer's build knows, which a leader asks before adding a replica or raising the level
+    /// (a build that does not know the recorded level stops applying). Not a Raft request.
+    /// Added after v0.1.0 and last, so that the requests before it keep their wire form; a
+    /// replica of v0.1.0 closes the connection on it, and is then spoken to as v0.1.0 spoke.
+    async fn hello(offer: ProtocolOffer) -> Result<Hello, ApiError>;
 }
 
 /// Creates one [`PeerClient`] per target; openraft asks for a new one when it needs to.
@@ -82,7 +85,9 @@ pub struct PeerNetwork {
 
 impl PeerNetwork {
     /// Asks the replica `id` at `member`'s peer port for the highest vocabulary level its
-    /// build knows, within `timeout`. The error says why there was no answer.
+    /// build knows, within `timeout` (its `hello` says; a v0.1.0 replica, which has none,
+    /// knows [`V010_LEVEL_MAX`](crate::client::version::V010_LEVEL_MAX)). The error says
+    /// why there was no answer.
     pub async fn vocabulary_level_max(
         &self,
         id: NodeId,
@@ -90,16 +95,11 @@ impl PeerNetwork {
         timeout: Duration,
     ) -> Result<Level, String> {
         let mut peer = self.client_for(id, member);
-        let client = peer
+        let (_, hello) = peer
             .connected(timeout)
             .await
             .map_err(CallError::into_message)?;
-        let mut ctx = context::current();
-        ctx.deadline = Instant::now() + timeout;
-        client
-            .vocabulary_level_max(ctx)
-            .await
-            .map_err(|e| format!("peer port {}: {e}", member.peer_addr))
+        Ok(hello.vocabulary_level_max)
     }
 }
 
@@ -130,7 +130,8 @@ pub struct PeerClient {
     addr: String,
     tls: Option<Arc<rustls::ClientConfig>>,
     elections: Option<Arc<ElectionTimer>>,
-    client: Option<RaftRpcClient>,
+    /// The connection, and what its `hello` agreed.
+    client: Option<(RaftRpcClient, Arc<Hello>)>,
     /// When the oldest call not answered on this connection was sent, if any is; calls that
     /// openraft abandoned at their TTL count, since their answers never came.
     unanswered_since: Option<Instant>,
@@ -168,7 +169,9 @@ impl CallError {
 }
 
 impl PeerClient {
-    async fn connected(&mut self, ttl: Duration) -> Result<RaftRpcClient, CallError> {
+    /// The connection to the peer, dialled and introduced (`hello`) within `ttl` if there is
+    /// none, with what its `hello` agreed.
+    async fn connected(&mut self, ttl: Duration) -> Result<(RaftRpcClient, Arc<Hello>), CallError> {
         if self
             .unanswered_since
             .is_some_and(|since| since.elapsed() > SILENT_CONNECTION_MAX)
@@ -180,18 +183,47 @@ impl PeerClient {
             return Ok(client.clone());
         }
         self.unanswered_since = None;
+        let deadline = Instant::now() + ttl.min(CONNECT_TIMEOUT);
+        let client = self.open(deadline).await?;
+        let mut ctx = context::current();
+        ctx.deadline = deadline;
+        let connection = match client.hello(ctx, ProtocolOffer::ours()).await {
+            Ok(Ok(hello)) => (client, Arc::new(hello)),
+            Ok(Err(refused)) => {
+                return Err(CallError::Network(format!(
+                    "peer {} refused hello: {refused}",
+                    self.target
+                )))
+            }
+            Err(tarpc::client::RpcError::DeadlineExceeded) => {
+                return Err(CallError::Network(format!(
+                    "peer {} did not answer hello",
+                    self.target
+                )))
+            }
+            // A v0.1.0 replica knows no `hello` and closes the connection: speak its
+            // protocol, which needs no handshake, on a new one.
+            Err(closed) => {
+                tracing::debug!(peer = self.target, error = %closed, "no hello: speaking v0.1.0's protocol");
+                (self.open(deadline).await?, Arc::new(Hello::v010()))
+            }
+        };
+        self.client = Some(connection.clone());
+        Ok(connection)
+    }
+
+    /// A new connection to the peer, dialled by `deadline`, expecting its certificate.
+    async fn open(&self, deadline: Instant) -> Result<RaftRpcClient, CallError> {
         let expected = node_name(self.target);
-        let stream = tokio::time::timeout(
-            ttl.min(CONNECT_TIMEOUT),
+        let stream = tokio::time::timeout_at(
+            deadline.into(),
             dial_expecting(&self.addr, self.tls.as_ref(), Some(&expected)),
         )
         .await
         .map_err(|_| CallError::Unreachable(format!("connecting to {} timed out", self.addr)))?
         .map_err(|e| CallError::Unreachable(e.to_string()))?;
         let transport = framed(stream, PEER_FRAME_BYTES_MAX);
-        let client = RaftRpcClient::new(client::Config::default(), transport).spawn();
-        self.client = Some(client.clone());
-        Ok(client)
+        Ok(RaftRpcClient::new(client::Config::default(), transport).spawn())
     }
 
     fn context(option: &RPCOption) -> context::Context {
@@ -226,7 +258,7 @@ impl PeerClient {
         F: FnOnce(RaftRpcClient, context::Context) -> Fut,
         Fut: std::future::Future<Output = Result<Result<T, RaftError<E>>, tarpc::client::RpcError>>,
     {
-        let client = self
+        let (client, _) = self
             .connected(option.hard_ttl())
             .await
             .map_err(CallError::into_rpc)?;
@@ -387,22 +419,67 @@ mod tests {
         }
     }
 
+    /// A peer that says hello and then never answers.
+    #[derive(Clone)]
+    struct SilentPeer;
+
+    impl RaftRpc for SilentPeer {
+        async fn append_entries(
+            self,
+            _: context::Context,
+            _: AppendEntriesRequest,
+        ) -> Result<AppendEntriesResponse, RaftError> {
+            std::future::pending().await
+        }
+
+        async fn vote(
+            self,
+            _: context::Context,
+            _: VoteRequest,
+        ) -> Result<VoteResponse, RaftError> {
+            std::future::pending().await
+        }
+
+        async fn install_snapshot(
+            self,
+            _: context::Context,
+            _: InstallSnapshotRequest,
+        ) -> Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>> {
+            std::future::pending().await
+        }
+
+        async fn hello(self, _: context::Context, offer: ProtocolOffer) -> Result<Hello, ApiError> {
+            let ours = ProtocolOffer::ours();
+            Ok(Hello {
+                protocol: ours.agree(&offer)?,
+                server: ours,
+                requests: Vec::new(),
+                vocabulary_level_max: 1,
+            })
+        }
+    }
+
     /// Goal: a peer connection that stops answering (as one does whose packets a partition
     /// swallowed, until TCP's retransmission backoff resends them) is replaced by a fresh
-    /// connection, instead of holding every later call. Steps: a "peer" that accepts
-    /// connections and never answers; votes with a short TTL, until a second connection
-    /// arrives. Before the fix the first connection was kept for good.
+    /// connection, instead of holding every later call. Steps: a "peer" that answers the
+    /// connection's `hello` and nothing after; votes with a short TTL, until a second
+    /// connection arrives. Before the fix the first connection was kept for good.
     #[tokio::test]
     async fn a_silent_connection_is_dialled_afresh() {
+        use futures::StreamExt;
+        use tarpc::server::{BaseChannel, Channel};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));
         let counted = accepted.clone();
         tokio::spawn(async move {
-            let mut silent = Vec::new();
             while let Ok((stream, _)) = listener.accept().await {
                 counted.fetch_add(1, Ordering::SeqCst);
-                silent.push(stream);
+                let transport = framed(stream, PEER_FRAME_BYTES_MAX);
+                let serving = BaseChannel::with_defaults(transport)
+                    .execute(SilentPeer.serve())
+                    .for_each_concurrent(None, |answer| answer);
+                tokio::spawn(serving);
             }
         });
         let mut peer = PeerNetwork::default()

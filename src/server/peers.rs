@@ -12,8 +12,9 @@ use tokio_rustls::TlsAcceptor;
 use super::connections::{serve_each_connection, PortLimits};
 use super::tls::named_nodes;
 use crate::client::tls::framed;
+use crate::client::version::{Hello, ProtocolOffer, PEER_REQUESTS_AFTER_V010};
+use crate::client::ApiError;
 use crate::log::vocabulary::LEVEL_MAX;
-use crate::log::Level;
 use crate::raft::elector::ElectionTimer;
 use crate::raft::network::{RaftRpc, RaftRpcRequest, RaftRpcResponse, PEER_FRAME_BYTES_MAX};
 use crate::raft::types::*;
@@ -190,8 +191,21 @@ impl RaftRpc for RaftRpcServer {
     }
 
     /// Names no sender to check: with TLS on, only the cluster's CA's certificates get here.
-    async fn vocabulary_level_max(self, _: context::Context) -> Level {
-        LEVEL_MAX
+    /// Nothing this build sends a peer differs by version yet, so the version agreed is only
+    /// answered, not kept.
+    async fn hello(self, _: context::Context, offer: ProtocolOffer) -> Result<Hello, ApiError> {
+        let ours = ProtocolOffer::ours();
+        let protocol = ours.agree(&offer)?;
+        tracing::debug!(build = %offer.build, protocol, "peer said hello");
+        Ok(Hello {
+            protocol,
+            server: ours,
+            requests: PEER_REQUESTS_AFTER_V010
+                .iter()
+                .map(|r| r.to_string())
+                .collect(),
+            vocabulary_level_max: LEVEL_MAX,
+        })
     }
 }
 

@@ -7,10 +7,12 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicU16;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{SinkExt, StreamExt};
 use tarpc::server::{BaseChannel, Channel};
 use tarpc::{context, ClientMessage, Response};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -20,11 +22,15 @@ use super::auth::{authorize, Action, Authenticator, Principal};
 use super::connections::{serve_each_connection, PortLimits};
 use super::handle::ReplicaHandle;
 use crate::client::tls::framed;
+use crate::client::version::{
+    error_for_protocol, Hello, ProtocolOffer, CLIENT_REQUESTS_AFTER_V010, PROTOCOL_V010,
+};
 use crate::client::{
     AnswerSlot, ApiError, AppendAck, ControlLog, ControlLogRequest, ControlLogResponse,
     FetchRequest, FetchResponse, HeartbeatAck, Member, StateAt, StateChunk, Status,
     ANSWER_ENVELOPE_BYTES_MAX, APPEND_MANY_PROPOSALS_MAX,
 };
+use crate::log::vocabulary::LEVEL_MAX;
 use crate::log::{ContainerId, Epoch, Offset, Proposal, TaskId};
 use crate::NodeId;
 
@@ -113,10 +119,16 @@ pub async fn serve_clients(
             principal: Arc::new(std::sync::Mutex::new(principal)),
             failed_authentications: Arc::default(),
             hang_up: Arc::default(),
+            protocol: Arc::new(AtomicU16::new(PROTOCOL_V010)),
         };
         let hang_up = server.hang_up.clone();
+        let protocol = server.protocol.clone();
         async move {
-            let transport = framed::<_, Request, Reply>(accepted.stream, frame_bytes_max);
+            // Every answer leaves in a form the connection's protocol decodes.
+            let transport = framed::<_, Request, Reply>(accepted.stream, frame_bytes_max)
+                .with(move |reply: Reply| {
+                    futures::future::ready(Ok(for_protocol(reply, protocol.load(Relaxed))))
+                });
             // Our own bound answers excess requests with a typed `Overloaded`; tarpc's, at
             // twice the size, only bounds what a client that ignores those answers can queue.
             let serving = BaseChannel::with_defaults(transport)
@@ -165,6 +177,39 @@ struct ControlLogServer {
     failed_authentications: Arc<std::sync::atomic::AtomicU32>,
     /// Ends the connection (see [`AUTHENTICATE_FAILURES_MAX`]).
     hang_up: Arc<tokio::sync::Notify>,
+    /// The protocol version the connection's `hello` agreed on; v0.1.0's until one does.
+    protocol: Arc<AtomicU16>,
+}
+
+/// `reply` as a client speaking `protocol` decodes it (see [`error_for_protocol`]).
+fn for_protocol(reply: Reply, protocol: u16) -> Reply {
+    use ControlLogResponse::*;
+    if protocol > PROTOCOL_V010 {
+        return reply;
+    }
+    let down = |error| error_for_protocol(error, protocol);
+    let message = reply.message.map(|answer| match answer {
+        Append(a) => Append(a.map_err(down)),
+        Fetch(a) => Fetch(a.map_err(down)),
+        State(a) => State(a.map_err(down)),
+        Status(a) => Status(a.map_err(down)),
+        Heartbeat(a) => Heartbeat(a.map_err(down)),
+        AddMember(a) => AddMember(a.map_err(down)),
+        RemoveMember(a) => RemoveMember(a.map_err(down)),
+        Snapshot(a) => Snapshot(a.map_err(down)),
+        Authenticate(a) => Authenticate(a.map_err(down)),
+        AppendMany(a) => AppendMany(
+            a.map_err(down)
+                .map(|acks| acks.into_iter().map(|ack| ack.map_err(down)).collect()),
+        ),
+        StateChunk(a) => StateChunk(a.map_err(down)),
+        // Whoever sends `hello` is newer than v0.1.0 and decodes its refusal.
+        Hello(a) => Hello(a),
+    });
+    Reply {
+        request_id: reply.request_id,
+        message,
+    }
 }
 
 impl ControlLogServer {
@@ -340,8 +385,8 @@ impl ControlLog for ControlLogServer {
             .state(min_offset, clamp_wait(&ctx, max_wait_ms))
             .await?;
         // An answer that cannot be encoded within the frame limit would close the connection
-        // and leave the caller retrying; refuse it in words instead. (Sending a large state in
-        // chunks needs a request older clients do not know: the protocol handshake's work.)
+        // and leave the caller retrying; refuse it in words instead. The client reads it in
+        // chunks then (a v0.1.0 client, which knows no `state_chunk`, is told `Invalid`).
         let size = bincode::serialized_size(&at).unwrap_or(u64::MAX);
         let limit = self.answer_bytes_max() as u64;
         if size > limit {
@@ -434,6 +479,23 @@ impl ControlLog for ControlLogServer {
         let _permit = self.admit()?;
         self.check(Action::Snapshot)?;
         self.replica.snapshot().await
+    }
+
+    async fn hello(self, _: context::Context, offer: ProtocolOffer) -> Result<Hello, ApiError> {
+        let _permit = self.admit()?;
+        let ours = ProtocolOffer::ours();
+        let agreed = ours.agree(&offer)?;
+        self.protocol.store(agreed, Relaxed);
+        tracing::debug!(build = %offer.build, protocol = agreed, "client said hello");
+        Ok(Hello {
+            protocol: agreed,
+            server: ours,
+            requests: CLIENT_REQUESTS_AFTER_V010
+                .iter()
+                .map(|r| r.to_string())
+                .collect(),
+            vocabulary_level_max: LEVEL_MAX,
+        })
     }
 
     async fn authenticate(self, _: context::Context, token: String) -> Result<String, ApiError> {

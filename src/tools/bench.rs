@@ -28,6 +28,8 @@ pub const OWN_CLUSTER_REPLICAS: u64 = 3;
 /// ([`add_replica`](Self::add_replica)) wait to be made members.
 pub struct ProcessCluster {
     exe: PathBuf,
+    /// The replicas that run another binary than `exe` since [`replace`](Self::replace).
+    replaced: std::collections::HashMap<usize, PathBuf>,
     dir: tempfile::TempDir,
     members: String,
     initial: usize,
@@ -159,6 +161,7 @@ impl ProcessCluster {
         }
         let mut cluster = ProcessCluster {
             exe,
+            replaced: Default::default(),
             dir,
             members,
             initial: size as usize,
@@ -242,7 +245,7 @@ impl ProcessCluster {
             .create(true)
             .append(true)
             .open(self.dir.path().join(format!("replica-{}.log", i + 1)))?;
-        let mut process = Process::new(&self.exe);
+        let mut process = Process::new(self.replaced.get(&i).unwrap_or(&self.exe));
         process
             .args(["serve", "--id", &(i + 1).to_string(), "--peer-addr", peer])
             .args(["--client-addr", client]);
@@ -357,6 +360,25 @@ impl ProcessCluster {
     /// Starts replica `i` again on its directory (killing it first if it runs).
     pub fn restart(&mut self, i: usize) -> anyhow::Result<()> {
         self.kill(i);
+        self.children[i] = Some(self.spawn(i)?);
+        Ok(())
+    }
+
+    /// One step of a rolling upgrade (or of a rollback): stops replica `i` as a service
+    /// manager would (SIGTERM, then SIGKILL after `grace`) and starts the binary at `exe` on
+    /// its directory, with its addresses and flags.
+    pub async fn replace(&mut self, i: usize, exe: PathBuf, grace: Duration) -> anyhow::Result<()> {
+        if let Some(mut child) = self.children[i].take() {
+            // SAFETY: kill(2) on a child process this struct owns; no memory is involved.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            let deadline = Instant::now() + grace;
+            while child.try_wait()?.is_none() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let _ = child.kill();
+            child.wait()?;
+        }
+        self.replaced.insert(i, exe);
         self.children[i] = Some(self.spawn(i)?);
         Ok(())
     }

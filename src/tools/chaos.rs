@@ -1010,7 +1010,7 @@ async fn first_commit_under_new_leader(
 }
 
 /// Everything one replica retains, up to `last`, without a gap.
-async fn read_log(addr: &str, last: Offset) -> anyhow::Result<Vec<LogEntry>> {
+pub async fn read_log(addr: &str, last: Offset) -> anyhow::Result<Vec<LogEntry>> {
     let client = ControlClient::connect(&[addr.to_string()]).await?;
     let mut entries = Vec::new();
     let mut next = 1;
