@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
-use ctrlog::client::{ClientError, ControlClient, SubscriptionItem};
+use ctrlog::client::{ClientError, ControlClient, Status, SubscriptionItem};
 use ctrlog::jobs::Rejection;
 use ctrlog::log::{
     Command, Filter, Frame, LogEntry, ProducerSeq, Proposal, SetVocabularyLevel, Target,
@@ -31,6 +31,9 @@ const WAIT: Duration = Duration::from_secs(60);
 
 /// How long a replica has to stop after SIGTERM, as a service manager would allow.
 const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Raft entries each replica applies between snapshots: a few per step.
+const SNAPSHOT_EVERY: u64 = 8;
 
 /// Acknowledged appends each running client must add after every step.
 const APPENDS_PER_STEP: u64 = 3;
@@ -312,20 +315,31 @@ async fn progress(step: &str, running: &[&Client]) {
     .await;
 }
 
-/// Waits until the replica at `addr` (asked alone, as `ctrlog status` on its host would) knows
-/// a leader and has applied everything the leader had when the step was taken: only then is
-/// the next replica stopped, so that the cluster never loses its quorum.
-async fn caught_up(step: &str, addr: &str, admin: &ControlClient) {
+/// The status of the replica at `addr` alone, as `ctrlog status` on its host shows it.
+async fn status_of(addr: &str) -> Result<Status, ClientError> {
+    ControlClient::connect(&[addr.to_string()])
+        .await?
+        .status()
+        .await
+}
+
+/// Waits until the replica at `addr` knows a leader, has applied everything the leader had
+/// when the step was taken, and has taken a snapshot of its own since `snapshot_before` (so
+/// the next build to open its directory reads a snapshot this one wrote). Only then is the
+/// next replica stopped, so that the cluster never loses its quorum.
+async fn caught_up(step: &str, addr: &str, admin: &ControlClient, snapshot_before: Option<u64>) {
     let target = admin.leader_status().await.unwrap().applied_offset;
-    let alone = ControlClient::connect(&[addr.to_string()]).await.unwrap();
     poll_until(step, WAIT, POLL_INTERVAL, || async {
-        match alone.status().await {
-            Ok(status) if status.leader_id.is_some() && status.applied_offset >= target => Ok(()),
-            Ok(status) => Err(format!(
-                "leader {:?}, applied {} of {target}",
-                status.leader_id, status.applied_offset
+        let status = status_of(addr).await.map_err(|e| e.to_string())?;
+        match status.leader_id.is_some()
+            && status.applied_offset >= target
+            && status.snapshot_index > snapshot_before
+        {
+            true => Ok(()),
+            false => Err(format!(
+                "leader {:?}, applied {} of {target}, snapshot at index {:?}",
+                status.leader_id, status.applied_offset, status.snapshot_index
             )),
-            Err(error) => Err(error.to_string()),
         }
     })
     .await
@@ -350,7 +364,13 @@ enum Order {
 
 async fn rolling_upgrade(order: Order) {
     let (old, new) = (v010_binary(), this_build());
-    let mut cluster = ProcessCluster::start_with(old.clone(), 3, &[])
+    // Frequent snapshots, so that each build restarts from (and the rolled-back v0.1.0
+    // reads) snapshots the other wrote.
+    let snapshots = [
+        "--snapshot-logs-since-last".to_string(),
+        SNAPSHOT_EVERY.to_string(),
+    ];
+    let mut cluster = ProcessCluster::start_with(old.clone(), 3, &snapshots)
         .await
         .unwrap();
     let seeds = cluster.client_addrs();
@@ -402,9 +422,10 @@ async fn rolling_upgrade(order: Order) {
             steps.push((new.clone(), "replica 1 upgraded again".into()));
         }
         for (exe, step) in steps {
+            let snapshot_before = status_of(addr).await.unwrap().snapshot_index;
             cluster.replace(i, exe, STOP_GRACE).await.unwrap();
             progress(&step, &running).await;
-            caught_up(&step, addr, &admin).await;
+            caught_up(&step, addr, &admin, snapshot_before).await;
         }
         if i < 2 {
             // A replica of v0.1.0 remains: the leader refuses the level it does not know.
