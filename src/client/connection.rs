@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot, Mutex, Semaphore};
 use super::protocol::*;
 use super::sequences::Sequences;
 use super::tls::{dial, framed};
-use super::version::ProtocolOffer;
+use super::version::{Hello, ProtocolOffer};
 use crate::log::{
     Command, ContainerId, Epoch, Offset, ProducerId, ProducerSeq, Proposal, Target, TaskId,
 };
@@ -264,7 +264,8 @@ pub(crate) struct Settings {
 /// (or count against the in-flight limit of) the client's appends.
 pub(crate) struct Connector {
     settings: Settings,
-    current: Mutex<Option<(String, ControlLogClient)>>,
+    /// The replica spoken to, its connection, and what its `hello` agreed.
+    current: Mutex<Option<(String, ControlLogClient, Arc<Hello>)>>,
     /// Index into the seeds of the next replica to try; starts at a random one so that many
     /// clients spread over the replicas.
     next_seed: std::sync::atomic::AtomicUsize,
@@ -329,16 +330,26 @@ impl Connector {
         &self.settings
     }
 
+    /// Whether the replica spoken to now offered `request` in its `hello` (a request added
+    /// after v0.1.0 is sent only where it was). False before the first connection.
+    async fn offered(&self, request: &str) -> bool {
+        (self.current.lock().await.as_ref()).is_some_and(|(_, _, hello)| hello.offers(request))
+    }
+
     /// Dials `addr`, agrees on the protocol version (`hello`) and presents the token. A
     /// failure retrying cannot fix (TLS refused a certificate, no protocol version in
     /// common, the token is refused) is `DialFailure::Refused`, ended at once.
-    async fn dial(addr: &str, options: &ClientOptions) -> Result<ControlLogClient, DialFailure> {
+    async fn dial(
+        addr: &str,
+        options: &ClientOptions,
+    ) -> Result<(ControlLogClient, Arc<Hello>), DialFailure> {
         let mut client = Self::open(addr, options).await?;
         let mut ctx = context::current();
         ctx.deadline = Instant::now() + options.connect_timeout;
-        match client.hello(ctx, ProtocolOffer::ours()).await {
+        let hello = match client.hello(ctx, ProtocolOffer::ours()).await {
             Ok(Ok(hello)) => {
                 tracing::debug!(replica = addr, protocol = hello.protocol, build = %hello.server.build, "hello");
+                hello
             }
             Ok(Err(error @ ApiError::ProtocolUnsupported { .. })) => {
                 return Err(DialFailure::Refused(error.into()))
@@ -357,8 +368,9 @@ impl Connector {
             Err(closed) => {
                 tracing::debug!(replica = addr, error = %closed, "no hello: speaking v0.1.0's protocol");
                 client = Self::open(addr, options).await?;
+                Hello::v010()
             }
-        }
+        };
         if let Some(token) = &options.token {
             let mut ctx = context::current();
             ctx.deadline = Instant::now() + options.connect_timeout;
@@ -379,7 +391,7 @@ impl Connector {
                 }
             }
         }
-        Ok(client)
+        Ok((client, Arc::new(hello)))
     }
 
     /// A connection to `addr` (over TLS when the options say so), not yet introduced.
@@ -431,13 +443,13 @@ impl Connector {
                 let mut current = self.current.lock().await;
                 let wanted = target.take();
                 match (&*current, wanted) {
-                    (Some((addr, rpc)), None) => (addr.clone(), rpc.clone()),
-                    (Some((addr, rpc)), Some(w)) if *addr == w => (addr.clone(), rpc.clone()),
+                    (Some((addr, rpc, _)), None) => (addr.clone(), rpc.clone()),
+                    (Some((addr, rpc, _)), Some(w)) if *addr == w => (addr.clone(), rpc.clone()),
                     (_, wanted) => {
                         let addr = wanted.unwrap_or_else(|| self.next_seed());
                         match Self::dial(&addr, &self.settings.options).await {
-                            Ok(rpc) => {
-                                *current = Some((addr.clone(), rpc.clone()));
+                            Ok((rpc, hello)) => {
+                                *current = Some((addr.clone(), rpc.clone(), hello));
                                 (addr, rpc)
                             }
                             Err(DialFailure::Refused(error)) => {
@@ -1028,7 +1040,9 @@ pub(crate) async fn state_at(
         })
         .await;
     match whole {
-        Err(ClientError::Api(ApiError::AnswerTooLarge { .. })) => {
+        Err(ClientError::Api(ApiError::AnswerTooLarge { .. }))
+            if connector.offered("state_chunk").await =>
+        {
             state_in_chunks(connector, min_offset).await
         }
         answer => answer,
