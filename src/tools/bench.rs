@@ -65,8 +65,22 @@ pub fn worker_threads_each(replicas: usize) -> usize {
 /// A port free on 127.0.0.1 now, for a replica started later. It is drawn below the kernel's
 /// ephemeral range where that leaves room: a port from inside it may be taken in the meantime
 /// as the local port of any outgoing connection (a client, another test's replicas), and the
-/// replica would then fail to start with "address in use".
+/// replica would then fail to start with "address in use". Nor is a port handed out twice in
+/// one process: clusters started side by side (the tests of one file run at once) would
+/// otherwise draw the same free port now and then, before either replica bound it.
 fn free_port() -> std::io::Result<u16> {
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = unclaimed_port()?;
+        if HANDED_OUT.lock().expect("never poisoned").insert(port) {
+            return Ok(port);
+        }
+    }
+}
+
+/// A port free on 127.0.0.1 now (see [`free_port`]).
+fn unclaimed_port() -> std::io::Result<u16> {
     use rand::Rng;
     let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
