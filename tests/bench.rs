@@ -82,6 +82,23 @@ async fn append_and_fanout_report_the_documented_json() {
             .as_str()
             .unwrap()
             .contains("ctrlog-bench-"));
+        // CPU per commit of each process the bench started, and its own, and their sum.
+        let cpu = &result["cpu_per_commit_us"];
+        let each = ["replica-1", "replica-2", "replica-3", "client"].map(|process| {
+            cpu[process]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{process} in {cpu}"))
+        });
+        let total = cpu["total"].as_f64().unwrap();
+        assert!(
+            total > 0.0 && (total - each.iter().sum::<f64>()).abs() < 0.5,
+            "{cpu}"
+        );
+        let leader = result["leader"].as_str().unwrap();
+        assert!(
+            cpu[leader].as_f64().unwrap() > 0.0,
+            "the leader did work: {cpu}"
+        );
     }
     let fanout = &bench(&[
         "fanout",
@@ -150,6 +167,9 @@ async fn a_running_secure_cluster_is_benchmarked_with_the_client_flags() {
     let ops = appends["ops"].as_u64().unwrap();
     assert!(ops > 0);
     assert_eq!(appends["errors"], 0);
+    // The replicas of a cluster elsewhere are not the bench's to account: only its own CPU.
+    let cpu = appends["cpu_per_commit_us"].as_object().unwrap();
+    assert_eq!(cpu.keys().collect::<Vec<_>>(), ["client", "total"]);
     assert!(
         cluster.replica(leader).applied_offset() >= ops,
         "the measured appends are in the log"

@@ -501,6 +501,49 @@ fn tick(bar: ProgressBar, stop: Arc<AtomicBool>) {
     });
 }
 
+/// The CPU time (user and system, all threads) the kernel has accounted to process `pid` so
+/// far, from `/proc/<pid>/stat`; `None` if the process is gone or not readable.
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces; utime and stime are
+    // fields 14 and 15, the 12th and 13th after it.
+    let mut after_name = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
+    let ticks: u64 =
+        after_name.next()?.parse::<u64>().ok()? + after_name.next()?.parse::<u64>().ok()?;
+    // SAFETY: sysconf reads a constant of the system; no memory is involved.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Some(Duration::from_micros(ticks * 1_000_000 / per_second))
+}
+
+/// A process whose CPU a bench accounts per commit: a name for the report, and its pid.
+#[derive(Clone, Debug)]
+pub struct Accounted {
+    pub name: String,
+    pub pid: u32,
+}
+
+/// CPU per commit over a measured window: each process's CPU time from `before` to `after`
+/// divided by `commits`, in microseconds, and their sum under `total`. A process that could
+/// not be read at either end is left out (and so is not in the total).
+fn cpu_per_commit(
+    processes: &[Accounted],
+    before: &[Option<Duration>],
+    after: &[Option<Duration>],
+    commits: u64,
+) -> serde_json::Value {
+    let mut figures = serde_json::Map::new();
+    let mut total = 0.0;
+    for ((process, before), after) in processes.iter().zip(before).zip(after) {
+        if let (Some(before), Some(after)) = (before, after) {
+            let us = after.saturating_sub(*before).as_secs_f64() * 1e6 / commits.max(1) as f64;
+            total += us;
+            figures.insert(process.name.clone(), json!((us * 10.0).round() / 10.0));
+        }
+    }
+    figures.insert("total".into(), json!((total * 10.0).round() / 10.0));
+    serde_json::Value::Object(figures)
+}
+
 /// The cluster a bench runs against: where to reach it, and how (TLS, credentials). Its own
 /// clusters are plain; a running one (`--cluster`) takes the command line's client flags.
 #[derive(Clone)]
@@ -520,6 +563,11 @@ impl BenchTarget {
 
     async fn connect(&self) -> anyhow::Result<ControlClient> {
         self.connect_with(self.options.clone()).await
+    }
+
+    /// The node id of the cluster's leader now.
+    pub async fn leader(&self) -> anyhow::Result<crate::NodeId> {
+        Ok(self.connect().await?.leader_status().await?.id)
     }
 
     /// `producers` producers over `connections` connections, round-robin (`None` gives each
@@ -550,6 +598,9 @@ impl BenchTarget {
 /// `ctrlog bench append`: `clients` producers, each appending sequentially, over
 /// `connections` connections (round-robin; `None` gives every client its own, as etcd's
 /// benchmark `--conns` does the other way round); returns the result as JSON.
+///
+/// The CPU each of `accounted` (and this process, as `client`) spends per commit over the
+/// measured window is in `cpu_per_commit_us`, with the sum.
 pub async fn append(
     cluster: &BenchTarget,
     clients: usize,
@@ -557,7 +608,19 @@ pub async fn append(
     duration: Duration,
     warmup: Duration,
     payload_bytes: usize,
+    accounted: &[Accounted],
 ) -> anyhow::Result<serde_json::Value> {
+    let mut accounted = accounted.to_vec();
+    accounted.push(Accounted {
+        name: "client".into(),
+        pid: std::process::id(),
+    });
+    let cpu_now = || {
+        accounted
+            .iter()
+            .map(|p| cpu_time(p.pid))
+            .collect::<Vec<_>>()
+    };
     let (connections, connected) = cluster.producers(clients, connections).await?;
     let measuring = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
@@ -587,6 +650,7 @@ pub async fn append(
         .collect();
     tokio::time::sleep(warmup).await;
     measuring.store(true, Ordering::Relaxed);
+    let cpu_before = cpu_now();
     let started = Instant::now();
     tick(
         progress(duration.as_secs(), &format!("append, {clients} clients")),
@@ -595,11 +659,13 @@ pub async fn append(
     tokio::time::sleep(duration).await;
     measuring.store(false, Ordering::Relaxed);
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu_after = cpu_now();
     stop.store(true, Ordering::Relaxed);
     let mut all = histogram();
     for task in tasks {
         all.add(task.await?)?;
     }
+    let cpu = cpu_per_commit(&accounted, &cpu_before, &cpu_after, all.len());
     Ok(json!({
         "workload": "append",
         "clients": clients,
@@ -612,6 +678,7 @@ pub async fn append(
         "p999_us": all.value_at_quantile(0.999),
         "max_us": all.max(),
         "errors": errors.load(Ordering::Relaxed),
+        "cpu_per_commit_us": cpu,
     }))
 }
 
@@ -915,4 +982,67 @@ fn dir_bytes(path: &Path) -> u64 {
                 .sum()
         })
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// This process's CPU time as getrusage(2) reports it.
+    fn rusage_cpu() -> Duration {
+        // SAFETY: getrusage fills the struct it is given; it is zeroed plain data.
+        let usage = unsafe {
+            let mut usage: libc::rusage = std::mem::zeroed();
+            assert_eq!(libc::getrusage(libc::RUSAGE_SELF, &mut usage), 0);
+            usage
+        };
+        let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+        time(usage.ru_utime) + time(usage.ru_stime)
+    }
+
+    /// Goal: `cpu_time` reads the fields of `/proc/<pid>/stat` that hold user and system
+    /// time, in the kernel's ticks. Steps: burn CPU until getrusage shows 100 ms; read
+    /// `/proc` before and after getrusage: getrusage lies between them, within a few ticks
+    /// either side; a pid that does not exist reads as `None`.
+    #[test]
+    fn cpu_time_reads_the_kernels_accounting() {
+        let me = std::process::id();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut spin = 0u64;
+        while rusage_cpu() < Duration::from_millis(100) && Instant::now() < deadline {
+            spin = std::hint::black_box(spin.wrapping_mul(31).wrapping_add(1));
+        }
+        // The kernel samples /proc's times at its ticks (10 ms), getrusage more finely.
+        let tick = Duration::from_millis(30);
+        let before = cpu_time(me).unwrap();
+        let rusage = rusage_cpu();
+        let after = cpu_time(me).unwrap();
+        assert!(rusage >= Duration::from_millis(100));
+        assert!(
+            before.saturating_sub(tick) <= rusage && rusage <= after + tick,
+            "/proc says {before:?} then {after:?}, getrusage {rusage:?}"
+        );
+        assert_eq!(cpu_time(u32::MAX), None);
+    }
+
+    /// Goal: CPU per commit is each process's CPU over the window divided by the commits, and
+    /// the total is their sum; a process that could not be read is left out of both.
+    #[test]
+    fn cpu_per_commit_divides_each_process_and_sums() {
+        let process = |name: &str| Accounted {
+            name: name.into(),
+            pid: 0,
+        };
+        let ms = |ms| Some(Duration::from_millis(ms));
+        let figures = cpu_per_commit(
+            &[process("leader"), process("gone"), process("client")],
+            &[ms(100), ms(5), ms(40)],
+            &[ms(300), None, ms(140)],
+            10_000,
+        );
+        assert_eq!(
+            figures,
+            json!({"leader": 20.0, "client": 10.0, "total": 30.0})
+        );
+    }
 }

@@ -492,8 +492,9 @@ pub fn bench_line(result: &Value) -> String {
     let ms = |key: &str| result[key].as_u64().unwrap_or(0) as f64 / 1000.0;
     match result["workload"].as_str() {
         Some("append") => format!(
-            "append  clients {:>4}  connections {:>4}  {:>8} commits/s  p50 {:>7.2} ms  p99 {:>7.2} ms  p99.9 {:>7.2} ms  max {:>7.2} ms  errors {}  (disk fdatasync p50 {:.3} ms)",
-            result["clients"], result["connections"], result["ops_per_s"], ms("p50_us"), ms("p99_us"), ms("p999_us"), ms("max_us"), result["errors"], ms("fdatasync_p50_us")
+            "append  clients {:>4}  connections {:>4}  {:>8} commits/s  p50 {:>7.2} ms  p99 {:>7.2} ms  p99.9 {:>7.2} ms  max {:>7.2} ms  errors {}  (disk fdatasync p50 {:.3} ms)  CPU per commit: {}",
+            result["clients"], result["connections"], result["ops_per_s"], ms("p50_us"), ms("p99_us"), ms("p999_us"), ms("max_us"), result["errors"], ms("fdatasync_p50_us"),
+            cpu_line(result)
         ),
         Some("fanout") => format!(
             "fanout  subscribers {}  rate {}/s  delivered {}/{}  lag p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms  append p99 {:.2} ms",
@@ -508,6 +509,25 @@ pub fn bench_line(result: &Value) -> String {
         ),
         _ => result.to_string(),
     }
+}
+
+/// `cpu_per_commit_us` for people: each process's µs per commit (the leader marked), then the
+/// total.
+fn cpu_line(result: &Value) -> String {
+    let Some(figures) = result["cpu_per_commit_us"].as_object() else {
+        return "not measured".into();
+    };
+    let leader = result["leader"].as_str().unwrap_or_default();
+    let mut parts: Vec<String> = figures
+        .iter()
+        .filter(|(name, _)| *name != "total")
+        .map(|(name, us)| match name == leader {
+            true => format!("{name} (leader) {us} µs"),
+            false => format!("{name} {us} µs"),
+        })
+        .collect();
+    parts.push(format!("total {} µs", figures["total"]));
+    parts.join(", ")
 }
 
 /// `ctrlog chaos` figures for people.

@@ -150,9 +150,22 @@ pub async fn bench(
             let floor_dir = own
                 .as_ref()
                 .map_or_else(std::env::temp_dir, |c| c.data_dir().to_path_buf());
+            // Our own replicas' CPU is accounted beside the client's; a cluster elsewhere's
+            // is not ours to read.
+            let replicas: Vec<bench::Accounted> = own.as_ref().map_or_else(Vec::new, |c| {
+                (0..OWN_CLUSTER_REPLICAS as usize)
+                    .filter_map(|i| {
+                        Some(bench::Accounted {
+                            name: format!("replica-{}", i + 1),
+                            pid: c.pid(i)?,
+                        })
+                    })
+                    .collect()
+            });
             let mut results = Vec::new();
             for n in clients {
                 let floor = bench::fdatasync_floor(&floor_dir, bench::FDATASYNC_PROBE_WRITES);
+                let leader = target.leader().await?;
                 let result = bench::append(
                     &target,
                     n,
@@ -160,9 +173,11 @@ pub async fn bench(
                     Duration::from_secs(duration_s),
                     Duration::from_secs(warmup_s),
                     payload_bytes,
+                    &replicas,
                 )
                 .await?;
                 let mut result = result;
+                result["leader"] = serde_json::json!(format!("replica-{leader}"));
                 let (p50, p99) = floor.map_err(|e| {
                     anyhow::anyhow!("measuring fdatasync in {}: {e}", floor_dir.display())
                 })?;
