@@ -138,10 +138,13 @@ pub async fn serve_clients(
                 // than as a task each: no spawn and no cross-thread wake-up per request.
                 .for_each_concurrent(None, |response| response);
             tokio::select! {
-                _ = serving => {}
+                // Checked first at every wake-up: once a request has called for the hang-up,
+                // no later request on the connection is read, let alone answered.
+                biased;
                 _ = hang_up.notified() => {
                     tracing::info!(peer = %accepted.peer, "closing a connection after failed authentications");
                 }
+                _ = serving => {}
             }
             // The channel ends when the peer hangs up or sends a frame that does not decode
             // (or exceeds the limit); only this connection is affected.
