@@ -99,6 +99,17 @@ async fn append_and_fanout_report_the_documented_json() {
             cpu[leader].as_f64().unwrap() > 0.0,
             "the leader did work: {cpu}"
         );
+        // The leader's commit stages over the window, each seen and timed.
+        let stages = &result["leader_stages"];
+        for stage in ["queued", "raft", "log_sync", "replicated", "applied"] {
+            let figures = &stages[stage];
+            assert!(figures["count"].as_u64().unwrap() > 0, "{stage}: {stages}");
+            let (p50, p99) = (
+                figures["p50_us"].as_f64().unwrap(),
+                figures["p99_us"].as_f64().unwrap(),
+            );
+            assert!(p50 > 0.0 && p99 >= p50, "{stage}: {stages}");
+        }
     }
     let fanout = &bench(&[
         "fanout",

@@ -304,6 +304,7 @@ async fn a_dialled_peer_must_be_the_node_dialled() {
             client_config(&files.ca_file, Some((&files.cert_file, &files.key_file))).unwrap(),
         ),
         elections: None,
+        stages: None,
     };
     let replica_2 = cluster.replica(2).member();
     let misdirected = network.vocabulary_level_max(3, &replica_2, WAIT).await;

@@ -14,11 +14,13 @@ use std::ops::{Bound, RangeBounds};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader};
 
 use super::meta_store::MetaStore;
+use super::stages::{CommitStages, Stage};
 use super::types::{Entry, LogId, StorageError, StorageIOError, TypeConfig, Vote};
 use super::wal::{Wal, RECORD_BYTES_MAX};
 use crate::log::{decode, encode};
@@ -45,6 +47,8 @@ struct Shared {
     syncer: Option<Syncer>,
     /// The first log index still present, for the state machine's offset index.
     first_index: AtomicU64,
+    /// The commit path's stage timings on this replica (its `log_sync` is timed here).
+    stages: Arc<CommitStages>,
     /// What the durable snapshot allows purging, once a replica wires the state machine in
     /// with [`LogStore::guard_with_snapshots`].
     snapshots: Mutex<Option<SnapshotGuard>>,
@@ -86,6 +90,12 @@ fn write_err(e: impl std::error::Error + 'static) -> StorageError {
 }
 
 impl LogStore {
+    /// The commit path's stage timings on this replica, which its other parts (proposer,
+    /// network, state machine) record into too.
+    pub fn stages(&self) -> Arc<CommitStages> {
+        self.shared.stages.clone()
+    }
+
     /// Opens the log in `dir` (the WAL) with its metadata in `meta`.
     pub fn open(dir: &Path, meta: Arc<MetaStore>) -> io::Result<LogStore> {
         Self::open_with(dir, meta, SEGMENT_BYTES_MAX, Flushing::GroupCommit)
@@ -119,6 +129,7 @@ impl LogStore {
                     Flushing::Inline => None,
                 },
                 first_index: AtomicU64::new(first_index),
+                stages: Arc::default(),
                 snapshots: Mutex::new(None),
             }),
         })
@@ -401,6 +412,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             callback.log_io_completed(Ok(()));
             return Ok(());
         };
+        let written = Instant::now();
         let payloads: Vec<Vec<u8>> = entries.iter().map(encode).collect();
         let file = {
             let mut state = self.lock();
@@ -411,9 +423,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             state.last_log_id = Some(last);
             state.wal.active_file()
         };
+        let stages = self.shared.stages.clone();
         match &self.shared.syncer {
-            Some(syncer) => syncer.sync(file, callback),
-            None => callback.log_io_completed(sync_file(&file).map_err(io::Error::from)),
+            Some(syncer) => syncer.sync(file, callback, written, stages),
+            None => {
+                let synced = sync_file(&file).map_err(io::Error::from);
+                stages.observe(Stage::log_sync, written.elapsed());
+                callback.log_io_completed(synced)
+            }
         }
         Ok(())
     }
@@ -455,6 +472,9 @@ struct Syncer {
 struct SyncRequest {
     file: Arc<File>,
     callback: LogFlushed<TypeConfig>,
+    /// When the append's write began, and where its `log_sync` time goes.
+    written: Instant,
+    stages: Arc<CommitStages>,
 }
 
 /// `fdatasync`s one segment. The `wal-sync` fail point makes it fail, as a crash before the
@@ -487,6 +507,7 @@ impl Syncer {
                                     result
                                 }
                             };
+                        (request.stages).observe(Stage::log_sync, request.written.elapsed());
                         request
                             .callback
                             .log_io_completed(result.map_err(io::Error::from));
@@ -497,8 +518,20 @@ impl Syncer {
         Syncer { requests }
     }
 
-    fn sync(&self, file: Arc<File>, callback: LogFlushed<TypeConfig>) {
-        if let Err(mpsc::SendError(request)) = self.requests.send(SyncRequest { file, callback }) {
+    fn sync(
+        &self,
+        file: Arc<File>,
+        callback: LogFlushed<TypeConfig>,
+        written: Instant,
+        stages: Arc<CommitStages>,
+    ) {
+        let request = SyncRequest {
+            file,
+            callback,
+            written,
+            stages,
+        };
+        if let Err(mpsc::SendError(request)) = self.requests.send(request) {
             request
                 .callback
                 .log_io_completed(Err(io::Error::other("the wal sync thread has stopped")));

@@ -35,6 +35,7 @@ pub mod proposer;
 pub mod reader;
 mod recent;
 pub mod recover;
+pub mod stages;
 pub mod state_machine;
 pub mod storage;
 pub mod types;

@@ -19,6 +19,7 @@ use tarpc::{client, context};
 
 use super::elector::ElectionTimer;
 use super::proposer::BATCH_BYTES_MAX;
+use super::stages::{CommitStages, Stage};
 use super::types::*;
 use crate::client::tls::{dial_expecting, framed, node_name};
 use crate::client::version::{Hello, ProtocolOffer};
@@ -81,6 +82,8 @@ pub struct PeerNetwork {
     pub tls: Option<Arc<rustls::ClientConfig>>,
     /// The replica's election timer, told when a voter refuses it for a shorter log.
     pub elections: Option<Arc<ElectionTimer>>,
+    /// Where the `replicated` stage is timed (see [`stages`](super::stages)).
+    pub stages: Option<Arc<CommitStages>>,
 }
 
 impl PeerNetwork {
@@ -110,6 +113,7 @@ impl PeerNetwork {
             addr: node.peer_addr.clone(),
             tls: self.tls.clone(),
             elections: self.elections.clone(),
+            stages: self.stages.clone(),
             client: None,
             unanswered_since: None,
         }
@@ -130,6 +134,7 @@ pub struct PeerClient {
     addr: String,
     tls: Option<Arc<rustls::ClientConfig>>,
     elections: Option<Arc<ElectionTimer>>,
+    stages: Option<Arc<CommitStages>>,
     /// The connection, and what its `hello` agreed.
     client: Option<(RaftRpcClient, Arc<Hello>)>,
     /// When the oldest call not answered on this connection was sent, if any is; calls that
@@ -305,11 +310,15 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse, RpcError> {
         let cut_after = cut_to_bytes(&mut request, APPEND_ENTRIES_BYTES_MAX);
+        let (sent, carries_entries) = (Instant::now(), !request.entries.is_empty());
         let answer = self
             .call(&option, |client, ctx| async move {
                 client.append_entries(ctx, request).await
             })
             .await?;
+        if let (Some(stages), true) = (&self.stages, carries_entries) {
+            stages.observe(Stage::replicated, sent.elapsed());
+        }
         Ok(match (answer, cut_after) {
             (AppendEntriesResponse::Success, Some(last_sent)) => {
                 AppendEntriesResponse::PartialSuccess(Some(last_sent))

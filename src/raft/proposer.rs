@@ -27,10 +27,11 @@
 //! this replica, and the caller's idempotent retry learns it.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
+use super::stages::{CommitStages, Stage};
 use super::types::{Raft, RaftMetrics};
 use crate::client::ApiError;
 use crate::jobs::Outcome;
@@ -58,6 +59,8 @@ pub const QUEUE_BYTES_MAX: usize = 64 << 20;
 struct Pending {
     proposal: Proposal,
     reply: oneshot::Sender<ProposalResult>,
+    /// When it was queued, for the `queued` stage.
+    queued_at: Instant,
     /// The proposal's share of [`QUEUE_BYTES_MAX`], given back when it leaves the queue.
     _queued_bytes: OwnedSemaphorePermit,
 }
@@ -70,10 +73,11 @@ pub struct Proposer {
 }
 
 impl Proposer {
-    /// Starts the proposer task for `raft`. It stops when every handle is dropped.
-    pub fn start(raft: Raft) -> Proposer {
+    /// Starts the proposer task for `raft`, timing its stages (`queued`, `raft`) into
+    /// `stages`. It stops when every handle is dropped.
+    pub fn start(raft: Raft, stages: Arc<CommitStages>) -> Proposer {
         let (queue, incoming) = mpsc::channel(QUEUE_DEPTH);
-        tokio::spawn(run(raft, incoming));
+        tokio::spawn(run(raft, incoming, stages));
         Proposer {
             queue,
             queue_bytes: Arc::new(Semaphore::new(QUEUE_BYTES_MAX)),
@@ -95,6 +99,7 @@ impl Proposer {
         let pending = Pending {
             proposal,
             reply,
+            queued_at: Instant::now(),
             _queued_bytes: queued_bytes,
         };
         self.queue
@@ -163,7 +168,7 @@ fn term_over(mut metrics: watch::Receiver<RaftMetrics>) -> impl std::future::Fut
     }
 }
 
-async fn run(raft: Raft, mut incoming: mpsc::Receiver<Pending>) {
+async fn run(raft: Raft, mut incoming: mpsc::Receiver<Pending>, stages: Arc<CommitStages>) {
     let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT_MAX));
     let metrics = raft.metrics();
     let mut carried = None;
@@ -175,6 +180,10 @@ async fn run(raft: Raft, mut incoming: mpsc::Receiver<Pending>) {
         // it fits.
         let (pending, next) = take_batch(first, &mut incoming, |p| p.proposal.encoded_len());
         carried = next;
+        let handed_over = Instant::now();
+        for p in &pending {
+            stages.observe(Stage::queued, handed_over - p.queued_at);
+        }
         let (proposals, replies): (Vec<Proposal>, Vec<oneshot::Sender<ProposalResult>>) =
             pending.into_iter().map(|p| (p.proposal, p.reply)).unzip();
         let batch = Batch {
@@ -191,12 +200,16 @@ async fn run(raft: Raft, mut incoming: mpsc::Receiver<Pending>) {
                 return;
             }
         };
+        let stages = stages.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let outcome = tokio::select! {
                 outcome = receiver => outcome.ok(),
                 () = term_over => None,
             };
+            if let Some(Ok(_)) = &outcome {
+                stages.observe(Stage::raft, handed_over.elapsed());
+            }
             match outcome {
                 Some(Ok(response)) => {
                     debug_assert_eq!(response.data.len(), replies.len());

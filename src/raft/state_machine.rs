@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use super::log_store::LogStore;
 use super::meta_store::{MetaStore, VALUE_BYTES_MAX};
 use super::recent::RecentEntries;
+use super::stages::Stage;
 use super::types::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StorageIOError, StoredMembership,
     TypeConfig,
@@ -544,6 +545,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             &io::Error::other("injected: apply")
         )
         .into()));
+        let started = std::time::Instant::now();
         let first_log_index = self.shared.log.first_index();
         let mut state = self.shared.state.write().expect("state lock poisoned");
         let mut replies = Vec::new();
@@ -573,6 +575,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             last_offset: state.job.last_offset(),
         };
         drop(state);
+        (self.shared.log.stages()).observe(Stage::applied, started.elapsed());
         self.shared.applied.send_replace(applied);
         Ok(replies)
     }

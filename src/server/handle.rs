@@ -129,6 +129,11 @@ impl ReplicaHandle {
         &self.inner.telemetry
     }
 
+    /// The commit path's stage timings on this replica ([`crate::raft::stages`]).
+    pub(crate) fn commit_stages(&self) -> Arc<crate::raft::stages::CommitStages> {
+        self.inner.log.stages()
+    }
+
     /// Bytes of WAL segments on disk.
     pub fn wal_bytes(&self) -> u64 {
         self.inner.log.disk_bytes()

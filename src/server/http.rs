@@ -374,6 +374,7 @@ async fn metrics(State(replica): State<ReplicaHandle>) -> Response {
         expiry_days,
     );
     telemetry.register(&mut registry);
+    replica.commit_stages().register(&mut registry);
     let mut text = String::new();
     if let Err(error) = encode(&mut text, &registry) {
         return (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response();

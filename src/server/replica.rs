@@ -143,9 +143,11 @@ impl Replica {
             },
             rand::random(),
         ));
+        let stages = log.stages();
         let peers = PeerNetwork {
             tls: tls.as_ref().map(|t| t.to_peers.clone()),
             elections: Some(elections.clone()),
+            stages: Some(stages.clone()),
         };
         let raft = Raft::new(
             config.id,
@@ -176,7 +178,7 @@ impl Replica {
                 raft: raft.clone(),
                 log,
                 state_machine,
-                proposer: Proposer::start(raft.clone()),
+                proposer: Proposer::start(raft.clone(), stages),
                 peer_addr,
                 client_addr,
                 command_bytes_max: config.command_bytes_max,

@@ -544,6 +544,103 @@ fn cpu_per_commit(
     serde_json::Value::Object(figures)
 }
 
+/// One stage's histogram as scraped: `(upper bound in seconds, cumulative count)` per
+/// bucket, in increasing order, `+Inf` last.
+type Buckets = Vec<(f64, u64)>;
+
+/// The leader's `ctrlog_commit_stage_seconds` histograms ([`crate::raft::stages`]), scraped from its
+/// observability port at `addr`, by stage.
+pub async fn scrape_stages(
+    addr: std::net::SocketAddr,
+) -> anyhow::Result<std::collections::BTreeMap<String, Buckets>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await?;
+    let mut stages: std::collections::BTreeMap<String, Buckets> = Default::default();
+    for line in answer.lines() {
+        let Some(rest) = line.strip_prefix("ctrlog_commit_stage_seconds_bucket{") else {
+            continue;
+        };
+        let label = |name: &str| {
+            let start = rest.find(&format!("{name}=\""))? + name.len() + 2;
+            Some(&rest[start..start + rest[start..].find('"')?])
+        };
+        let (Some(stage), Some(le), Some(count)) = (
+            label("stage"),
+            label("le"),
+            line.rsplit(' ').next().and_then(|c| c.parse::<u64>().ok()),
+        ) else {
+            anyhow::bail!("a ctrlog_commit_stage_seconds line that does not parse: {line}");
+        };
+        let le = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            le.parse()?
+        };
+        stages
+            .entry(stage.to_string())
+            .or_default()
+            .push((le, count));
+    }
+    for buckets in stages.values_mut() {
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    Ok(stages)
+}
+
+/// The quantile `q` of what a histogram gained between two scrapes, in microseconds,
+/// interpolated within its bucket as Prometheus's `histogram_quantile` does (a value in the
+/// `+Inf` bucket reads as the last finite bound). `None` when it gained nothing.
+fn window_quantile(before: &[(f64, u64)], after: &[(f64, u64)], q: f64) -> Option<f64> {
+    let gained = |i: usize| {
+        let earlier = before.get(i).map_or(0, |b| b.1);
+        after[i].1.saturating_sub(earlier)
+    };
+    let total = gained(after.len().checked_sub(1)?);
+    if total == 0 {
+        return None;
+    }
+    let rank = q * total as f64;
+    let (mut lower, mut below) = (0.0, 0u64);
+    for (i, &(upper, _)) in after.iter().enumerate() {
+        let count = gained(i);
+        if count as f64 >= rank {
+            if upper.is_infinite() {
+                return Some(lower * 1e6);
+            }
+            let share = (rank - below as f64) / (count - below).max(1) as f64;
+            return Some((lower + (upper - lower) * share) * 1e6);
+        }
+        (lower, below) = (upper, count);
+    }
+    None
+}
+
+/// Each stage's p50 and p99 over a window, in microseconds, with how many passes it saw.
+fn stage_figures(
+    before: &std::collections::BTreeMap<String, Buckets>,
+    after: &std::collections::BTreeMap<String, Buckets>,
+) -> serde_json::Value {
+    let round = |us: Option<f64>| us.map(|us| (us * 10.0).round() / 10.0);
+    let mut figures = serde_json::Map::new();
+    for (stage, buckets) in after {
+        let earlier = before.get(stage).map(Vec::as_slice).unwrap_or_default();
+        let count = buckets.last().map_or(0, |b| b.1) - earlier.last().map_or(0, |b| b.1);
+        figures.insert(
+            stage.clone(),
+            json!({
+                "p50_us": round(window_quantile(earlier, buckets, 0.5)),
+                "p99_us": round(window_quantile(earlier, buckets, 0.99)),
+                "count": count,
+            }),
+        );
+    }
+    serde_json::Value::Object(figures)
+}
+
 /// The cluster a bench runs against: where to reach it, and how (TLS, credentials). Its own
 /// clusters are plain; a running one (`--cluster`) takes the command line's client flags.
 #[derive(Clone)]
@@ -600,7 +697,9 @@ impl BenchTarget {
 /// benchmark `--conns` does the other way round); returns the result as JSON.
 ///
 /// The CPU each of `accounted` (and this process, as `client`) spends per commit over the
-/// measured window is in `cpu_per_commit_us`, with the sum.
+/// measured window is in `cpu_per_commit_us`, with the sum; with `leader_http`, the leader's
+/// observability port, its commit stages over the window are in `leader_stages`.
+#[allow(clippy::too_many_arguments)] // each is one of the command's own options
 pub async fn append(
     cluster: &BenchTarget,
     clients: usize,
@@ -609,6 +708,7 @@ pub async fn append(
     warmup: Duration,
     payload_bytes: usize,
     accounted: &[Accounted],
+    leader_http: Option<std::net::SocketAddr>,
 ) -> anyhow::Result<serde_json::Value> {
     let mut accounted = accounted.to_vec();
     accounted.push(Accounted {
@@ -651,6 +751,10 @@ pub async fn append(
     tokio::time::sleep(warmup).await;
     measuring.store(true, Ordering::Relaxed);
     let cpu_before = cpu_now();
+    let stages_before = match leader_http {
+        Some(addr) => Some(scrape_stages(addr).await?),
+        None => None,
+    };
     let started = Instant::now();
     tick(
         progress(duration.as_secs(), &format!("append, {clients} clients")),
@@ -660,6 +764,10 @@ pub async fn append(
     measuring.store(false, Ordering::Relaxed);
     let elapsed = started.elapsed().as_secs_f64();
     let cpu_after = cpu_now();
+    let stages = match (leader_http, &stages_before) {
+        (Some(addr), Some(before)) => Some(stage_figures(before, &scrape_stages(addr).await?)),
+        _ => None,
+    };
     stop.store(true, Ordering::Relaxed);
     let mut all = histogram();
     for task in tasks {
@@ -679,6 +787,7 @@ pub async fn append(
         "max_us": all.max(),
         "errors": errors.load(Ordering::Relaxed),
         "cpu_per_commit_us": cpu,
+        "leader_stages": stages,
     }))
 }
 
@@ -1023,6 +1132,25 @@ mod tests {
             "/proc says {before:?} then {after:?}, getrusage {rusage:?}"
         );
         assert_eq!(cpu_time(u32::MAX), None);
+    }
+
+    /// Goal: a window's quantiles come from what each bucket gained between the scrapes,
+    /// interpolated within the bucket, as Prometheus's `histogram_quantile` does. Steps: 100
+    /// observations before the window (all slow) are left out; in the window, 50 fall in
+    /// (0, 1 ms] and 50 in (1, 2 ms]: p50 is 1 ms, p99 near 2 ms; one in `+Inf` reads as the
+    /// last bound; an empty window has none.
+    #[test]
+    fn window_quantiles_come_from_what_the_buckets_gained() {
+        let before = [(0.001, 0), (0.002, 0), (f64::INFINITY, 100)];
+        let after = [(0.001, 50), (0.002, 100), (f64::INFINITY, 200)];
+        assert_eq!(window_quantile(&before, &after, 0.5), Some(1000.0));
+        assert_eq!(
+            window_quantile(&before, &after, 0.99).map(f64::round),
+            Some(1980.0)
+        );
+        let overflow = [(0.001, 0), (0.002, 0), (f64::INFINITY, 101)];
+        assert_eq!(window_quantile(&before, &overflow, 0.5), Some(2000.0));
+        assert_eq!(window_quantile(&before, &before, 0.5), None);
     }
 
     /// Goal: CPU per commit is each process's CPU over the window divided by the commits, and

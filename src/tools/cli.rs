@@ -492,9 +492,9 @@ pub fn bench_line(result: &Value) -> String {
     let ms = |key: &str| result[key].as_u64().unwrap_or(0) as f64 / 1000.0;
     match result["workload"].as_str() {
         Some("append") => format!(
-            "append  clients {:>4}  connections {:>4}  {:>8} commits/s  p50 {:>7.2} ms  p99 {:>7.2} ms  p99.9 {:>7.2} ms  max {:>7.2} ms  errors {}  (disk fdatasync p50 {:.3} ms)  CPU per commit: {}",
+            "append  clients {:>4}  connections {:>4}  {:>8} commits/s  p50 {:>7.2} ms  p99 {:>7.2} ms  p99.9 {:>7.2} ms  max {:>7.2} ms  errors {}  (disk fdatasync p50 {:.3} ms)  CPU per commit: {}  leader stages p50/p99: {}",
             result["clients"], result["connections"], result["ops_per_s"], ms("p50_us"), ms("p99_us"), ms("p999_us"), ms("max_us"), result["errors"], ms("fdatasync_p50_us"),
-            cpu_line(result)
+            cpu_line(result), stages_line(result)
         ),
         Some("fanout") => format!(
             "fanout  subscribers {}  rate {}/s  delivered {}/{}  lag p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms  append p99 {:.2} ms",
@@ -528,6 +528,28 @@ fn cpu_line(result: &Value) -> String {
         .collect();
     parts.push(format!("total {} µs", figures["total"]));
     parts.join(", ")
+}
+
+/// `leader_stages` for people: each stage's p50 / p99 in milliseconds, in the commit path's
+/// order.
+fn stages_line(result: &Value) -> String {
+    let stages = &result["leader_stages"];
+    if !stages.is_object() {
+        return "not measured".into();
+    }
+    ["queued", "raft", "log_sync", "replicated", "applied"]
+        .iter()
+        .filter(|stage| stages[**stage].is_object())
+        .map(|stage| {
+            let ms = |q: &str| {
+                stages[*stage][q]
+                    .as_f64()
+                    .map_or("-".into(), |us| format!("{:.2}", us / 1000.0))
+            };
+            format!("{stage} {} / {} ms", ms("p50_us"), ms("p99_us"))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `ctrlog chaos` figures for people.

@@ -125,7 +125,9 @@ pub async fn bench(
     );
     // Our own cluster lives for the whole run; it is removed when dropped.
     let own = if needs_cluster && flags.cluster.is_empty() {
-        Some(ProcessCluster::start(OWN_CLUSTER_REPLICAS, &[]).await?)
+        // With their observability ports, for the leader's commit stages.
+        let exe = std::env::current_exe()?;
+        Some(ProcessCluster::start_with_http(exe, OWN_CLUSTER_REPLICAS, &[]).await?)
     } else {
         None
     };
@@ -166,6 +168,7 @@ pub async fn bench(
             for n in clients {
                 let floor = bench::fdatasync_floor(&floor_dir, bench::FDATASYNC_PROBE_WRITES);
                 let leader = target.leader().await?;
+                let leader_http = own.as_ref().and_then(|c| c.http_addr(leader as usize - 1));
                 let result = bench::append(
                     &target,
                     n,
@@ -174,6 +177,7 @@ pub async fn bench(
                     Duration::from_secs(warmup_s),
                     payload_bytes,
                     &replicas,
+                    leader_http,
                 )
                 .await?;
                 let mut result = result;
