@@ -28,6 +28,7 @@ tree="$(mktemp -d)/ctrlog-v0.1.0"
 trap 'git worktree remove --force "$tree" >/dev/null 2>&1 || true' EXIT
 git worktree add --detach "$tree" "$v010" >/dev/null 2>&1
 (cd "$tree" && CARGO_TARGET_DIR="$target" cargo build --locked -q --bin ctrlog >&2)
-cp "$target/debug/ctrlog" "$bin.partial"
-mv "$bin.partial" "$bin"
+# Copied under a name of this run's own, then renamed: a concurrent run never sees half a file.
+cp "$target/debug/ctrlog" "$bin.partial.$$"
+mv "$bin.partial.$$" "$bin"
 echo "$bin"

@@ -38,15 +38,21 @@ const SNAPSHOT_EVERY: u64 = 8;
 /// Acknowledged appends each running client must add after every step.
 const APPENDS_PER_STEP: u64 = 3;
 
-/// The v0.1.0 binary, built once and kept in `target/v0.1.0/`.
+/// The v0.1.0 binary, built once and kept in `target/v0.1.0/` (the tests here, which run at
+/// once, share one build).
 fn v010_binary() -> PathBuf {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/build-v0.1.0.sh");
-    let built = Process::new(script)
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("scripts/build-v0.1.0.sh runs");
-    assert!(built.status.success(), "building v0.1.0 failed");
-    PathBuf::from(String::from_utf8(built.stdout).unwrap().trim())
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/build-v0.1.0.sh");
+            let built = Process::new(script)
+                .stderr(Stdio::inherit())
+                .output()
+                .expect("scripts/build-v0.1.0.sh runs");
+            assert!(built.status.success(), "building v0.1.0 failed");
+            PathBuf::from(String::from_utf8(built.stdout).unwrap().trim())
+        })
+        .clone()
 }
 
 fn this_build() -> PathBuf {
