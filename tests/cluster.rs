@@ -890,12 +890,9 @@ impl RaftRpc for OlderBuildPeer {
         _: tarpc::context::Context,
         offer: ProtocolOffer,
     ) -> Result<Hello, ApiError> {
-        let ours = ProtocolOffer::ours();
         Ok(Hello {
-            protocol: ours.agree(&offer)?,
-            server: ours,
-            requests: vec!["hello".into()],
             vocabulary_level_max: self.level,
+            ..Hello::answering(&offer, &["hello"])?
         })
     }
 }

@@ -20,6 +20,7 @@ use std::ops::RangeInclusive;
 
 use super::protocol::ApiError;
 pub use super::protocol::{Hello, ProtocolOffer};
+use crate::log::vocabulary::LEVEL_MAX;
 use crate::log::Level;
 
 /// The protocol of v0.1.0 on either port: what a connection that sends no `hello` speaks.
@@ -67,6 +68,18 @@ impl ProtocolOffer {
 }
 
 impl Hello {
+    /// This build's answer to `offer` on a port whose requests added after v0.1.0 are
+    /// `requests`; `ProtocolUnsupported` when the offer's range does not meet this build's.
+    pub fn answering(offer: &ProtocolOffer, requests: &[&str]) -> Result<Hello, ApiError> {
+        let ours = ProtocolOffer::ours();
+        Ok(Hello {
+            protocol: ours.agree(offer)?,
+            server: ours,
+            requests: requests.iter().map(|r| r.to_string()).collect(),
+            vocabulary_level_max: LEVEL_MAX,
+        })
+    }
+
     /// What a server that answered no `hello` (v0.1.0) speaks.
     pub fn v010() -> Hello {
         Hello {

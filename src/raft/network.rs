@@ -458,13 +458,7 @@ mod tests {
         }
 
         async fn hello(self, _: context::Context, offer: ProtocolOffer) -> Result<Hello, ApiError> {
-            let ours = ProtocolOffer::ours();
-            Ok(Hello {
-                protocol: ours.agree(&offer)?,
-                server: ours,
-                requests: Vec::new(),
-                vocabulary_level_max: 1,
-            })
+            Hello::answering(&offer, &[])
         }
     }
 

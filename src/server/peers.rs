@@ -14,7 +14,6 @@ use super::tls::named_nodes;
 use crate::client::tls::framed;
 use crate::client::version::{Hello, ProtocolOffer, PEER_REQUESTS_AFTER_V010};
 use crate::client::ApiError;
-use crate::log::vocabulary::LEVEL_MAX;
 use crate::raft::elector::ElectionTimer;
 use crate::raft::network::{RaftRpc, RaftRpcRequest, RaftRpcResponse, PEER_FRAME_BYTES_MAX};
 use crate::raft::types::*;
@@ -194,18 +193,9 @@ impl RaftRpc for RaftRpcServer {
     /// Nothing this build sends a peer differs by version yet, so the version agreed is only
     /// answered, not kept.
     async fn hello(self, _: context::Context, offer: ProtocolOffer) -> Result<Hello, ApiError> {
-        let ours = ProtocolOffer::ours();
-        let protocol = ours.agree(&offer)?;
-        tracing::debug!(build = %offer.build, protocol, "peer said hello");
-        Ok(Hello {
-            protocol,
-            server: ours,
-            requests: PEER_REQUESTS_AFTER_V010
-                .iter()
-                .map(|r| r.to_string())
-                .collect(),
-            vocabulary_level_max: LEVEL_MAX,
-        })
+        let hello = Hello::answering(&offer, PEER_REQUESTS_AFTER_V010)?;
+        tracing::debug!(build = %offer.build, protocol = hello.protocol, "peer said hello");
+        Ok(hello)
     }
 }
 

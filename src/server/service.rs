@@ -30,7 +30,6 @@ use crate::client::{
     FetchRequest, FetchResponse, HeartbeatAck, Member, StateAt, StateChunk, Status,
     ANSWER_ENVELOPE_BYTES_MAX, APPEND_MANY_PROPOSALS_MAX,
 };
-use crate::log::vocabulary::LEVEL_MAX;
 use crate::log::{ContainerId, Epoch, Offset, Proposal, TaskId};
 use crate::NodeId;
 
@@ -486,19 +485,10 @@ impl ControlLog for ControlLogServer {
 
     async fn hello(self, _: context::Context, offer: ProtocolOffer) -> Result<Hello, ApiError> {
         let _permit = self.admit()?;
-        let ours = ProtocolOffer::ours();
-        let agreed = ours.agree(&offer)?;
-        self.protocol.store(agreed, Relaxed);
-        tracing::debug!(build = %offer.build, protocol = agreed, "client said hello");
-        Ok(Hello {
-            protocol: agreed,
-            server: ours,
-            requests: CLIENT_REQUESTS_AFTER_V010
-                .iter()
-                .map(|r| r.to_string())
-                .collect(),
-            vocabulary_level_max: LEVEL_MAX,
-        })
+        let hello = Hello::answering(&offer, CLIENT_REQUESTS_AFTER_V010)?;
+        self.protocol.store(hello.protocol, Relaxed);
+        tracing::debug!(build = %offer.build, protocol = hello.protocol, "client said hello");
+        Ok(hello)
     }
 
     async fn authenticate(self, _: context::Context, token: String) -> Result<String, ApiError> {
