@@ -1085,3 +1085,28 @@ async fn a_replica_that_missed_an_addition_votes_for_and_follows_the_new_member(
     assert_eq!(voters(&cluster, 3), BTreeSet::from([2, 3, 4]));
     cluster.shutdown().await;
 }
+
+/// Regression (a membership change right after the first election was refused with openraft's
+/// "the cluster is already undergoing a configuration change ... last committed membership log
+/// id: None", which a script could not act on): the leader of a new cluster waits until its
+/// founding membership is committed before it changes it. Steps: three replicas and a fourth
+/// started, and, as soon as a leader is known, the fourth is added and then removed; both
+/// succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_membership_change_right_after_the_first_election_waits_for_the_founding_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let member = cluster
+        .start_new(4, |_| {})
+        .await
+        .unwrap()
+        .clone_handle()
+        .member();
+    // The leader as soon as replica 1 knows one (the new replica, not a member, knows none).
+    let first = cluster.replica(1).clone_handle();
+    let leader = eventually("a leader", || first.status().leader_id).await;
+    let handle = cluster.replica(leader).clone_handle();
+    handle.add_member(4, member).await.expect("added at once");
+    handle.remove_member(4).await.expect("removed at once");
+    cluster.shutdown().await;
+}

@@ -43,6 +43,10 @@ pub const MEMBER_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
 /// takes it for unreachable and removes it again.
 pub const LEARNER_FIRST_CONTACT_MAX: Duration = Duration::from_secs(10);
 
+/// How long a membership change waits for the membership in effect to be committed (a new
+/// leader commits it with its first entry) before it is refused `Unavailable`.
+pub const MEMBERSHIP_COMMIT_WAIT: Duration = Duration::from_secs(5);
+
 /// How long a replica about to be added may take to say which vocabulary levels it knows.
 const MEMBER_LEVEL_ANSWER_MAX: Duration = Duration::from_secs(5);
 
@@ -516,8 +520,32 @@ impl ReplicaHandle {
     /// learner, and the error says how to remove it. Membership changes are serialised at
     /// this replica and incremental (openraft's `AddVoterIds`), so two changes never undo
     /// each other.
+    /// Waits, up to [`MEMBERSHIP_COMMIT_WAIT`], until this replica has applied the membership
+    /// in effect, so that it is committed. openraft refuses a change before then ("already
+    /// undergoing a configuration change"), which a leader just elected in a new cluster is
+    /// until its first entry commits: a script adding a replica right after the first start
+    /// met that refusal.
+    async fn membership_committed(&self) -> Result<(), ApiError> {
+        let mut metrics = self.inner.raft.metrics();
+        let committed = metrics.wait_for(|m| {
+            m.membership_config.log_id().map(|l| l.index) <= m.last_applied.map(|l| l.index)
+        });
+        let waited = tokio::time::timeout(MEMBERSHIP_COMMIT_WAIT, committed)
+            .await
+            .map(|seen| seen.is_ok());
+        match waited {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(ApiError::ShuttingDown),
+            Err(_) => Err(ApiError::Unavailable(format!(
+                "the membership in effect is not committed after {MEMBERSHIP_COMMIT_WAIT:?} \
+                 (no quorum?); nothing was changed"
+            ))),
+        }
+    }
+
     pub async fn add_member(&self, id: NodeId, member: Member) -> Result<(), ApiError> {
         let _serialised = self.inner.membership_changes.lock().await;
+        self.membership_committed().await?;
         self.check_member_level(id, &member).await?;
         let raft = &self.inner.raft;
         raft.add_learner(id, member, false)
@@ -651,6 +679,7 @@ impl ReplicaHandle {
     /// learner. Serialised with the other membership changes at this replica.
     pub async fn remove_member(&self, id: NodeId) -> Result<(), ApiError> {
         let _serialised = self.inner.membership_changes.lock().await;
+        self.membership_committed().await?;
         let membership = self.metrics().membership_config.membership().clone();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         let change = if voters.contains(&id) {
