@@ -116,6 +116,7 @@ impl LogStore {
         let wal = Wal::open(dir, last_purged.map(|l| l.index), segment_bytes_max)?;
         let last_log_id = last_log_id(&wal, last_purged)?;
         let first_index = wal.first_index();
+        let stages = Arc::<CommitStages>::default();
         Ok(LogStore {
             shared: Arc::new(Shared {
                 wal: Mutex::new(WalState {
@@ -125,11 +126,11 @@ impl LogStore {
                 }),
                 meta,
                 syncer: match flushing {
-                    Flushing::GroupCommit => Some(Syncer::start()),
+                    Flushing::GroupCommit => Some(Syncer::start(stages.clone())),
                     Flushing::Inline => None,
                 },
                 first_index: AtomicU64::new(first_index),
-                stages: Arc::default(),
+                stages,
                 snapshots: Mutex::new(None),
             }),
         })
@@ -423,12 +424,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             state.last_log_id = Some(last);
             state.wal.active_file()
         };
-        let stages = self.shared.stages.clone();
         match &self.shared.syncer {
-            Some(syncer) => syncer.sync(file, callback, written, stages),
+            Some(syncer) => syncer.sync(file, callback, written),
             None => {
                 let synced = sync_file(&file).map_err(io::Error::from);
-                stages.observe(Stage::log_sync, written.elapsed());
+                (self.shared.stages).observe(Stage::log_sync, written.elapsed());
                 callback.log_io_completed(synced)
             }
         }
@@ -472,9 +472,8 @@ struct Syncer {
 struct SyncRequest {
     file: Arc<File>,
     callback: LogFlushed<TypeConfig>,
-    /// When the append's write began, and where its `log_sync` time goes.
+    /// When the append's write began, for its `log_sync` time.
     written: Instant,
-    stages: Arc<CommitStages>,
 }
 
 /// `fdatasync`s one segment. The `wal-sync` fail point makes it fail, as a crash before the
@@ -488,7 +487,8 @@ fn sync_file(file: &File) -> Result<(), io::ErrorKind> {
 }
 
 impl Syncer {
-    fn start() -> Syncer {
+    /// Starts the sync thread; it times each append's `log_sync` into `stages`.
+    fn start(stages: Arc<CommitStages>) -> Syncer {
         let (requests, incoming) = mpsc::channel::<SyncRequest>();
         std::thread::Builder::new()
             .name("ctrlog-wal-sync".into())
@@ -507,7 +507,7 @@ impl Syncer {
                                     result
                                 }
                             };
-                        (request.stages).observe(Stage::log_sync, request.written.elapsed());
+                        stages.observe(Stage::log_sync, request.written.elapsed());
                         request
                             .callback
                             .log_io_completed(result.map_err(io::Error::from));
@@ -518,18 +518,11 @@ impl Syncer {
         Syncer { requests }
     }
 
-    fn sync(
-        &self,
-        file: Arc<File>,
-        callback: LogFlushed<TypeConfig>,
-        written: Instant,
-        stages: Arc<CommitStages>,
-    ) {
+    fn sync(&self, file: Arc<File>, callback: LogFlushed<TypeConfig>, written: Instant) {
         let request = SyncRequest {
             file,
             callback,
             written,
-            stages,
         };
         if let Err(mpsc::SendError(request)) = self.requests.send(request) {
             request
