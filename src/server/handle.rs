@@ -527,8 +527,16 @@ impl ReplicaHandle {
     /// met that refusal.
     async fn membership_committed(&self) -> Result<(), ApiError> {
         let mut metrics = self.inner.raft.metrics();
+        // A leader commits nothing of an earlier term before an entry of its own, so the
+        // membership is committed once an entry of the leader's term is applied. (A follower
+        // refuses the change with a redirect anyway: it does not wait.)
         let committed = metrics.wait_for(|m| {
-            m.membership_config.log_id().map(|l| l.index) <= m.last_applied.map(|l| l.index)
+            m.current_leader != Some(m.id)
+                || (m
+                    .last_applied
+                    .is_some_and(|l| l.leader_id.term == m.current_term)
+                    && m.membership_config.log_id().map(|l| l.index)
+                        <= m.last_applied.map(|l| l.index))
         });
         let waited = tokio::time::timeout(MEMBERSHIP_COMMIT_WAIT, committed)
             .await
