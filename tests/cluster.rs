@@ -802,7 +802,7 @@ fn stopped_because(cluster: &LocalCluster, id: u64) -> Option<String> {
 /// build does not know, saying which level it lacks and the highest it knows, instead of
 /// deciding commands differently from replicas that know it; a restart stops at the same
 /// entry again.
-/// Steps: 3 replicas; append 10; hand the leader's Raft a batch raising the level to
+/// Steps: 3 replicas; append 10 and wait until every replica applied them; hand the leader's Raft a batch raising the level to
 /// `LEVEL_MAX + 1`, as a leader of a newer build would (this build's append path refuses it);
 /// the leader's Raft core stops with that error, and so does each follower that learned the
 /// entry was committed (one that did not, never applies it); every replica holds the 10
@@ -813,6 +813,14 @@ async fn a_level_this_build_does_not_know_stops_the_replicas_even_after_restart(
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
     append_many(&cluster, 1, 10).await;
+    // An append is answered once a majority holds it; the third replica applies it later.
+    for id in 1..=3 {
+        let replica = cluster.replica(id).clone_handle();
+        eventually("every replica applies the 10 commands", || {
+            (replica.applied_offset() == 10).then_some(())
+        })
+        .await;
+    }
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
     let unknown = LEVEL_MAX + 1;
     let raise = Command::SetVocabularyLevel(SetVocabularyLevel { level: unknown });
