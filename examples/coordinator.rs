@@ -48,10 +48,11 @@ struct TopicMetadata {
 struct TopicPartitions(Arc<TopicMetadata>);
 
 impl InputSource for TopicPartitions {
-    fn inputs(&mut self) -> Result<BTreeSet<Input>, String> {
+    fn inputs(&mut self) -> Result<Arc<BTreeSet<Input>>, String> {
         (0..self.0.partitions.load(Ordering::Relaxed))
             .map(|p| Input::new("kafka", "clicks", p).map_err(|e| e.to_string()))
-            .collect()
+            .collect::<Result<BTreeSet<Input>, String>>()
+            .map(Arc::new)
     }
 }
 

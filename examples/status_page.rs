@@ -46,7 +46,7 @@ async fn main() -> anyhow::Result<()> {
         Controller::new(
             replica,
             JobDriver {
-                inputs: Box::new(StaticInputs(inputs.clone())),
+                inputs: Box::new(StaticInputs::new(inputs.clone())),
                 grouper: Box::new(GroupByPartition),
                 // 2 to 3 containers: out above 1,000 lag per container, never back in.
                 policy: Box::new(LagPolicy::new(2, 3, 1_000, 0, Duration::from_secs(1))),

@@ -208,3 +208,55 @@ async fn a_running_secure_cluster_is_benchmarked_with_the_client_flags() {
     );
     cluster.shutdown().await;
 }
+
+/// Goal: `bench scale` runs a real job on real replica processes and reports the documented
+/// fields. Steps: 30 containers on a job of 200 inputs (20 tasks) for a 2 s window: the job
+/// settles; the heartbeats were answered without error; the leader's CPU, the controller's
+/// tick, the `state` answer, a snapshot, a follower's restart and each replica's memory are
+/// reported; the state answer holds the whole job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_reports_the_documented_json() {
+    let results = bench(&[
+        "scale",
+        "--containers",
+        "30",
+        "--inputs",
+        "200",
+        "--duration-s",
+        "2",
+    ])
+    .await;
+    assert_eq!(results.len(), 1);
+    let result = &results[0];
+    assert_eq!(result["workload"], "scale");
+    assert_eq!(result["containers"], 30);
+    assert_eq!(result["inputs"], 200);
+    assert_eq!(result["tasks"], 20);
+    assert_eq!(result["heartbeat_errors"], 0);
+    assert!(result["heartbeats_per_s"].as_f64().unwrap() > 0.0);
+    for key in [
+        "heartbeat_p50_us",
+        "heartbeat_p99_us",
+        "controller_tick_p50_us",
+        "snapshot_offset",
+        "follower_disk_bytes",
+        "settled_ms",
+    ] {
+        assert!(result[key].as_u64().unwrap() > 0, "{key}");
+    }
+    for key in [
+        "leader_cpu_per_heartbeat_us",
+        "state_ms_median",
+        "snapshot_build_ms",
+        "restart_answering_ms",
+        "restart_caught_up_ms",
+    ] {
+        assert!(result[key].as_f64().unwrap() > 0.0, "{key}");
+    }
+    // 30 registrations, 20 partitions of 10 streams, 20 tasks running: well over 4 KiB.
+    assert!(result["state_bytes"].as_u64().unwrap() > 4096);
+    let rss = result["rss_bytes"].as_array().unwrap();
+    assert_eq!(rss.len(), 3);
+    assert!(rss.iter().all(|bytes| bytes.as_u64().unwrap() > 0));
+    assert_eq!(result["cores"].as_array().unwrap().len(), 3);
+}

@@ -2,19 +2,28 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::log::Input;
 
-/// The set of inputs the job should consume now. Polled every controller tick.
+/// The set of inputs the job should consume now. Polled every controller tick, so a source
+/// hands out the same shared set while it does not change: the controller then knows at a
+/// glance that the inputs did not move, and copies nothing.
 pub trait InputSource: Send {
-    fn inputs(&mut self) -> Result<BTreeSet<Input>, String>;
+    fn inputs(&mut self) -> Result<Arc<BTreeSet<Input>>, String>;
 }
 
 /// A fixed list.
-pub struct StaticInputs(pub BTreeSet<Input>);
+pub struct StaticInputs(Arc<BTreeSet<Input>>);
+
+impl StaticInputs {
+    pub fn new(inputs: BTreeSet<Input>) -> StaticInputs {
+        StaticInputs(Arc::new(inputs))
+    }
+}
 
 impl InputSource for StaticInputs {
-    fn inputs(&mut self) -> Result<BTreeSet<Input>, String> {
+    fn inputs(&mut self) -> Result<Arc<BTreeSet<Input>>, String> {
         Ok(self.0.clone())
     }
 }
@@ -25,7 +34,7 @@ impl InputSource for StaticInputs {
 pub struct WatchedFile {
     path: PathBuf,
     seen: Option<(std::time::SystemTime, u64)>,
-    last: Option<BTreeSet<Input>>,
+    last: Option<Arc<BTreeSet<Input>>>,
 }
 
 impl WatchedFile {
@@ -49,7 +58,7 @@ impl WatchedFile {
 }
 
 impl InputSource for WatchedFile {
-    fn inputs(&mut self) -> Result<BTreeSet<Input>, String> {
+    fn inputs(&mut self) -> Result<Arc<BTreeSet<Input>>, String> {
         let where_ = || self.path.display().to_string();
         let meta = std::fs::metadata(&self.path).map_err(|e| format!("{}: {e}", where_()))?;
         let stamp = (meta.modified().map_err(|e| e.to_string())?, meta.len());
@@ -61,6 +70,11 @@ impl InputSource for WatchedFile {
         let text = std::fs::read_to_string(&self.path).map_err(|e| format!("{}: {e}", where_()))?;
         match WatchedFile::parse(&text) {
             Ok(inputs) => {
+                // An edit that leaves the set as it was keeps handing out the same set.
+                let inputs = match self.last.take() {
+                    Some(last) if *last == inputs => last,
+                    _ => Arc::new(inputs),
+                };
                 self.seen = Some(stamp);
                 self.last = Some(inputs.clone());
                 Ok(inputs)

@@ -23,7 +23,7 @@ mod launcher;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,7 +36,7 @@ pub use launcher::{ContainerLauncher, LaunchSettings, ProcessLauncher, SettingsF
 
 use crate::client::{ApiError, AppendAck};
 use crate::jobs::plan::{owed_acks, plan, Action, Grouper, Observed, ScalingPolicy};
-use crate::jobs::{ContainerStatus, JobState, Session};
+use crate::jobs::{ContainerStatus, JobState, ReportedLag, Session};
 use crate::log::vocabulary::{kinds, LEVEL_LAUNCHES_RECORDED};
 use crate::log::{
     CancelLaunch, Command, ContainerId, DesiredContainers, DesiredContainersV1, LaunchContainer,
@@ -52,14 +52,17 @@ use crate::log::{
 pub trait ControlPlane: Send + Sync + 'static {
     /// Whether this replica is the leader now.
     fn is_leader(&self) -> bool;
-    /// The JobState as of the applied offset.
-    fn job_state(&self) -> JobState;
+    /// The JobState as of the applied offset, shared: the controller reads it every tick.
+    fn job_state(&self) -> Arc<JobState>;
     /// Live sessions silent for longer than `timeout` (empty when not leading).
     fn overdue_sessions(&self, timeout: Duration) -> Vec<Session>;
     /// The lag each live container last reported (empty when not leading).
-    fn reported_lag(&self) -> BTreeMap<ContainerId, u64>;
+    fn reported_lag(&self) -> ReportedLag;
     /// Appends a command; answered once it is committed and applied.
     fn append(&self, command: Command) -> impl Future<Output = Result<AppendAck, ApiError>> + Send;
+    /// Records how long one tick of the leading controller took (its reads, its plan, and
+    /// the commits it waited for). Nothing by default.
+    fn observe_tick(&self, _took: Duration) {}
 }
 
 /// How long the controller waits for one of its commands to be committed. A write that is
@@ -99,6 +102,11 @@ impl Default for ControllerConfig {
     }
 }
 
+/// How many of its acknowledged commands a controller's report keeps: enough for a test or
+/// the demo to check every one of a run, without a long-lived leader's report growing with
+/// every command it ever wrote (ten thousand assignments at a job's start alone).
+pub const APPENDED_KEPT: usize = 4096;
+
 /// What the controller reports about itself, for operators and tests.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ControllerReport {
@@ -110,8 +118,9 @@ pub struct ControllerReport {
     pub failed_launches: Vec<ContainerId>,
     /// Open broadcasts and the containers that still owe an ack.
     pub owed_acks: BTreeMap<Offset, Vec<ContainerId>>,
-    /// Commands this controller appended and had acknowledged, with their offsets.
-    pub appended: Vec<(Offset, Command)>,
+    /// The last [`APPENDED_KEPT`] commands this controller appended and had acknowledged, with
+    /// their offsets, oldest first.
+    pub appended: VecDeque<(Offset, Command)>,
     /// Commands the log refused (the state moved under the plan; it re-plans).
     pub refused: u64,
 }
@@ -167,6 +176,8 @@ pub struct Controller<P: ControlPlane> {
     config: ControllerConfig,
     report: watch::Sender<ControllerReport>,
     launching: BTreeMap<ContainerId, Launch>,
+    /// The state's next offset and what was observed when the last plan came out empty.
+    quiet: Option<(Offset, Observed)>,
 }
 
 impl<P: ControlPlane> Controller<P> {
@@ -177,6 +188,7 @@ impl<P: ControlPlane> Controller<P> {
             config,
             report: watch::Sender::new(ControllerReport::default()),
             launching: BTreeMap::new(),
+            quiet: None,
         }
     }
 
@@ -199,9 +211,18 @@ impl<P: ControlPlane> Controller<P> {
         }
     }
 
-    /// One tick: let the launcher stop what the log ended, then stand down if this replica no
-    /// longer leads, else reconcile once.
+    /// One tick, timed for [`ControlPlane::observe_tick`] when this replica leads.
     async fn tick(&mut self) {
+        let started = std::time::Instant::now();
+        self.tick_once().await;
+        if self.report.borrow().leading {
+            self.plane.observe_tick(started.elapsed());
+        }
+    }
+
+    /// Lets the launcher stop what the log ended, then stands down if this replica no
+    /// longer leads, else reconciles once.
+    async fn tick_once(&mut self) {
         let Some(launcher) = self.driver.capacity.launcher() else {
             return self.lead_or_stand_down(None).await;
         };
@@ -214,7 +235,7 @@ impl<P: ControlPlane> Controller<P> {
 
     /// Stands down if this replica no longer leads, else reconciles once, from `state` when
     /// the tick already read it.
-    async fn lead_or_stand_down(&mut self, state: Option<JobState>) {
+    async fn lead_or_stand_down(&mut self, state: Option<Arc<JobState>>) {
         if !self.plane.is_leader() {
             if self.report.borrow().leading {
                 tracing::info!("controller stands down: leadership lost");
@@ -237,7 +258,7 @@ impl<P: ControlPlane> Controller<P> {
 
     /// One round from `state`, read once for it: launch bookkeeping and the report, the
     /// desired count, then the plan.
-    async fn reconcile(&mut self, state: JobState) {
+    async fn reconcile(&mut self, state: Arc<JobState>) {
         let now = Instant::now();
         if records_launches(&state) {
             self.follow_recorded_launches(&state, now);
@@ -264,11 +285,11 @@ impl<P: ControlPlane> Controller<P> {
         let recorded = state.desired_containers().map(|d| d.count);
         let current = recorded.unwrap_or(0);
         let lag = self.plane.reported_lag();
-        let total_lag: u64 = lag.values().sum();
-        let live = state.live_sessions().count();
+        let total_lag = lag.total;
+        let live = state.live_epochs().count();
         // A new leader knows no lag until every container has heartbeated to it; deciding on
         // that silence would scale in and straight back out after every failover.
-        let desired = if lag.len() < live && recorded.is_some() {
+        let desired = if lag.containers < live && recorded.is_some() {
             current
         } else {
             self.driver
@@ -296,7 +317,17 @@ impl<P: ControlPlane> Controller<P> {
             desired_containers: desired,
             orchestrated: self.driver.capacity.launcher().is_none(),
         };
-        for action in plan(&state, &observed, self.driver.grouper.as_ref()) {
+        // The plan is a function of the state and of what is observed alone, and the state
+        // changes only with an offset taken: a settled job that has not moved since the last
+        // empty plan is not planned again (20 ms a tick for ten thousand containers).
+        let quiet = (state.next_offset(), observed);
+        if self.quiet.as_ref() == Some(&quiet) {
+            return;
+        }
+        let (_, observed) = &quiet;
+        let actions = plan(&state, observed, self.driver.grouper.as_ref());
+        self.quiet = actions.is_empty().then_some(quiet);
+        for action in actions {
             let done = match action {
                 Action::Append(command) => self.append(command).await,
                 Action::Launch(count) => {
@@ -347,8 +378,12 @@ impl<P: ControlPlane> Controller<P> {
                 } else {
                     tracing::debug!(offset = ack.offset, ?command, "appended");
                 }
-                self.report
-                    .send_modify(|r| r.appended.push((ack.offset, command)));
+                self.report.send_modify(|r| {
+                    if r.appended.len() == APPENDED_KEPT {
+                        r.appended.pop_front();
+                    }
+                    r.appended.push_back((ack.offset, command));
+                });
                 Some(ack.offset)
             }
             Err(error) => {

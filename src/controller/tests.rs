@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::jobs::plan::GroupByPartition;
-use crate::jobs::{Outcome, TaskPhase};
+use crate::jobs::{Outcome, ReportedLag, TaskPhase};
 use crate::log::*;
 
 /// What the fake replica holds: the folded log, whether it leads, what its heartbeat table
@@ -127,8 +127,8 @@ impl ControlPlane for FakePlane {
         self.lock().leading
     }
 
-    fn job_state(&self) -> JobState {
-        self.job()
+    fn job_state(&self) -> Arc<JobState> {
+        Arc::new(self.job())
     }
 
     fn overdue_sessions(&self, _timeout: Duration) -> Vec<Session> {
@@ -140,12 +140,15 @@ impl ControlPlane for FakePlane {
         }
     }
 
-    fn reported_lag(&self) -> BTreeMap<ContainerId, u64> {
+    fn reported_lag(&self) -> ReportedLag {
         let replica = self.lock();
         if replica.leading {
-            replica.lag.clone()
+            ReportedLag {
+                containers: replica.lag.len(),
+                total: replica.lag.values().sum(),
+            }
         } else {
-            BTreeMap::new()
+            ReportedLag::default()
         }
     }
 
@@ -268,7 +271,7 @@ fn controller_with(
     Controller::new(
         plane.clone(),
         JobDriver {
-            inputs: Box::new(StaticInputs(inputs(0..partitions))),
+            inputs: Box::new(StaticInputs::new(inputs(0..partitions))),
             grouper: Box::new(GroupByPartition),
             policy: Box::new(wanted.clone()),
             capacity: Capacity::Launched(launcher),

@@ -7,7 +7,7 @@
 //! when the table first saw it live, so a container that registered after the term began is
 //! not expired before its first heartbeat can arrive.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use super::model::Session;
@@ -26,15 +26,26 @@ pub struct Heartbeat {
     pub lag: BTreeMap<TaskId, u64>,
 }
 
+/// The consumer lag the live sessions reported to this leader, summed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReportedLag {
+    /// Live sessions that have reported (a new leader knows none until each heartbeats).
+    pub containers: usize,
+    /// Their lag, summed over their tasks.
+    pub total: u64,
+}
+
 /// Who was heard from, and when, during one leadership term. Times are passed in, so the
 /// table is deterministic under test.
 #[derive(Clone, Debug)]
 pub struct Liveness {
     term: u64,
     tracking_since: Instant,
-    beats: BTreeMap<ContainerId, Heartbeat>,
+    // Hashed, not ordered: every tick looks up each live session here, and nothing walks
+    // these in order.
+    beats: HashMap<ContainerId, Heartbeat>,
     /// When each live session was first seen by [`Liveness::overdue`], by container.
-    first_seen: BTreeMap<ContainerId, (Epoch, Instant)>,
+    first_seen: HashMap<ContainerId, (Epoch, Instant)>,
 }
 
 impl Liveness {
@@ -43,8 +54,8 @@ impl Liveness {
         Liveness {
             term,
             tracking_since: now,
-            beats: BTreeMap::new(),
-            first_seen: BTreeMap::new(),
+            beats: HashMap::new(),
+            first_seen: HashMap::new(),
         }
     }
 
@@ -98,21 +109,56 @@ impl Liveness {
     }
 
     /// The live sessions of `state` not heard from for longer than `timeout`. A session seen
-    /// here for the first time counts its silence from `now`.
+    /// here for the first time counts its silence from `now`. It runs every controller tick
+    /// over every session, so it copies a name only for a session it meets first, or returns.
     pub fn overdue(&mut self, state: &JobState, now: Instant, timeout: Duration) -> Vec<Session> {
-        for session in state.live_sessions() {
-            let seen = self
-                .first_seen
-                .entry(session.container.clone())
-                .or_insert((session.epoch, now));
-            if seen.0 != session.epoch {
-                *seen = (session.epoch, now);
+        let (mut live, mut overdue) = (0, Vec::new());
+        for (container, epoch) in state.live_epochs() {
+            live += 1;
+            let seen = match self.first_seen.get_mut(container) {
+                Some(seen) if seen.0 == epoch => seen.1,
+                Some(seen) => {
+                    *seen = (epoch, now);
+                    now
+                }
+                None => {
+                    self.first_seen.insert(container.clone(), (epoch, now));
+                    now
+                }
+            };
+            let beat = self
+                .beats
+                .get(container)
+                .filter(|beat| beat.epoch == epoch)
+                .map_or(seen, |beat| beat.at.max(seen));
+            if now.saturating_duration_since(beat) > timeout {
+                overdue.push(Session {
+                    container: container.clone(),
+                    epoch,
+                });
             }
         }
-        state
-            .live_sessions()
-            .filter(|session| now.saturating_duration_since(self.last_heard(session)) > timeout)
-            .collect()
+        // Forget containers that are no longer live, so that a job whose containers come
+        // and go under new names does not grow the table for the whole term.
+        if self.first_seen.len() > live {
+            let is_live = |c: &ContainerId| state.live_session(c).is_some();
+            self.first_seen.retain(|c, _| is_live(c));
+            self.beats.retain(|c, _| is_live(c));
+        }
+        overdue
+    }
+
+    /// How many live sessions reported their lag, and its sum: what the scaling policy reads
+    /// every tick, without a map of ten thousand names.
+    pub fn reported(&self, state: &JobState) -> ReportedLag {
+        let mut reported = ReportedLag::default();
+        for (container, epoch) in state.live_epochs() {
+            if let Some(beat) = self.beats.get(container).filter(|b| b.epoch == epoch) {
+                reported.containers += 1;
+                reported.total += beat.lag.values().sum::<u64>();
+            }
+        }
+        reported
     }
 
     /// The lag each live session reported last (sessions without a heartbeat are absent).

@@ -17,7 +17,7 @@ mod producers;
 mod rejection;
 mod state;
 
-pub use liveness::{Heartbeat, Liveness};
+pub use liveness::{Heartbeat, Liveness, ReportedLag};
 pub use model::*;
 pub use producers::{ProducerTable, PRODUCERS_MAX, PRODUCER_WINDOW};
 pub use rejection::{RecordedRejection, Rejection, RejectionLog, REJECTIONS_KEPT};

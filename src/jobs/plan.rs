@@ -7,7 +7,9 @@
 //! where the old leader stopped, repeating nothing that committed and losing nothing that did
 //! not. Pure and deterministic: same inputs, same plan.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::model::{Awaiting, Session, TaskPhase};
@@ -108,11 +110,18 @@ impl ScalingPolicy for LagPolicy {
     }
 }
 
+/// The most inputs one `AddInputs` or `RemoveInputs` of a plan names. A job's first plan
+/// adds every input at once, and a hundred thousand in one command (2.5 MB) would be refused
+/// as larger than `command_bytes_max` at every tick, for good. 1,024 inputs of the longest
+/// names allowed encode to under 300 KB, within the default limit of 1 MiB.
+pub const INPUTS_PER_COMMAND_MAX: usize = 1024;
+
 /// What the controller observes besides JobState.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Observed {
-    /// The inputs the job should have now (from the input source).
-    pub inputs: BTreeSet<Input>,
+    /// The inputs the job should have now (from the input source), shared with it: a job
+    /// of a hundred thousand inputs is not copied every tick.
+    pub inputs: Arc<BTreeSet<Input>>,
     /// Live sessions the leader has not heard from within the session timeout.
     pub overdue: Vec<Session>,
     /// Containers launched that have not registered yet.
@@ -206,16 +215,15 @@ pub fn plan(state: &JobState, observed: &Observed, grouper: &dyn Grouper) -> Vec
     let mut actions = Vec::new();
 
     // 2. Inputs that appeared, and inputs that went away (revoked before removal).
-    let known: BTreeSet<&Input> = state.inputs().keys().collect();
     let added: Vec<Input> = observed
         .inputs
         .iter()
-        .filter(|i| !known.contains(i))
+        .filter(|i| !state.inputs().contains_key(i))
         .cloned()
         .collect();
-    if !added.is_empty() {
+    for inputs in added.chunks(INPUTS_PER_COMMAND_MAX) {
         actions.push(Action::Append(Command::AddInputs(AddInputs {
-            inputs: added,
+            inputs: inputs.to_vec(),
         })));
     }
     let mut removable = Vec::new();
@@ -232,9 +240,9 @@ pub fn plan(state: &JobState, observed: &Observed, grouper: &dyn Grouper) -> Vec
             _ => removable.push(input.clone()),
         }
     }
-    if !removable.is_empty() {
+    for inputs in removable.chunks(INPUTS_PER_COMMAND_MAX) {
         actions.push(Action::Append(Command::RemoveInputs(RemoveInputs {
-            inputs: removable.clone(),
+            inputs: inputs.to_vec(),
         })));
     }
 
@@ -283,26 +291,35 @@ pub fn plan(state: &JobState, observed: &Observed, grouper: &dyn Grouper) -> Vec
             _ => {}
         }
     }
+    // The least-loaded container first (ties: the oldest session, then the name), kept in a
+    // heap: a job's first plan assigns every task, ten thousand over ten thousand containers.
+    let mut least_loaded: BinaryHeap<Reverse<(usize, Offset, &ContainerId)>> = load
+        .iter()
+        .map(|(c, &(n, epoch))| Reverse((n, epoch, c)))
+        .collect();
+    let mut assigned: Vec<ContainerId> = Vec::new();
     for (task, inputs) in &wanted {
         let phase = state.tasks().get(task).map(|t| &t.phase);
         if !matches!(phase, None | Some(TaskPhase::Unassigned)) {
             continue;
         }
-        // The least-loaded container (ties: the oldest session, then the name).
-        let Some((container, (n, epoch))) = load
-            .iter()
-            .min_by_key(|(c, (n, epoch))| (*n, *epoch, (*c).clone()))
-            .map(|(c, v)| (c.clone(), *v))
-        else {
+        let Some(Reverse((n, epoch, container))) = least_loaded.pop() else {
             break;
         };
-        load.insert(container.clone(), (n + 1, epoch));
+        least_loaded.push(Reverse((n + 1, epoch, container)));
+        assigned.push(container.clone());
         actions.push(Action::Append(Command::AssignTask(AssignTask {
             task: task.clone(),
-            container,
+            container: container.clone(),
             epoch,
             inputs: inputs.iter().cloned().collect(),
         })));
+    }
+    drop(least_loaded);
+    for container in &assigned {
+        if let Some((n, _)) = load.get_mut(container) {
+            *n += 1;
+        }
     }
 
     // 5. Balance: move one task from the busiest to the idlest container when they differ by
@@ -310,7 +327,7 @@ pub fn plan(state: &JobState, observed: &Observed, grouper: &dyn Grouper) -> Vec
     if stops.is_empty() && moving < MOVES_IN_FLIGHT_MAX && !actions.iter().any(is_assign) {
         let busiest = load
             .iter()
-            .max_by_key(|(c, (n, _))| (*n, std::cmp::Reverse((*c).clone())));
+            .max_by_key(|&(c, &(n, _))| (n, std::cmp::Reverse(c)));
         let idlest = load.values().map(|(n, _)| *n).min();
         if let (Some((busiest, (most, _))), Some(least)) = (busiest, idlest) {
             if most >= &(least + 2) {
@@ -431,7 +448,7 @@ mod tests {
 
     fn observed(partitions: std::ops::Range<u32>, desired: u32) -> Observed {
         Observed {
-            inputs: partitions.map(input).collect(),
+            inputs: Arc::new(partitions.map(input).collect()),
             desired_containers: desired,
             ..Observed::default()
         }
@@ -445,6 +462,54 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    /// Goal: a job's first plan adds any number of inputs in commands the log accepts.
+    /// Steps: plan 2,500 new inputs: three `AddInputs`, of at most `INPUTS_PER_COMMAND_MAX`
+    /// each, that name every input once; the largest such command, with names of the longest
+    /// length allowed, encodes within the default `command_bytes_max`; and once the state
+    /// holds them, the inputs are removed in chunks alike. (Before, one command named them
+    /// all: 100,000 inputs were refused as too large at every tick.)
+    #[test]
+    fn many_inputs_are_added_and_removed_in_commands_of_bounded_size() {
+        let state = state_after(vec![register("a")]);
+        let actions = plan(&state, &observed(0..2_500, 1), &GroupByPartition);
+        let added: Vec<&Vec<Input>> = appended(&actions)
+            .into_iter()
+            .map(|c| match c {
+                Command::AddInputs(add) => &add.inputs,
+                other => panic!("not an AddInputs: {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            added.iter().map(|inputs| inputs.len()).collect::<Vec<_>>(),
+            [1024, 1024, 452]
+        );
+        let named: BTreeSet<&Input> = added.iter().flat_map(|inputs| inputs.iter()).collect();
+        assert_eq!(named.len(), 2_500);
+
+        let longest = "n".repeat(crate::log::NAME_BYTES_MAX);
+        let largest = Command::AddInputs(AddInputs {
+            inputs: (0..INPUTS_PER_COMMAND_MAX as u32)
+                .map(|p| Input::new(&longest, &longest, u32::MAX - p).unwrap())
+                .collect(),
+        });
+        assert!(largest.into_frame().encoded_len() < crate::log::COMMAND_BYTES_MAX_DEFAULT);
+
+        let all: Vec<Input> = (0..2_500).map(input).collect();
+        let state = state_after(vec![
+            register("a"),
+            Command::AddInputs(AddInputs { inputs: all }),
+        ]);
+        let actions = plan(&state, &observed(0..0, 1), &GroupByPartition);
+        let removed: Vec<usize> = appended(&actions)
+            .into_iter()
+            .map(|c| match c {
+                Command::RemoveInputs(remove) => remove.inputs.len(),
+                other => panic!("not a RemoveInputs: {other:?}"),
+            })
+            .collect();
+        assert_eq!(removed, [1024, 1024, 452]);
     }
 
     #[test]

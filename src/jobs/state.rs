@@ -217,6 +217,15 @@ impl JobState {
             })
     }
 
+    /// Every live session's container and epoch, by container name, borrowed: for a pass
+    /// over ten thousand sessions every controller tick, which must not copy each name.
+    pub fn live_epochs(&self) -> impl Iterator<Item = (&ContainerId, Epoch)> + '_ {
+        self.containers
+            .iter()
+            .filter(|(_, r)| r.status == ContainerStatus::Live)
+            .map(|(container, r)| (container, r.epoch))
+    }
+
     /// Every live session, by container name.
     pub fn live_sessions(&self) -> impl Iterator<Item = Session> + '_ {
         self.containers

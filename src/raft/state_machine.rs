@@ -81,7 +81,11 @@ impl LevelUnknown {
 pub struct MachineState {
     pub last_applied: Option<LogId>,
     pub last_membership: StoredMembership,
-    pub job: JobState,
+    /// Shared with readers (the controller's tick, a `state` answer): a reader takes the
+    /// `Arc`, not a copy of the job, and an apply copies the job only while a reader still
+    /// holds the old one (`Arc::make_mut`), so a quiet job is read for nothing. Serialized
+    /// as the `JobState` itself, so snapshots are unchanged.
+    pub job: Arc<JobState>,
     /// First offset of each retained entry that carries commands → its Raft entry. Lets a
     /// fetch from any offset find its entry without a second copy of the log.
     pub offset_index: BTreeMap<Offset, EntrySpan>,
@@ -137,13 +141,13 @@ impl MachineState {
                 let outcomes = if raises_level(batch) {
                     // Rare (an operator's raise), so a copy is affordable: it keeps a refused
                     // batch from changing anything, with no undo written for every command.
-                    let mut job = self.job.clone();
+                    let mut job = JobState::clone(&self.job);
                     let outcomes = job.apply_batch(batch);
                     LevelUnknown::check(&job)?;
-                    self.job = job;
+                    self.job = Arc::new(job);
                     outcomes
                 } else {
-                    self.job.apply_batch(batch)
+                    Arc::make_mut(&mut self.job).apply_batch(batch)
                 };
                 self.last_applied = Some(entry.log_id);
                 let mut skipped = Vec::new();
@@ -757,7 +761,7 @@ mod tests {
         // A replica that knows the level could have built this snapshot.
         let raise = level(unknown);
         let target = raise.target().unwrap();
-        at_unknown.job.apply(None, &target, &raise.into_frame(), 0);
+        Arc::make_mut(&mut at_unknown.job).apply(None, &target, &raise.into_frame(), 0);
         assert_eq!(at_unknown.job.level(), unknown);
         let meta = SnapshotMeta {
             last_log_id: at_unknown.last_applied,

@@ -20,7 +20,7 @@ use crate::client::{
     Status,
 };
 use crate::controller::ControlPlane;
-use crate::jobs::{JobState, Liveness, Outcome, Rejection, Session};
+use crate::jobs::{JobState, Liveness, Outcome, Rejection, ReportedLag, Session};
 use crate::log::vocabulary::{LEVEL_KNOWN_TO_EVERY_RELEASE, LEVEL_MAX};
 use crate::log::{
     Command, ContainerId, Epoch, Filter, Level, Offset, Proposal, Target, TaskId, CUSTOM_KIND_MIN,
@@ -436,11 +436,16 @@ impl ReplicaHandle {
                 )))
             }
         }
-        Ok(self.inner.state_machine.read(|state| StateAt {
-            offset: state.job.last_offset(),
-            state: state.job.clone(),
-            rejections: state.rejections.clone(),
-        }))
+        // The copy is made outside the state machine's lock, which applies wait on.
+        let (job, rejections) = self
+            .inner
+            .state_machine
+            .read(|state| (state.job.clone(), state.rejections.clone()));
+        Ok(StateAt {
+            offset: job.last_offset(),
+            state: JobState::clone(&job),
+            rejections,
+        })
     }
 
     /// This replica's view of the cluster.
@@ -752,16 +757,25 @@ impl ControlPlane for ReplicaHandle {
         ReplicaHandle::is_leader(self)
     }
 
-    fn job_state(&self) -> JobState {
-        self.read_state(JobState::clone)
+    fn job_state(&self) -> Arc<JobState> {
+        self.inner.state_machine.read(|state| state.job.clone())
     }
 
     fn overdue_sessions(&self, timeout: Duration) -> Vec<Session> {
         ReplicaHandle::overdue_sessions(self, timeout).unwrap_or_default()
     }
 
-    fn reported_lag(&self) -> BTreeMap<ContainerId, u64> {
-        ReplicaHandle::reported_lag(self).unwrap_or_default()
+    fn reported_lag(&self) -> ReportedLag {
+        self.with_liveness(|table| {
+            self.inner
+                .state_machine
+                .read(|state| table.reported(&state.job))
+        })
+        .unwrap_or_default()
+    }
+
+    fn observe_tick(&self, took: Duration) {
+        self.telemetry().controller_ticked(took);
     }
 
     async fn append(&self, command: Command) -> Result<AppendAck, ApiError> {

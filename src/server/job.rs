@@ -24,7 +24,7 @@ pub fn controller(
 ) -> Controller<ReplicaHandle> {
     let inputs: Box<dyn InputSource> = match (&job.inputs, &job.inputs_file) {
         (_, Some(path)) => Box::new(WatchedFile::new(path)),
-        (inputs, None) => Box::new(StaticInputs(
+        (inputs, None) => Box::new(StaticInputs::new(
             parse_inputs(inputs.as_deref().unwrap_or_default()).expect("validated"),
         )),
     };

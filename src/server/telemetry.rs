@@ -28,6 +28,7 @@ pub(crate) struct Telemetry {
     auth_refusals: Family<OutcomeLabel, Counter>,
     fetch_lag: Histogram,
     append_many_size: Histogram,
+    controller_tick_seconds: Histogram,
 }
 
 impl Default for Telemetry {
@@ -45,6 +46,8 @@ impl Default for Telemetry {
             ),
             // 1 to 1,024 appends.
             append_many_size: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
+            // 50 µs to about 3 s.
+            controller_tick_seconds: Histogram::new(exponential_buckets(50e-6, 2.0, 17)),
         }
     }
 }
@@ -79,6 +82,12 @@ impl Telemetry {
             self.auth_refusals.clone(),
         );
         registry.register(
+            "controller_tick_seconds",
+            "Ticks of the job's controller while this replica leads: reading the state, \
+             planning, and waiting for the commands it appends",
+            self.controller_tick_seconds.clone(),
+        );
+        registry.register(
             "fetches_waiting",
             "Fetches in progress here (long polls: about one per subscriber)",
             self.fetches_waiting.clone(),
@@ -104,6 +113,11 @@ impl Telemetry {
         };
         self.appends.get_or_create(&OutcomeLabel { outcome }).inc();
         self.append_seconds.observe(took.as_secs_f64());
+    }
+
+    /// One tick of the leading controller took `took`.
+    pub(crate) fn controller_ticked(&self, took: Duration) {
+        self.controller_tick_seconds.observe(took.as_secs_f64());
     }
 
     /// One `append_many` request arrived with `appends` appends.

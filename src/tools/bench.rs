@@ -469,7 +469,7 @@ pub fn fdatasync_floor(dir: &Path, writes: usize) -> std::io::Result<(u64, u64)>
     ))
 }
 
-fn histogram() -> Histogram<u64> {
+pub fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("static bounds")
 }
 
@@ -546,12 +546,22 @@ fn cpu_per_commit(
 
 /// One stage's histogram as scraped: `(upper bound in seconds, cumulative count)` per
 /// bucket, in increasing order, `+Inf` last.
-type Buckets = Vec<(f64, u64)>;
+pub type Buckets = Vec<(f64, u64)>;
 
-/// The leader's `ctrlog_commit_stage_seconds` histograms ([`crate::raft::stages`]), scraped from its
-/// observability port at `addr`, by stage.
+/// The leader's `ctrlog_commit_stage_seconds` histograms ([`crate::raft::stages`]), scraped
+/// from its observability port at `addr`, by stage.
 pub async fn scrape_stages(
     addr: std::net::SocketAddr,
+) -> anyhow::Result<std::collections::BTreeMap<String, Buckets>> {
+    scrape_histograms(addr, "ctrlog_commit_stage_seconds", Some("stage")).await
+}
+
+/// The histogram `metric` scraped from the observability port at `addr`, one per value of
+/// its label `label` (keyed by the empty string for a histogram without labels).
+pub async fn scrape_histograms(
+    addr: std::net::SocketAddr,
+    metric: &str,
+    label: Option<&str>,
 ) -> anyhow::Result<std::collections::BTreeMap<String, Buckets>> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
@@ -559,42 +569,47 @@ pub async fn scrape_stages(
     stream.write_all(request.as_bytes()).await?;
     let mut answer = String::new();
     stream.read_to_string(&mut answer).await?;
-    let mut stages: std::collections::BTreeMap<String, Buckets> = Default::default();
+    let prefix = format!("{metric}_bucket{{");
+    let mut histograms: std::collections::BTreeMap<String, Buckets> = Default::default();
     for line in answer.lines() {
-        let Some(rest) = line.strip_prefix("ctrlog_commit_stage_seconds_bucket{") else {
+        let Some(rest) = line.strip_prefix(prefix.as_str()) else {
             continue;
         };
-        let label = |name: &str| {
+        let value_of = |name: &str| {
             let start = rest.find(&format!("{name}=\""))? + name.len() + 2;
             Some(&rest[start..start + rest[start..].find('"')?])
         };
-        let (Some(stage), Some(le), Some(count)) = (
-            label("stage"),
-            label("le"),
+        let key = match label {
+            Some(label) => value_of(label),
+            None => Some(""),
+        };
+        let (Some(key), Some(le), Some(count)) = (
+            key,
+            value_of("le"),
             line.rsplit(' ').next().and_then(|c| c.parse::<u64>().ok()),
         ) else {
-            anyhow::bail!("a ctrlog_commit_stage_seconds line that does not parse: {line}");
+            anyhow::bail!("a {metric} line that does not parse: {line}");
         };
         let le = if le == "+Inf" {
             f64::INFINITY
         } else {
             le.parse()?
         };
-        stages
-            .entry(stage.to_string())
+        histograms
+            .entry(key.to_string())
             .or_default()
             .push((le, count));
     }
-    for buckets in stages.values_mut() {
+    for buckets in histograms.values_mut() {
         buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
     }
-    Ok(stages)
+    Ok(histograms)
 }
 
 /// The quantile `q` of what a histogram gained between two scrapes, in microseconds,
 /// interpolated within its bucket as Prometheus's `histogram_quantile` does (a value in the
 /// `+Inf` bucket reads as the last finite bound). `None` when it gained nothing.
-fn window_quantile(before: &[(f64, u64)], after: &[(f64, u64)], q: f64) -> Option<f64> {
+pub fn window_quantile(before: &[(f64, u64)], after: &[(f64, u64)], q: f64) -> Option<f64> {
     let gained = |i: usize| {
         let earlier = before.get(i).map_or(0, |b| b.1);
         after[i].1.saturating_sub(earlier)
@@ -1038,35 +1053,7 @@ pub async fn recovery(
     let rss = cluster.rss_bytes(follower).unwrap_or(0);
     let disk = dir_bytes(&cluster.data_dir().join(format!("replica-{}", follower + 1)));
 
-    cluster.kill(follower);
-    let started = Instant::now();
-    cluster.restart(follower)?;
-    let probe = ControlClient::connect_with(
-        std::slice::from_ref(&seeds[follower]),
-        crate::client::ClientOptions {
-            retry_deadline: Duration::from_secs(60),
-            request_timeout: Duration::from_secs(5),
-            ..Default::default()
-        },
-    )
-    .await?;
-    let answering = started.elapsed();
-    let timeout = Duration::from_secs(120).saturating_sub(started.elapsed());
-    let every = Duration::from_millis(5);
-    poll_until(
-        "the restarted replica to catch up",
-        timeout,
-        every,
-        || async {
-            match probe.status().await {
-                Ok(status) if status.applied_offset >= applied => Ok(()),
-                Ok(status) => Err(format!("applied {} of {applied}", status.applied_offset)),
-                Err(error) => Err(error.to_string()),
-            }
-        },
-    )
-    .await?;
-    let caught_up = started.elapsed();
+    let (answering, caught_up) = time_restart(&mut cluster, follower, applied).await?;
     Ok(json!({
         "workload": "recovery",
         "commands": applied,
@@ -1078,7 +1065,44 @@ pub async fn recovery(
     }))
 }
 
-fn dir_bytes(path: &Path) -> u64 {
+/// Restarts replica `i` of `cluster` on its directory and times it: until it answers
+/// `status` (asked alone), and until it has applied `applied` again.
+pub async fn time_restart(
+    cluster: &mut ProcessCluster,
+    i: usize,
+    applied: u64,
+) -> anyhow::Result<(Duration, Duration)> {
+    cluster.kill(i);
+    let started = Instant::now();
+    cluster.restart(i)?;
+    let probe = ControlClient::connect_with(
+        &cluster.client_addrs()[i..=i],
+        ClientOptions {
+            retry_deadline: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(5),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let answering = started.elapsed();
+    let timeout = Duration::from_secs(120).saturating_sub(started.elapsed());
+    poll_until(
+        "the restarted replica to catch up",
+        timeout,
+        Duration::from_millis(5),
+        || async {
+            match probe.status().await {
+                Ok(status) if status.applied_offset >= applied => Ok(()),
+                Ok(status) => Err(format!("applied {} of {applied}", status.applied_offset)),
+                Err(error) => Err(error.to_string()),
+            }
+        },
+    )
+    .await?;
+    Ok((answering, started.elapsed()))
+}
+
+pub fn dir_bytes(path: &Path) -> u64 {
     std::fs::read_dir(path)
         .map(|entries| {
             entries

@@ -37,7 +37,7 @@ use ctrlog::controller::{
     StaticInputs,
 };
 use ctrlog::jobs::plan::{GroupByPartition, ScalingPolicy};
-use ctrlog::jobs::{JobState, Liveness, Outcome, Session, TaskPhase};
+use ctrlog::jobs::{JobState, Liveness, Outcome, ReportedLag, Session, TaskPhase};
 use ctrlog::log::{
     Batch, Command, ContainerId, Epoch, Filter, Input, LogEntry, Offset, ProducerSeq, Proposal,
     RegisterContainer, Target, TaskId, TaskStarted, TaskStopped,
@@ -743,7 +743,7 @@ impl Sim {
                 seq: AtomicU64::new(0),
             },
             JobDriver {
-                inputs: Box::new(StaticInputs(inputs)),
+                inputs: Box::new(StaticInputs::new(inputs)),
                 grouper: Box::new(GroupByPartition),
                 policy: Box::new(ScaleInLate {
                     started: self.started,
@@ -1284,7 +1284,7 @@ impl ControlPlane for SimPlane {
         self.sim.leading().is_some()
     }
 
-    fn job_state(&self) -> JobState {
+    fn job_state(&self) -> Arc<JobState> {
         self.sim
             .leading()
             .map(|(_, _, storage, _)| storage.job_state())
@@ -1303,11 +1303,11 @@ impl ControlPlane for SimPlane {
     }
 
     /// Every live container reports no lag: the scaling policy decides by the clock.
-    fn reported_lag(&self) -> BTreeMap<ContainerId, u64> {
-        self.job_state()
-            .live_sessions()
-            .map(|session| (session.container, 0))
-            .collect()
+    fn reported_lag(&self) -> ReportedLag {
+        ReportedLag {
+            containers: self.job_state().live_sessions().count(),
+            total: 0,
+        }
     }
 
     async fn append(&self, command: Command) -> Result<AppendAck, ApiError> {

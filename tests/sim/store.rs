@@ -131,7 +131,7 @@ fn last_segment(dir: &Path) -> PathBuf {
 }
 
 impl Storage {
-    pub fn job_state(&self) -> JobState {
+    pub fn job_state(&self) -> std::sync::Arc<JobState> {
         self.state_machine.read(|state| state.job.clone())
     }
 
@@ -155,7 +155,7 @@ impl Storage {
                 let state = self.job_state();
                 Fetched::Compacted {
                     offset: state.last_offset(),
-                    state: Box::new(state),
+                    state: Box::new(JobState::clone(&state)),
                 }
             }
             Err(error) => panic!("reading the log of a running replica: {error}"),

@@ -8,6 +8,7 @@ use clap::Subcommand;
 use ctrlog::tools::bench::{self, BenchTarget, ProcessCluster, OWN_CLUSTER_REPLICAS};
 use ctrlog::tools::chaos::{self, ChaosOptions, FaultFamily};
 use ctrlog::tools::cli::{self, ClientFlags, OutputFlags};
+use ctrlog::tools::scale;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -63,6 +64,22 @@ enum BenchCmd {
         /// The SVG file to write.
         #[arg(long)]
         output: std::path::PathBuf,
+    },
+    /// A job's size against its cost: N containers heartbeating once a second on a job of M
+    /// inputs, each pair on a cluster of its own (always its own cluster).
+    Scale {
+        /// Container counts (N) to run, e.g. 100,1000,10000.
+        #[arg(long, value_delimiter = ',', default_value = "100,1000,10000")]
+        containers: Vec<usize>,
+        /// Input counts (M) to run each container count with, e.g. 1000,10000,100000.
+        #[arg(long, value_delimiter = ',', default_value = "10000")]
+        inputs: Vec<usize>,
+        /// Connections the containers' heartbeats and answers share.
+        #[arg(long, default_value_t = 8)]
+        connections: usize,
+        /// The measured window, once every task runs.
+        #[arg(long, default_value_t = 10)]
+        duration_s: u64,
     },
     /// Restart a follower behind N commands, with and without snapshots (always its own
     /// cluster).
@@ -214,6 +231,24 @@ pub async fn bench(
             print(&result)?;
         }
         BenchCmd::Plot { input, output } => bench::plot_file(&input, &output)?,
+        BenchCmd::Scale {
+            containers,
+            inputs,
+            connections,
+            duration_s,
+        } => {
+            for &inputs in &inputs {
+                for &containers in &containers {
+                    let run = scale::ScaleRun {
+                        containers,
+                        inputs,
+                        connections,
+                        duration: Duration::from_secs(duration_s),
+                    };
+                    print(&scale::scale(&run).await?)?;
+                }
+            }
+        }
         BenchCmd::Recovery {
             commands,
             payload_bytes,
