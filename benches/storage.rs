@@ -1,7 +1,8 @@
-//! Micro-benchmarks of the storage hot path: appending a group of entries to the WAL and
-//! making it durable (what the sync thread does per flush), reading an entry back for a fetch
-//! (what a subscriber below the in-memory window costs), and applying a batch to the state
-//! machine (what every replica does per committed entry).
+//! Micro-benchmarks of the commit path's pieces: the proposer's hand-off (appends queued,
+//! then taken as one batch), appending a group of entries to the WAL and making it durable
+//! (what the sync thread does per flush), reading an entry back for a fetch (what a
+//! subscriber below the in-memory window costs), and applying a batch to the state machine
+//! (what every replica does per committed entry).
 //!
 //! `cargo bench --bench storage`
 
@@ -80,5 +81,34 @@ fn state_machine(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, storage, state_machine);
+/// The proposer's hand-off of 256 appends: each queued on its channel, as 256 connections'
+/// appends arrive, then taken as one batch (`take_batch`) for one Raft entry.
+fn proposer(c: &mut Criterion) {
+    use ctrlog::raft::proposer::{take_batch, QUEUE_DEPTH};
+    let mut group = c.benchmark_group("proposer");
+    group.throughput(Throughput::Elements(256));
+    let proposals: Vec<Proposal> = match entry_of_producers(1, 256, 1).payload {
+        EntryPayload::Normal(batch) => batch.proposals,
+        _ => unreachable!("a normal entry"),
+    };
+    let (queue, mut incoming) = tokio::sync::mpsc::channel(QUEUE_DEPTH);
+    group.bench_function("queue_256x256B_and_take_one_batch", |b| {
+        b.iter_batched(
+            || proposals.clone(),
+            |proposals| {
+                for proposal in proposals {
+                    queue.try_send(proposal).expect("room in the queue");
+                }
+                let first = incoming.try_recv().expect("queued");
+                let (batch, carried) = take_batch(first, &mut incoming, Proposal::encoded_len);
+                assert_eq!((batch.len(), carried.is_none()), (256, true));
+                batch
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(benches, proposer, storage, state_machine);
 criterion_main!(benches);

@@ -241,6 +241,7 @@ async fn scale_reports_the_documented_json() {
         "snapshot_offset",
         "follower_disk_bytes",
         "settled_ms",
+        "fdatasync_p50_us",
     ] {
         assert!(result[key].as_u64().unwrap() > 0, "{key}");
     }

@@ -121,8 +121,8 @@ async fn next_first<T>(carried: &mut Option<T>, incoming: &mut mpsc::Receiver<T>
 
 /// Takes the next batch: `first`, then whatever is queued while it fits within
 /// [`BATCH_PROPOSALS_MAX`] and [`BATCH_BYTES_MAX`]. A queued proposal that does not fit is
-/// returned to start the next batch.
-fn take_batch<T>(
+/// returned to start the next batch. (Public for the micro-benchmark, `benches/storage.rs`.)
+pub fn take_batch<T>(
     first: T,
     incoming: &mut mpsc::Receiver<T>,
     size: impl Fn(&T) -> usize,

@@ -508,14 +508,15 @@ pub fn bench_line(result: &Value) -> String {
             result["disk_bytes"].as_u64().unwrap_or(0) >> 20
         ),
         Some("scale") => format!(
-            "scale  {} containers, {} inputs ({} tasks): settled after {:.1} s; {} heartbeats/s p50 {:.2} ms p99 {:.2} ms, leader CPU {} µs per heartbeat, cores {}; controller tick p50 {:.2} ms p99 {:.2} ms; state {} ms, {} KiB; snapshot {} ms; follower restart answering {} ms, caught up {} ms; RSS {} MiB",
+            "scale  {} containers, {} inputs ({} tasks): settled after {:.1} s; {} heartbeats/s p50 {:.2} ms p99 {:.2} ms, leader CPU {} µs per heartbeat, cores {}; controller tick p50 {:.2} ms p99 {:.2} ms; state {} ms, {} KiB; snapshot {} ms; follower restart answering {} ms, caught up {} ms; RSS {} MiB (disk fdatasync p50 {:.3} ms)",
             result["containers"], result["inputs"], result["tasks"], ms("settled_ms"),
             result["heartbeats_per_s"], ms("heartbeat_p50_us"), ms("heartbeat_p99_us"),
             result["leader_cpu_per_heartbeat_us"], result["cores"],
             ms("controller_tick_p50_us"), ms("controller_tick_p99_us"),
             result["state_ms_median"], result["state_bytes"].as_u64().unwrap_or(0) >> 10,
             result["snapshot_build_ms"], result["restart_answering_ms"], result["restart_caught_up_ms"],
-            result["rss_bytes"].as_array().map_or(String::new(), |all| all.iter().map(|b| (b.as_u64().unwrap_or(0) >> 20).to_string()).collect::<Vec<_>>().join("/"))
+            result["rss_bytes"].as_array().map_or(String::new(), |all| all.iter().map(|b| (b.as_u64().unwrap_or(0) >> 20).to_string()).collect::<Vec<_>>().join("/")),
+            ms("fdatasync_p50_us")
         ),
         _ => result.to_string(),
     }

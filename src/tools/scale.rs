@@ -1,8 +1,9 @@
 //! `ctrlog bench scale`: what a job's size costs. Three `ctrlog serve` replicas run the job's
 //! controller over `M` inputs; this process plays `N` containers that register, answer every
 //! assignment (`TaskStarted`, `TaskStopped`) and heartbeat once a second each, over a few
-//! shared connections, as a node agent hosting many containers would. Once every task runs,
-//! the bench measures, while the heartbeats go on:
+//! shared connections, as a node agent hosting many containers would. The inputs appear in
+//! the job's watched inputs file once every container registered; `settled_ms` is the time
+//! from then until every task runs. Then the bench measures, while the heartbeats go on:
 //!
 //! * the leader's CPU per heartbeat, and each replica's cores busy;
 //! * heartbeat latency (p50, p99) as the containers see it;
@@ -25,10 +26,9 @@ use futures::StreamExt;
 use serde_json::json;
 
 use super::bench::{
-    cpu_time, dir_bytes, histogram, scrape_histograms, time_restart, window_quantile,
-    ProcessCluster, OWN_CLUSTER_REPLICAS,
+    cpu_time, dir_bytes, fdatasync_floor, histogram, scrape_histograms, time_restart,
+    window_quantile, ProcessCluster, FDATASYNC_PROBE_WRITES, OWN_CLUSTER_REPLICAS,
 };
-use super::wait::poll_until;
 use crate::client::{ControlClient, SubscriptionItem};
 use crate::jobs::{plan, JobState, TaskPhase};
 use crate::log::{
@@ -285,7 +285,10 @@ fn ms(took: Duration) -> f64 {
 pub async fn scale(run: &ScaleRun) -> anyhow::Result<serde_json::Value> {
     let scratch = tempfile::Builder::new().prefix("ctrlog-scale-").tempdir()?;
     let inputs_path = scratch.path().join("inputs.txt");
-    std::fs::write(&inputs_path, inputs_file(run.inputs))?;
+    // The inputs appear once every container has registered (the file is watched), so that
+    // the first plan spreads the tasks over all of them: tasks given to the first few would
+    // then be moved one at a time, a task's move being four commits and a tick.
+    std::fs::write(&inputs_path, "")?;
     let tasks = run.inputs.div_ceil(STREAMS);
     let count = run.containers.to_string();
     let extra: Vec<String> = [
@@ -301,6 +304,9 @@ pub async fn scale(run: &ScaleRun) -> anyhow::Result<serde_json::Value> {
     .to_vec();
     let exe = std::env::current_exe().context("finding this executable")?;
     let mut cluster = ProcessCluster::start_with_http(exe, OWN_CLUSTER_REPLICAS, &extra).await?;
+    // The disk's floor where the replicas write, beside the latencies that touch the disk
+    // (settling, the snapshot, the restart).
+    let (fdatasync_p50_us, _) = fdatasync_floor(cluster.data_dir(), FDATASYNC_PROBE_WRITES)?;
     let seeds = cluster.client_addrs();
     let mut clients = Vec::new();
     for _ in 0..run.connections.max(1) {
@@ -314,31 +320,38 @@ pub async fn scale(run: &ScaleRun) -> anyhow::Result<serde_json::Value> {
     let heartbeats = tokio::spawn(heartbeat(clients.clone(), containers.clone(), stop.clone()));
     register(&clients, &containers).await?;
     let registered = started.elapsed();
+    let written = scratch.path().join("inputs.new");
+    std::fs::write(&written, inputs_file(run.inputs))?;
+    std::fs::rename(&written, &inputs_path)?;
+    let inputs_appeared = Instant::now();
     let answers = tokio::spawn(answer_assignments(clients[0].clone(), containers.clone()));
 
     let probe = &clients[0];
-    poll_until(
-        "the job to settle",
-        SETTLE_TIMEOUT,
-        Duration::from_secs(1),
-        || async {
-            let at = probe.state(0).await.map_err(|e| e.to_string())?;
-            match plan::settled(&at.state, tasks, run.containers) {
-                true => Ok(()),
-                false => Err(format!(
-                    "{} of {tasks} tasks running at offset {}",
-                    at.state
-                        .tasks()
-                        .values()
-                        .filter(|t| matches!(t.phase, TaskPhase::Running { .. }))
-                        .count(),
-                    at.offset
-                )),
-            }
-        },
-    )
-    .await?;
-    let settled = started.elapsed();
+    loop {
+        let at = probe.state(0).await?;
+        if plan::settled(&at.state, tasks, run.containers) {
+            break;
+        }
+        let live = at.state.live_epochs().count();
+        anyhow::ensure!(
+            live == run.containers,
+            "{} of {} containers were expired while the job settled: the leader fell behind \
+             their heartbeats",
+            run.containers - live,
+            run.containers,
+        );
+        let running = at.state.tasks().values();
+        let running = running.filter(|t| matches!(t.phase, TaskPhase::Running { .. }));
+        anyhow::ensure!(
+            inputs_appeared.elapsed() < SETTLE_TIMEOUT,
+            "the job did not settle within {SETTLE_TIMEOUT:?}: {} of {tasks} tasks running at \
+             offset {}",
+            running.count(),
+            at.offset
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let settled = inputs_appeared.elapsed();
 
     // The measured window: heartbeats and ticks only.
     let leader = probe.leader_status().await?.id as usize - 1;
@@ -414,6 +427,7 @@ pub async fn scale(run: &ScaleRun) -> anyhow::Result<serde_json::Value> {
         "inputs": run.inputs,
         "tasks": tasks,
         "connections": run.connections,
+        "fdatasync_p50_us": fdatasync_p50_us,
         "registered_ms": registered.as_millis() as u64,
         "settled_ms": settled.as_millis() as u64,
         "heartbeats_per_s": (beats as f64 / elapsed.as_secs_f64()).round(),
