@@ -216,3 +216,60 @@ async fn a_crash_between_snapshot_install_and_its_purge_recovers() {
     cluster.shutdown().await;
     scenario.teardown();
 }
+
+/// Goal: a leader acknowledges its own appends to openraft before its `fdatasync`, so that it
+/// replicates them meanwhile, and still applies and answers nothing before the entry is on
+/// its own disk. A single replica is its own majority: openraft counts the entry committed as
+/// soon as it is written, and only the log's durable mark holds the apply back (without it,
+/// the apply follows the write within microseconds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_applies_nothing_before_its_own_fdatasync() {
+    const HELD_FOR: Duration = Duration::from_millis(500);
+    let scenario = fail::FailScenario::setup();
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 1, |_| {}).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let client = ControlClient::connect_with(&cluster.client_addrs(), quick())
+        .await
+        .unwrap();
+    append(&client, "before", 3).await;
+    let replica = cluster.replica(leader);
+    let (written, applied) = (replica.wal_bytes(), replica.applied_offset());
+
+    fail::cfg("wal-sync", "pause").unwrap();
+    let pending = tokio::spawn({
+        let client = client.clone();
+        async move {
+            client
+                .append_to(Target::All, Command::custom(1, 1, b"held".to_vec()))
+                .await
+        }
+    });
+    eventually("the append to be written to the leader's log", || {
+        (replica.wal_bytes() > written).then_some(())
+    })
+    .await;
+    let applied_meanwhile = tokio::time::timeout(HELD_FOR, async {
+        while replica.applied_offset() == applied {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(
+        applied_meanwhile.is_err(),
+        "applied offset {} before the leader's own fdatasync",
+        replica.applied_offset()
+    );
+    assert!(!pending.is_finished(), "answered before the fdatasync");
+
+    fail::remove("wal-sync");
+    let ack = pending.await.unwrap().expect("answered once durable");
+    cluster.wait_for_applied(ack.offset, WAIT).await.unwrap();
+    let log = read_all(cluster.replica(leader)).await;
+    assert_eq!(
+        log.last().map(|e| e.frame.body.as_slice()),
+        Some(&b"held"[..])
+    );
+    cluster.shutdown().await;
+    scenario.teardown();
+}

@@ -2,10 +2,30 @@
 //! sled ([`MetaStore`]).
 //!
 //! Concurrency: one mutex guards the WAL. Appends write under it and hand the active segment's
-//! file to the [`Syncer`] thread, which `fdatasync`s it and only then calls openraft's flush
-//! callback. `append` therefore returns before the disk does, and the leader replicates to its
-//! followers while its own `fdatasync` runs (openraft 0.9 waits for each flush before the next
-//! append, so that overlap is what there is to win).
+//! file to the [`Syncer`] thread, which `fdatasync`s it (taking every append queued meanwhile
+//! in one `fdatasync`) and then calls openraft's flush callback.
+//!
+//! # The leader's own appends
+//!
+//! openraft 0.9's core awaits each append's flush callback before it runs the next command,
+//! and the leader's command to replicate an entry comes after the one to append it. Answered
+//! only once durable, a leader's own `fdatasync` and the round trip to its followers (with
+//! their `fdatasync`) would run one after the other. So the leader's own appends of ordinary
+//! entries are acknowledged as soon as they are written, and are replicated while the sync
+//! thread makes them durable. What the leader then counts as its own copy may not be on its
+//! disk yet, so nothing may act on a commit until it is: the log keeps a [`Durable`] mark, and
+//!
+//! * [`save_committed`](RaftLogStorage::save_committed), which openraft runs before it applies
+//!   anything, waits until the mark covers what is committed. Nothing is applied, answered or
+//!   snapshotted before the entry is on the leader's disk and a follower's: a majority.
+//! * the leader tells followers of no commit beyond the mark (the network clamps
+//!   `leader_commit`, see [`clamp_leader_commit`]), so no follower applies one earlier either.
+//!
+//! A commit that openraft counted early and that a power loss then takes from the leader was
+//! never acted on anywhere; it is as if it had not been committed. Followers acknowledge only
+//! what is on their disk, as Raft requires (their acknowledgement is another replica's copy).
+//! Membership entries are acknowledged only once durable: openraft acts on their commit
+//! itself, by moving a joint configuration on to the next.
 
 use std::fmt::Debug;
 use std::fs::File;
@@ -17,13 +37,15 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{OptionalSend, RaftLogReader};
+use openraft::{EntryPayload, OptionalSend, RaftLogReader};
+use tokio::sync::watch;
 
 use super::meta_store::MetaStore;
 use super::stages::{CommitStages, Stage};
 use super::types::{Entry, LogId, StorageError, StorageIOError, TypeConfig, Vote};
 use super::wal::{Wal, RECORD_BYTES_MAX};
 use crate::log::{decode, encode};
+use crate::NodeId;
 
 const VOTE_KEY: &str = "vote";
 const PURGED_KEY: &str = "purged";
@@ -52,6 +74,48 @@ struct Shared {
     /// What the durable snapshot allows purging, once a replica wires the state machine in
     /// with [`LogStore::guard_with_snapshots`].
     snapshots: Mutex<Option<SnapshotGuard>>,
+    /// How far the log is on disk (see the module docs).
+    durable: Arc<watch::Sender<Durable>>,
+    /// This replica's node id, once [`LogStore::serve_as`] said it; until then every append is
+    /// acknowledged only once durable.
+    own_id: std::sync::OnceLock<NodeId>,
+    /// The vote as last saved, to recognise the leader's own appends.
+    vote: Mutex<Option<Vote>>,
+}
+
+/// How far a log is known to be on disk, in log id order: an entry's log id names it uniquely,
+/// and entries that replace others (after a conflict or a snapshot) have higher ids, so the
+/// mark only rises.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Durable {
+    /// Every entry up to this one was written before an `fdatasync` that has returned, or is
+    /// covered by a durable snapshot.
+    pub synced: Option<LogId>,
+    /// Set once an `fdatasync` failed: what was written since cannot be vouched for, and the
+    /// replica must stop (the next `save_committed` fails, which stops Raft).
+    pub failed: Option<io::ErrorKind>,
+}
+
+impl Durable {
+    /// Whether `committed` may be acted on: every entry up to it is on disk.
+    pub fn covers(&self, committed: Option<LogId>) -> bool {
+        self.failed.is_none() && self.synced >= committed
+    }
+}
+
+/// Raises `durable`'s mark to `synced`, waking whoever waits for it.
+fn mark_synced(durable: &watch::Sender<Durable>, synced: Option<LogId>) {
+    durable.send_if_modified(|d| {
+        let raised = d.synced < synced;
+        d.synced = d.synced.max(synced);
+        raised
+    });
+}
+
+/// The `leader_commit` a leader may send: never beyond its own durable mark (see the module
+/// docs). The mark does not go backwards, so neither does what a follower is told.
+pub fn clamp_leader_commit(leader_commit: Option<LogId>, durable: &Durable) -> Option<LogId> {
+    leader_commit.min(durable.synced)
 }
 
 /// The log's view of the durable snapshot.
@@ -114,7 +178,18 @@ impl LogStore {
             None => None,
         };
         let wal = Wal::open(dir, last_purged.map(|l| l.index), segment_bytes_max)?;
+        // A crash of the process (not of the machine) can leave written but unsynced entries
+        // in the page cache, which the log would now count as durable: sync them first.
+        wal.active_file().sync_data()?;
         let last_log_id = last_log_id(&wal, last_purged)?;
+        let vote: Option<Vote> = match meta.get(VOTE_KEY)? {
+            Some(bytes) => Some(decode(&bytes, 1024).map_err(io::Error::other)?),
+            None => None,
+        };
+        let durable = Arc::new(watch::Sender::new(Durable {
+            synced: last_log_id,
+            failed: None,
+        }));
         let first_index = wal.first_index();
         let stages = Arc::<CommitStages>::default();
         Ok(LogStore {
@@ -126,12 +201,15 @@ impl LogStore {
                 }),
                 meta,
                 syncer: match flushing {
-                    Flushing::GroupCommit => Some(Syncer::start(stages.clone())),
+                    Flushing::GroupCommit => Some(Syncer::start(stages.clone(), durable.clone())),
                     Flushing::Inline => None,
                 },
                 first_index: AtomicU64::new(first_index),
                 stages,
                 snapshots: Mutex::new(None),
+                durable,
+                own_id: std::sync::OnceLock::new(),
+                vote: Mutex::new(vote),
             }),
         })
     }
@@ -153,6 +231,7 @@ impl LogStore {
     /// install to be durable; a crash in between would otherwise leave a replica with neither
     /// the entries nor the snapshot (found by the `snapshot-install` fail point).
     pub fn guard_with_snapshots(&self, last: Option<LogId>) -> io::Result<()> {
+        mark_synced(&self.shared.durable, last);
         *self.snapshot_guard() = Some(SnapshotGuard {
             durable: last,
             wanted: None,
@@ -169,6 +248,7 @@ impl LogStore {
     /// `S + 1`; until the entries up to `S` are purged, the log would hold `..=L`, a hole, and
     /// `S + 1..`, which openraft cannot start on.
     pub fn snapshot_stored(&self, last: Option<LogId>) -> io::Result<()> {
+        mark_synced(&self.shared.durable, last);
         match self.snapshot_guard().as_mut() {
             Some(guard) => guard.durable = guard.durable.max(last),
             None => return Ok(()),
@@ -237,6 +317,8 @@ impl LogStore {
         self.shared
             .first_index
             .store(state.wal.first_index(), Ordering::Release);
+        // What is purged is covered by the durable snapshot.
+        mark_synced(&self.shared.durable, Some(log_id));
         Ok(())
     }
 
@@ -271,7 +353,43 @@ impl LogStore {
 
     /// Makes `vote` durable before returning.
     pub fn save_vote_durable(&self, vote: &Vote) -> io::Result<()> {
-        self.shared.meta.put_durable(VOTE_KEY, &encode(vote))
+        self.shared.meta.put_durable(VOTE_KEY, &encode(vote))?;
+        *self.shared.vote.lock().expect("never poisoned") = Some(*vote);
+        Ok(())
+    }
+
+    /// Tells the log which replica it is, so that it can tell the leader's own appends from
+    /// a leader's entries replicated to it (see the module docs). Without it, every append is
+    /// acknowledged only once durable.
+    pub fn serve_as(&self, id: NodeId) {
+        let _ = self.shared.own_id.set(id);
+    }
+
+    /// How far the log is on disk, as it changes.
+    pub fn durable(&self) -> watch::Receiver<Durable> {
+        self.shared.durable.subscribe()
+    }
+
+    /// Whether `entries` are this replica's own appends as the leader it is now, all of them
+    /// ordinary: those may be acknowledged before they are durable (see the module docs).
+    fn leaders_own(&self, entries: &[Entry]) -> bool {
+        let (Some(own), Some(first)) = (self.shared.own_id.get(), entries.first()) else {
+            return false;
+        };
+        let leads = self
+            .shared
+            .vote
+            .lock()
+            .expect("never poisoned")
+            .is_some_and(|vote| {
+                vote.committed
+                    && vote.leader_id.node_id == *own
+                    && first.log_id.leader_id == vote.leader_id
+            });
+        leads
+            && entries
+                .iter()
+                .all(|e| !matches!(e.payload, EntryPayload::Membership(_)))
     }
 
     /// Appends one entry after the last and makes it durable before returning: for tools that
@@ -282,6 +400,7 @@ impl LogStore {
         state.wal.append(entry.log_id.index, &[encode(entry)])?;
         state.wal.active_file().sync_data()?;
         state.last_log_id = Some(entry.log_id);
+        mark_synced(&self.shared.durable, Some(entry.log_id));
         Ok(())
     }
 }
@@ -363,6 +482,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        // openraft applies what is committed right after this: not before the leader's own
+        // copy is on disk (see the module docs). A follower's entries are durable already.
+        let durable = *self
+            .durable()
+            .wait_for(|d| d.failed.is_some() || d.synced >= committed)
+            .await
+            .map_err(write_err)?;
+        if let Some(kind) = durable.failed {
+            return Err(write_err(io::Error::new(
+                kind,
+                "an fdatasync of the log failed; this replica can vouch for nothing since",
+            )));
+        }
         // Advisory: it only lets a restart re-apply up to here at once, so it need not be
         // durable, and a stale value only means less is re-applied at start.
         self.shared
@@ -414,6 +546,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             return Ok(());
         };
         let written = Instant::now();
+        let acknowledge_now = self.shared.syncer.is_some() && self.leaders_own(&entries);
         let payloads: Vec<Vec<u8>> = entries.iter().map(encode).collect();
         let file = {
             let mut state = self.lock();
@@ -425,11 +558,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             state.wal.active_file()
         };
         match &self.shared.syncer {
-            Some(syncer) => syncer.sync(file, callback, written),
+            Some(syncer) if acknowledge_now => {
+                callback.log_io_completed(Ok(()));
+                syncer.sync(file, None, written, last)
+            }
+            Some(syncer) => syncer.sync(file, Some(callback), written, last),
             None => {
-                let synced = sync_file(&file).map_err(io::Error::from);
+                let synced = sync_file(&file);
+                match synced {
+                    Ok(()) => mark_synced(&self.shared.durable, Some(last)),
+                    Err(kind) => self.shared.durable.send_modify(|d| d.failed = Some(kind)),
+                }
                 (self.shared.stages).observe(Stage::log_sync, written.elapsed());
-                callback.log_io_completed(synced)
+                callback.log_io_completed(synced.map_err(io::Error::from))
             }
         }
         Ok(())
@@ -461,19 +602,23 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
 /// Group commit: a thread that `fdatasync`s the WAL and then acknowledges the appends it covers.
 ///
-/// Protocol: `sync` sends the file the append was written to together with openraft's callback.
-/// The thread takes every request queued so far, syncs each distinct file once, and calls the
-/// callbacks in order. When the last `Syncer` handle is dropped the channel closes and the
-/// thread exits after answering what it already received.
+/// Protocol: `sync` sends the file the append was written to together with openraft's callback
+/// (none for an append acknowledged already). The thread takes every request queued so far,
+/// syncs each distinct file once, and in order raises the [`Durable`] mark to each request's
+/// last entry and calls its callback. When the last `Syncer` handle is dropped the channel
+/// closes and the thread exits after answering what it already received.
 struct Syncer {
     requests: mpsc::Sender<SyncRequest>,
+    durable: Arc<watch::Sender<Durable>>,
 }
 
 struct SyncRequest {
     file: Arc<File>,
-    callback: LogFlushed<TypeConfig>,
+    callback: Option<LogFlushed<TypeConfig>>,
     /// When the append's write began, for its `log_sync` time.
     written: Instant,
+    /// The append's last entry.
+    last: LogId,
 }
 
 /// `fdatasync`s one segment. The `wal-sync` fail point makes it fail, as a crash before the
@@ -488,8 +633,9 @@ fn sync_file(file: &File) -> Result<(), io::ErrorKind> {
 
 impl Syncer {
     /// Starts the sync thread; it times each append's `log_sync` into `stages`.
-    fn start(stages: Arc<CommitStages>) -> Syncer {
+    fn start(stages: Arc<CommitStages>, durable: Arc<watch::Sender<Durable>>) -> Syncer {
         let (requests, incoming) = mpsc::channel::<SyncRequest>();
+        let thread_durable = durable.clone();
         std::thread::Builder::new()
             .name("ctrlog-wal-sync".into())
             .spawn(move || {
@@ -507,27 +653,40 @@ impl Syncer {
                                     result
                                 }
                             };
+                        match result {
+                            Ok(()) => mark_synced(&thread_durable, Some(request.last)),
+                            Err(kind) => thread_durable.send_modify(|d| d.failed = Some(kind)),
+                        }
                         stages.observe(Stage::log_sync, request.written.elapsed());
-                        request
-                            .callback
-                            .log_io_completed(result.map_err(io::Error::from));
+                        if let Some(callback) = request.callback {
+                            callback.log_io_completed(result.map_err(io::Error::from));
+                        }
                     }
                 }
             })
             .expect("spawning the wal sync thread");
-        Syncer { requests }
+        Syncer { requests, durable }
     }
 
-    fn sync(&self, file: Arc<File>, callback: LogFlushed<TypeConfig>, written: Instant) {
+    fn sync(
+        &self,
+        file: Arc<File>,
+        callback: Option<LogFlushed<TypeConfig>>,
+        written: Instant,
+        last: LogId,
+    ) {
         let request = SyncRequest {
             file,
             callback,
             written,
+            last,
         };
         if let Err(mpsc::SendError(request)) = self.requests.send(request) {
-            request
-                .callback
-                .log_io_completed(Err(io::Error::other("the wal sync thread has stopped")));
+            // An append acknowledged already will never be durable: fail the mark too.
+            (self.durable).send_modify(|d| d.failed = Some(io::ErrorKind::Other));
+            if let Some(callback) = request.callback {
+                callback.log_io_completed(Err(io::Error::other("the wal sync thread has stopped")));
+            }
         }
     }
 }

@@ -16,8 +16,10 @@ use std::time::{Duration, Instant};
 use openraft::error::{NetworkError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use tarpc::{client, context};
+use tokio::sync::watch;
 
 use super::elector::ElectionTimer;
+use super::log_store::{clamp_leader_commit, Durable};
 use super::proposer::BATCH_BYTES_MAX;
 use super::stages::{CommitStages, Stage};
 use super::types::*;
@@ -84,6 +86,9 @@ pub struct PeerNetwork {
     pub elections: Option<Arc<ElectionTimer>>,
     /// Where the `replicated` stage is timed (see [`stages`](super::stages)).
     pub stages: Option<Arc<CommitStages>>,
+    /// How far this replica's own log is on disk: a leader tells its followers of no commit
+    /// beyond it (see [`log_store`](super::log_store), "The leader's own appends").
+    pub durable: Option<watch::Receiver<Durable>>,
 }
 
 impl PeerNetwork {
@@ -114,6 +119,7 @@ impl PeerNetwork {
             tls: self.tls.clone(),
             elections: self.elections.clone(),
             stages: self.stages.clone(),
+            durable: self.durable.clone(),
             client: None,
             unanswered_since: None,
         }
@@ -135,6 +141,7 @@ pub struct PeerClient {
     tls: Option<Arc<rustls::ClientConfig>>,
     elections: Option<Arc<ElectionTimer>>,
     stages: Option<Arc<CommitStages>>,
+    durable: Option<watch::Receiver<Durable>>,
     /// The connection, and what its `hello` agreed.
     client: Option<(RaftRpcClient, Arc<Hello>)>,
     /// When the oldest call not answered on this connection was sent, if any is; calls that
@@ -309,6 +316,9 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         mut request: AppendEntriesRequest,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse, RpcError> {
+        if let Some(durable) = &self.durable {
+            request.leader_commit = clamp_leader_commit(request.leader_commit, &durable.borrow());
+        }
         let cut_after = cut_to_bytes(&mut request, APPEND_ENTRIES_BYTES_MAX);
         let (sent, carries_entries) = (Instant::now(), !request.entries.is_empty());
         let answer = self
@@ -507,5 +517,98 @@ mod tests {
             assert!(answer.is_err(), "nothing answers");
         }
         assert!(started.elapsed() >= SILENT_CONNECTION_MAX);
+    }
+
+    /// A peer that answers every AppendEntries with success, keeping the `leader_commit`
+    /// each one carried.
+    #[derive(Clone)]
+    struct RecordingPeer(Arc<std::sync::Mutex<Vec<Option<LogId>>>>);
+
+    impl RaftRpc for RecordingPeer {
+        async fn append_entries(
+            self,
+            _: context::Context,
+            request: AppendEntriesRequest,
+        ) -> Result<AppendEntriesResponse, RaftError> {
+            self.0.lock().unwrap().push(request.leader_commit);
+            Ok(AppendEntriesResponse::Success)
+        }
+
+        async fn vote(
+            self,
+            _: context::Context,
+            _: VoteRequest,
+        ) -> Result<VoteResponse, RaftError> {
+            std::future::pending().await
+        }
+
+        async fn install_snapshot(
+            self,
+            _: context::Context,
+            _: InstallSnapshotRequest,
+        ) -> Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>> {
+            std::future::pending().await
+        }
+
+        async fn hello(self, _: context::Context, offer: ProtocolOffer) -> Result<Hello, ApiError> {
+            Hello::answering(&offer, &[])
+        }
+    }
+
+    /// Goal: a leader tells its followers of no commit beyond what its own log holds on disk
+    /// (see `log_store`, "The leader's own appends"), over a real connection. Steps: the
+    /// durable mark at entry 3; an AppendEntries committing up to 5 leaves committing up to
+    /// 3; the mark raised to 7, the same request leaves committing up to 5.
+    #[tokio::test]
+    async fn leader_commit_is_held_to_the_durable_mark() {
+        use futures::StreamExt;
+        use tarpc::server::{BaseChannel, Channel};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let peer = RecordingPeer(seen.clone());
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let serving = BaseChannel::with_defaults(framed(stream, PEER_FRAME_BYTES_MAX))
+                    .execute(peer.clone().serve())
+                    .for_each_concurrent(None, |answer| answer);
+                tokio::spawn(serving);
+            }
+        });
+        let id = |index| Some(LogId::new(openraft::CommittedLeaderId::new(1, 1), index));
+        let (mark, durable) = watch::channel(Durable {
+            synced: id(3),
+            failed: None,
+        });
+        let network = PeerNetwork {
+            durable: Some(durable),
+            ..PeerNetwork::default()
+        };
+        let mut client = network.client_for(
+            2,
+            &Member {
+                peer_addr: addr.to_string(),
+                client_addr: addr.to_string(),
+            },
+        );
+        let committing_up_to_5 = || {
+            let mut request = request_of(&[10; 5]);
+            request.leader_commit = id(5);
+            request
+        };
+        let option = || RPCOption::new(Duration::from_secs(5));
+        client
+            .append_entries(committing_up_to_5(), option())
+            .await
+            .unwrap();
+        mark.send_replace(Durable {
+            synced: id(7),
+            failed: None,
+        });
+        client
+            .append_entries(committing_up_to_5(), option())
+            .await
+            .unwrap();
+        assert_eq!(*seen.lock().unwrap(), vec![id(3), id(5)]);
     }
 }

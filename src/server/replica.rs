@@ -122,6 +122,7 @@ impl Replica {
         } = tokio::task::spawn_blocking(move || open_storage(&data_dir))
             .await
             .map_err(std::io::Error::other)??;
+        log.serve_as(config.id);
         let tls = config
             .tls
             .as_ref()
@@ -148,6 +149,7 @@ impl Replica {
             tls: tls.as_ref().map(|t| t.to_peers.clone()),
             elections: Some(elections.clone()),
             stages: Some(stages.clone()),
+            durable: Some(log.durable()),
         };
         let raft = Raft::new(
             config.id,
