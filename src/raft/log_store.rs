@@ -34,7 +34,7 @@ use std::ops::{Bound, RangeBounds};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{EntryPayload, OptionalSend, RaftLogReader};
@@ -42,7 +42,9 @@ use tokio::sync::watch;
 
 use super::meta_store::MetaStore;
 use super::stages::{CommitStages, Stage};
-use super::types::{Entry, LogId, StorageError, StorageIOError, TypeConfig, Vote};
+use super::types::{
+    AppendEntriesRequest, Entry, LogId, StorageError, StorageIOError, TypeConfig, Vote,
+};
 use super::wal::{Wal, RECORD_BYTES_MAX};
 use crate::log::{decode, encode};
 use crate::NodeId;
@@ -96,13 +98,6 @@ pub struct Durable {
     pub failed: Option<io::ErrorKind>,
 }
 
-impl Durable {
-    /// Whether `committed` may be acted on: every entry up to it is on disk.
-    pub fn covers(&self, committed: Option<LogId>) -> bool {
-        self.failed.is_none() && self.synced >= committed
-    }
-}
-
 /// Raises `durable`'s mark to `synced`, waking whoever waits for it.
 fn mark_synced(durable: &watch::Sender<Durable>, synced: Option<LogId>) {
     durable.send_if_modified(|d| {
@@ -112,10 +107,24 @@ fn mark_synced(durable: &watch::Sender<Durable>, synced: Option<LogId>) {
     });
 }
 
-/// The `leader_commit` a leader may send: never beyond its own durable mark (see the module
-/// docs). The mark does not go backwards, so neither does what a follower is told.
-pub fn clamp_leader_commit(leader_commit: Option<LogId>, durable: &Durable) -> Option<LogId> {
-    leader_commit.min(durable.synced)
+/// Holds a leader's AppendEntries `request` to what its own log has on disk: it tells of no
+/// commit beyond the `durable` mark (see the module docs; the mark does not go backwards, so
+/// neither does what a follower is told). One that carries no entries, sent to tell of a
+/// commit or as a heartbeat, first waits up to `wait` for the mark to cover its commit, so
+/// that followers learn of the commit as soon as it may be acted on rather than with the next
+/// message. One that carries entries never waits: that would put the leader's `fdatasync`
+/// back in front of replication.
+pub async fn hold_to_durable(
+    request: &mut AppendEntriesRequest,
+    durable: &mut watch::Receiver<Durable>,
+    wait: Duration,
+) {
+    if request.entries.is_empty() {
+        let wanted = request.leader_commit;
+        let covered = durable.wait_for(|d| d.failed.is_some() || d.synced >= wanted);
+        let _ = tokio::time::timeout(wait, covered).await;
+    }
+    request.leader_commit = request.leader_commit.min(durable.borrow().synced);
 }
 
 /// The log's view of the durable snapshot.
@@ -135,7 +144,11 @@ pub enum Flushing {
     /// that queued meanwhile in one `fdatasync` (group commit). What a replica runs.
     GroupCommit,
     /// `append` `fdatasync`s and acknowledges before it returns: the same files and the same
-    /// durability, with no thread, so that the seeded simulation stays deterministic.
+    /// durability, with no thread, so that the seeded simulation stays deterministic. A
+    /// leader's own appends are acknowledged at once here too, and made durable by the next
+    /// inline `fdatasync`: another append's, or at the latest that of the `save_committed`
+    /// which would act on them. So the simulation runs them written but not yet durable, as
+    /// the sync thread leaves them.
     Inline,
 }
 
@@ -358,6 +371,17 @@ impl LogStore {
         Ok(())
     }
 
+    /// `fdatasync`s `file` here, without the sync thread, and raises the durable mark to
+    /// `last`, the last entry written to it, or marks the failure.
+    fn sync_inline(&self, file: &File, last: LogId) -> Result<(), io::ErrorKind> {
+        let synced = sync_file(file);
+        match synced {
+            Ok(()) => mark_synced(&self.shared.durable, Some(last)),
+            Err(kind) => self.shared.durable.send_modify(|d| d.failed = Some(kind)),
+        }
+        synced
+    }
+
     /// Tells the log which replica it is, so that it can tell the leader's own appends from
     /// a leader's entries replicated to it (see the module docs). Without it, every append is
     /// acknowledged only once durable.
@@ -484,6 +508,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         // openraft applies what is committed right after this: not before the leader's own
         // copy is on disk (see the module docs). A follower's entries are durable already.
+        if self.shared.syncer.is_none() && self.shared.durable.borrow().synced < committed {
+            let (file, last) = {
+                let state = self.lock();
+                (state.wal.active_file(), state.last_log_id)
+            };
+            if let Some(last) = last {
+                let _ = self.sync_inline(&file, last);
+            }
+        }
         let durable = *self
             .durable()
             .wait_for(|d| d.failed.is_some() || d.synced >= committed)
@@ -546,7 +579,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             return Ok(());
         };
         let written = Instant::now();
-        let acknowledge_now = self.shared.syncer.is_some() && self.leaders_own(&entries);
+        let acknowledge_now = self.leaders_own(&entries);
         let payloads: Vec<Vec<u8>> = entries.iter().map(encode).collect();
         let file = {
             let mut state = self.lock();
@@ -563,12 +596,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 syncer.sync(file, None, written, last)
             }
             Some(syncer) => syncer.sync(file, Some(callback), written, last),
+            None if acknowledge_now => callback.log_io_completed(Ok(())),
             None => {
-                let synced = sync_file(&file);
-                match synced {
-                    Ok(()) => mark_synced(&self.shared.durable, Some(last)),
-                    Err(kind) => self.shared.durable.send_modify(|d| d.failed = Some(kind)),
-                }
+                let synced = self.sync_inline(&file, last);
                 (self.shared.stages).observe(Stage::log_sync, written.elapsed());
                 callback.log_io_completed(synced.map_err(io::Error::from))
             }

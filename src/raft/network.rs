@@ -19,7 +19,7 @@ use tarpc::{client, context};
 use tokio::sync::watch;
 
 use super::elector::ElectionTimer;
-use super::log_store::{clamp_leader_commit, Durable};
+use super::log_store::{hold_to_durable, Durable};
 use super::proposer::BATCH_BYTES_MAX;
 use super::stages::{CommitStages, Stage};
 use super::types::*;
@@ -316,8 +316,8 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         mut request: AppendEntriesRequest,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse, RpcError> {
-        if let Some(durable) = &self.durable {
-            request.leader_commit = clamp_leader_commit(request.leader_commit, &durable.borrow());
+        if let Some(durable) = &mut self.durable {
+            hold_to_durable(&mut request, durable, option.soft_ttl() / 2).await;
         }
         let cut_after = cut_to_bytes(&mut request, APPEND_ENTRIES_BYTES_MAX);
         let (sent, carries_entries) = (Instant::now(), !request.entries.is_empty());

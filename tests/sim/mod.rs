@@ -274,7 +274,10 @@ impl Sim {
         .validate()
         .expect("a valid openraft config");
         let storage = match self.disks[&id].open() {
-            Ok(storage) => storage,
+            Ok(storage) => {
+                storage.log.serve_as(id);
+                storage
+            }
             Err(error) => {
                 let anomaly = format!("replica {id}'s storage did not open: {error}");
                 self.record().anomalies.push(anomaly);
@@ -288,6 +291,7 @@ impl Sim {
                 net: self.net.clone(),
                 from: id,
                 elections: elections.clone(),
+                durable: storage.log.durable(),
             },
             storage.log.clone(),
             storage.state_machine.clone(),
@@ -326,6 +330,7 @@ impl Sim {
             self.fault(format!("crash {id}"));
             let _ = raft.shutdown().await;
             let built = storage.snapshots_built();
+            let synced = storage.log.durable().borrow().synced.map(|l| l.index);
             drop((raft, storage));
             let disk = &self.disks[&id];
             disk.add_snapshots_built(built);
@@ -340,6 +345,7 @@ impl Sim {
                 1 => Tail::Garbage(rng.gen_range(1..5_000)),
                 _ => Tail::Clean,
             });
+            disk.lose_unsynced(synced);
             disk.tear(tail);
             if self.config.store_acknowledges_early {
                 disk.lose_acknowledged_tail(3);

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use ctrlog::client::Member;
 use ctrlog::raft::elector::ElectionTimer;
+use ctrlog::raft::log_store::{hold_to_durable, Durable};
 use ctrlog::raft::types::*;
 use ctrlog::raft::TypeConfig;
 use ctrlog::NodeId;
@@ -19,6 +20,7 @@ use openraft::error::{NetworkError, RPCError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::store::Storage;
@@ -221,6 +223,8 @@ pub struct SimNetwork {
     pub from: NodeId,
     /// The sender's election timer, told when a voter refuses it for a shorter log.
     pub elections: Arc<ElectionTimer>,
+    /// How far the sender's log is on disk: as a leader it tells of no commit beyond it.
+    pub durable: watch::Receiver<Durable>,
 }
 
 pub struct SimPeer {
@@ -228,6 +232,7 @@ pub struct SimPeer {
     from: NodeId,
     to: NodeId,
     elections: Arc<ElectionTimer>,
+    durable: watch::Receiver<Durable>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for SimNetwork {
@@ -239,6 +244,7 @@ impl RaftNetworkFactory<TypeConfig> for SimNetwork {
             from: self.from,
             to: target,
             elections: self.elections.clone(),
+            durable: self.durable.clone(),
         }
     }
 }
@@ -274,9 +280,10 @@ impl SimPeer {
 impl RaftNetwork<TypeConfig> for SimPeer {
     async fn append_entries(
         &mut self,
-        request: AppendEntriesRequest,
+        mut request: AppendEntriesRequest,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse, RpcError> {
+        hold_to_durable(&mut request, &mut self.durable, option.soft_ttl() / 2).await;
         self.rpc(&option, |callee| async move {
             let answer = callee.raft.append_entries(request).await?;
             callee.elections.answered_append_entries(&answer);

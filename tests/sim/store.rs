@@ -2,10 +2,12 @@
 //! (the segmented WAL and sled) opened with `raft::storage`, its log store, its state machine
 //! and its read path (`raft::reader`), exactly as a replica opens and reads them.
 //!
-//! One difference keeps runs deterministic: appends are `fdatasync`ed inline, before `append`
-//! returns ([`Flushing::Inline`]), instead of on the group-commit thread. What is durable is
-//! the same: a crash loses nothing that was acknowledged. A crash may still tear the end of
-//! the last segment (zeros or garbage after the last record, as a power loss leaves it), and
+//! One difference keeps runs deterministic: appends are `fdatasync`ed inline
+//! ([`Flushing::Inline`]), instead of on the group-commit thread: a follower's before `append`
+//! returns, a leader's own by the next inline `fdatasync`. What is durable is the same, and a
+//! crash loses what was not: the leader's appends written after its last `fdatasync`
+//! ([`Disk::lose_unsynced`], as a power loss would), never anything acknowledged. It may also
+//! tear the end of the last segment (zeros or garbage after the last record, as a power loss leaves it), and
 //! recovery must cut it; the test that checks that the simulation catches a careless store
 //! makes a crash lose acknowledged entries too ([`Disk::lose_acknowledged_tail`]).
 
@@ -102,6 +104,17 @@ impl Disk {
         let last = last_segment(&log_dir(&self.dir));
         let mut file = std::fs::OpenOptions::new().append(true).open(last).unwrap();
         std::io::Write::write_all(&mut file, &bytes).unwrap();
+    }
+
+    /// Drops what the crashed incarnation had written after its durable mark, entry `synced`
+    /// (`None`: nothing), as a power loss would: a leader's own appends, which the log
+    /// acknowledges to openraft before their `fdatasync` (`raft::log_store`).
+    pub fn lose_unsynced(&self, synced: Option<u64>) {
+        let mut wal = Wal::open(&log_dir(&self.dir), None, u64::MAX).unwrap();
+        let first_lost = synced.map_or(0, |index| index + 1);
+        if wal.next_index() > first_lost {
+            wal.truncate_from(first_lost).unwrap();
+        }
     }
 
     /// Drops the last `entries` of the log, as a crash would if appends were acknowledged
