@@ -214,7 +214,9 @@ impl ReplicaHandle {
                     }
                     .into());
                 }
-                self.check_members_know_level(c.level).await?;
+                // Boxed: this rare path's future (calls to every member) would otherwise make
+                // every append's several KiB, moved for each of an `append_many`'s appends.
+                Box::pin(self.check_members_know_level(c.level)).await?;
             }
         }
         if self.leads_without_quorum() {
