@@ -1185,13 +1185,18 @@ async fn connections_beyond_the_ports_limit_are_closed_at_once() {
         "the fourth connection is closed: {read:?}"
     );
     drop(idle.pop());
+    // Each try is bounded: a connection made before the replica noticed the freed slot is
+    // closed at once, and a raw tarpc client on it can wait for ever for its answer (seen: a
+    // run hung here for ten minutes, the connection in CLOSE-WAIT).
     let served = poll_until("a freed slot to serve", WAIT, POLL_INTERVAL, || async {
-        let client = raw_client(addr).await;
-        match client
-            .status(deadline_context(Duration::from_secs(2)))
-            .await
-        {
-            Ok(Ok(status)) => Ok(status),
+        let try_once = async {
+            let client = raw_client(addr).await;
+            client
+                .status(deadline_context(Duration::from_secs(2)))
+                .await
+        };
+        match tokio::time::timeout(Duration::from_secs(2), try_once).await {
+            Ok(Ok(Ok(status))) => Ok(status),
             other => Err(format!("{other:?}")),
         }
     })

@@ -19,7 +19,7 @@
 //!   anything, waits until the mark covers what is committed. Nothing is applied, answered or
 //!   snapshotted before the entry is on the leader's disk and a follower's: a majority.
 //! * the leader tells followers of no commit beyond the mark (the network clamps
-//!   `leader_commit`, see [`clamp_leader_commit`]), so no follower applies one earlier either.
+//!   `leader_commit`, see [`hold_to_durable`]), so no follower applies one earlier either.
 //!
 //! A commit that openraft counted early and that a power loss then takes from the leader was
 //! never acted on anywhere; it is as if it had not been committed. Followers acknowledge only
