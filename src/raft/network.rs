@@ -438,99 +438,23 @@ mod tests {
         }
     }
 
-    /// A peer that says hello and then never answers.
-    #[derive(Clone)]
-    struct SilentPeer;
-
-    impl RaftRpc for SilentPeer {
-        async fn append_entries(
-            self,
-            _: context::Context,
-            _: AppendEntriesRequest,
-        ) -> Result<AppendEntriesResponse, RaftError> {
-            std::future::pending().await
-        }
-
-        async fn vote(
-            self,
-            _: context::Context,
-            _: VoteRequest,
-        ) -> Result<VoteResponse, RaftError> {
-            std::future::pending().await
-        }
-
-        async fn install_snapshot(
-            self,
-            _: context::Context,
-            _: InstallSnapshotRequest,
-        ) -> Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>> {
-            std::future::pending().await
-        }
-
-        async fn hello(self, _: context::Context, offer: ProtocolOffer) -> Result<Hello, ApiError> {
-            Hello::answering(&offer, &[])
-        }
+    /// A test peer: it answers the connection's `hello`, never a vote or a snapshot, and an
+    /// AppendEntries only when it keeps their `leader_commit`s (otherwise it stays silent).
+    #[derive(Clone, Default)]
+    struct TestPeer {
+        leader_commits: Option<Arc<std::sync::Mutex<Vec<Option<LogId>>>>>,
     }
 
-    /// Goal: a peer connection that stops answering (as one does whose packets a partition
-    /// swallowed, until TCP's retransmission backoff resends them) is replaced by a fresh
-    /// connection, instead of holding every later call. Steps: a "peer" that answers the
-    /// connection's `hello` and nothing after; votes with a short TTL, until a second
-    /// connection arrives. Before the fix the first connection was kept for good.
-    #[tokio::test]
-    async fn a_silent_connection_is_dialled_afresh() {
-        use futures::StreamExt;
-        use tarpc::server::{BaseChannel, Channel};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let counted = accepted.clone();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                counted.fetch_add(1, Ordering::SeqCst);
-                let transport = framed(stream, PEER_FRAME_BYTES_MAX);
-                let serving = BaseChannel::with_defaults(transport)
-                    .execute(SilentPeer.serve())
-                    .for_each_concurrent(None, |answer| answer);
-                tokio::spawn(serving);
-            }
-        });
-        let mut peer = PeerNetwork::default()
-            .new_client(
-                2,
-                &Member {
-                    peer_addr: addr.to_string(),
-                    client_addr: addr.to_string(),
-                },
-            )
-            .await;
-        let started = Instant::now();
-        while accepted.load(Ordering::SeqCst) < 2 {
-            assert!(
-                started.elapsed() < SILENT_CONNECTION_MAX * 5,
-                "still on the silent connection"
-            );
-            let request = VoteRequest::new(openraft::Vote::new(1, 1), None);
-            let answer = peer
-                .vote(request, RPCOption::new(Duration::from_millis(50)))
-                .await;
-            assert!(answer.is_err(), "nothing answers");
-        }
-        assert!(started.elapsed() >= SILENT_CONNECTION_MAX);
-    }
-
-    /// A peer that answers every AppendEntries with success, keeping the `leader_commit`
-    /// each one carried.
-    #[derive(Clone)]
-    struct RecordingPeer(Arc<std::sync::Mutex<Vec<Option<LogId>>>>);
-
-    impl RaftRpc for RecordingPeer {
+    impl RaftRpc for TestPeer {
         async fn append_entries(
             self,
             _: context::Context,
             request: AppendEntriesRequest,
         ) -> Result<AppendEntriesResponse, RaftError> {
-            self.0.lock().unwrap().push(request.leader_commit);
+            let Some(leader_commits) = self.leader_commits else {
+                return std::future::pending().await;
+            };
+            leader_commits.lock().unwrap().push(request.leader_commit);
             Ok(AppendEntriesResponse::Success)
         }
 
@@ -555,26 +479,64 @@ mod tests {
         }
     }
 
-    /// Goal: a leader tells its followers of no commit beyond what its own log holds on disk
-    /// (see `log_store`, "The leader's own appends"), over a real connection. Steps: the
-    /// durable mark at entry 3; an AppendEntries committing up to 5 leaves committing up to
-    /// 3; the mark raised to 7, the same request leaves committing up to 5.
-    #[tokio::test]
-    async fn leader_commit_is_held_to_the_durable_mark() {
+    /// Serves `peer` on a port of 127.0.0.1, counting the connections it accepts; returns
+    /// the peer's address as a member.
+    async fn serve(peer: TestPeer, accepted: Arc<AtomicUsize>) -> Member {
         use futures::StreamExt;
         use tarpc::server::{BaseChannel, Channel};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let peer = RecordingPeer(seen.clone());
+        let addr = listener.local_addr().unwrap().to_string();
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
+                accepted.fetch_add(1, Ordering::SeqCst);
                 let serving = BaseChannel::with_defaults(framed(stream, PEER_FRAME_BYTES_MAX))
                     .execute(peer.clone().serve())
                     .for_each_concurrent(None, |answer| answer);
                 tokio::spawn(serving);
             }
         });
+        Member {
+            peer_addr: addr.clone(),
+            client_addr: addr,
+        }
+    }
+
+    /// Goal: a peer connection that stops answering (as one does whose packets a partition
+    /// swallowed, until TCP's retransmission backoff resends them) is replaced by a fresh
+    /// connection, instead of holding every later call. Steps: a "peer" that answers the
+    /// connection's `hello` and nothing after; votes with a short TTL, until a second
+    /// connection arrives. Before the fix the first connection was kept for good.
+    #[tokio::test]
+    async fn a_silent_connection_is_dialled_afresh() {
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let member = serve(TestPeer::default(), accepted.clone()).await;
+        let mut peer = PeerNetwork::default().new_client(2, &member).await;
+        let started = Instant::now();
+        while accepted.load(Ordering::SeqCst) < 2 {
+            assert!(
+                started.elapsed() < SILENT_CONNECTION_MAX * 5,
+                "still on the silent connection"
+            );
+            let request = VoteRequest::new(openraft::Vote::new(1, 1), None);
+            let answer = peer
+                .vote(request, RPCOption::new(Duration::from_millis(50)))
+                .await;
+            assert!(answer.is_err(), "nothing answers");
+        }
+        assert!(started.elapsed() >= SILENT_CONNECTION_MAX);
+    }
+
+    /// Goal: a leader tells its followers of no commit beyond what its own log holds on disk
+    /// (see `log_store`, "The leader's own appends"), over a real connection. Steps: the
+    /// durable mark at entry 3; an AppendEntries committing up to 5 leaves committing up to
+    /// 3; the mark raised to 7, the same request leaves committing up to 5.
+    #[tokio::test]
+    async fn leader_commit_is_held_to_the_durable_mark() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let recording = TestPeer {
+            leader_commits: Some(seen.clone()),
+        };
+        let member = serve(recording, Arc::default()).await;
         let id = |index| Some(LogId::new(openraft::CommittedLeaderId::new(1, 1), index));
         let (mark, durable) = watch::channel(Durable {
             synced: id(3),
@@ -584,13 +546,7 @@ mod tests {
             durable: Some(durable),
             ..PeerNetwork::default()
         };
-        let mut client = network.client_for(
-            2,
-            &Member {
-                peer_addr: addr.to_string(),
-                client_addr: addr.to_string(),
-            },
-        );
+        let mut client = network.client_for(2, &member);
         let committing_up_to_5 = || {
             let mut request = request_of(&[10; 5]);
             request.leader_commit = id(5);
