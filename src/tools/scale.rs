@@ -376,17 +376,18 @@ pub async fn scale(run: &ScaleRun) -> anyhow::Result<serde_json::Value> {
     let cpu_after = cpu_now();
     let ticks_after = scrape_histograms(http, "ctrlog_controller_tick_seconds", None).await?;
     let beats = containers.answered.load(Ordering::Relaxed);
-    let cores: Vec<Option<f64>> = cpu_before
+    let busy: Vec<Option<Duration>> = cpu_before
         .iter()
         .zip(&cpu_after)
-        .map(|(before, after)| {
-            let busy = after.zip(*before).map(|(a, b)| a.saturating_sub(b))?;
-            Some((busy.as_secs_f64() / elapsed.as_secs_f64() * 1000.0).round() / 1000.0)
+        .map(|(before, after)| after.zip(*before).map(|(a, b)| a.saturating_sub(b)))
+        .collect();
+    let cores: Vec<Option<f64>> = busy
+        .iter()
+        .map(|busy| {
+            busy.map(|busy| (busy.as_secs_f64() / elapsed.as_secs_f64() * 1000.0).round() / 1000.0)
         })
         .collect();
-    let leader_cpu = cpu_after[leader]
-        .zip(cpu_before[leader])
-        .map(|(a, b)| a.saturating_sub(b));
+    let leader_cpu = busy[leader];
     let (before, after) = (
         ticks_before.get("").cloned().unwrap_or_default(),
         ticks_after.get("").cloned().unwrap_or_default(),
@@ -395,13 +396,13 @@ pub async fn scale(run: &ScaleRun) -> anyhow::Result<serde_json::Value> {
 
     // The state, as a late reader or a dashboard reads it.
     let mut state_ms = Vec::new();
-    let mut state_bytes = 0;
+    let mut last_state = None;
     for _ in 0..3 {
         let asked = Instant::now();
-        let at = probe.state(0).await?;
+        last_state = Some(probe.state(0).await?);
         state_ms.push(ms(asked.elapsed()));
-        state_bytes = crate::log::encode(&at).len();
     }
+    let state_bytes = last_state.map_or(0, |at| crate::log::encode(&at).len());
     state_ms.sort_by(f64::total_cmp);
 
     let rss: Vec<Option<u64>> = (0..OWN_CLUSTER_REPLICAS as usize)
