@@ -22,7 +22,7 @@ fn entry(index: u64, commands: u64) -> Entry {
 fn entry_of_producers(index: u64, commands: u64, seq: u64) -> Entry {
     Entry {
         log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-        payload: EntryPayload::Normal(Batch {
+        payload: EntryPayload::Normal(std::sync::Arc::new(Batch {
             appended_at_ms: 1,
             proposals: (0..commands)
                 .map(|producer| Proposal {
@@ -31,7 +31,7 @@ fn entry_of_producers(index: u64, commands: u64, seq: u64) -> Entry {
                     frame: Command::custom(1, 1, vec![7; 256]).into_frame(),
                 })
                 .collect(),
-        }),
+        })),
     }
 }
 
@@ -88,7 +88,7 @@ fn proposer(c: &mut Criterion) {
     let mut group = c.benchmark_group("proposer");
     group.throughput(Throughput::Elements(256));
     let proposals: Vec<Proposal> = match entry_of_producers(1, 256, 1).payload {
-        EntryPayload::Normal(batch) => batch.proposals,
+        EntryPayload::Normal(batch) => batch.proposals.clone(),
         _ => unreachable!("a normal entry"),
     };
     let (queue, mut incoming) = tokio::sync::mpsc::channel(QUEUE_DEPTH);

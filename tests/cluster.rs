@@ -833,7 +833,7 @@ async fn a_level_this_build_does_not_know_stops_the_replicas_even_after_restart(
         }],
     };
     let raft = cluster.replica(leader).raft().clone();
-    tokio::spawn(async move { raft.client_write(batch).await });
+    tokio::spawn(async move { raft.client_write(std::sync::Arc::new(batch)).await });
 
     let expected = format!(
         "records vocabulary level {unknown}, which this build does not know (it knows levels \

@@ -152,7 +152,7 @@ fn sample_entries() -> Vec<Entry> {
         },
         Entry {
             log_id: LogId::new(leader, 3),
-            payload: EntryPayload::Normal(batch),
+            payload: EntryPayload::Normal(std::sync::Arc::new(batch)),
         },
     ]
 }

@@ -11,16 +11,20 @@ use openraft::storage::{RaftLogReader, RaftLogStorage, RaftSnapshotBuilder, Raft
 use openraft::{CommittedLeaderId, EntryPayload};
 
 fn entry(index: u64) -> Entry {
+    entry_of_term(index, 1)
+}
+
+fn entry_of_term(index: u64, term: u64) -> Entry {
     Entry {
-        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-        payload: EntryPayload::Normal(Batch {
+        log_id: LogId::new(CommittedLeaderId::new(term, 1), index),
+        payload: EntryPayload::Normal(std::sync::Arc::new(Batch {
             appended_at_ms: 0,
             proposals: vec![Proposal {
                 producer: None,
                 target: Target::All,
                 frame: Command::custom(1, 1, format!("command {index}").into_bytes()).into_frame(),
             }],
-        }),
+        })),
     }
 }
 
@@ -131,4 +135,44 @@ async fn a_purge_after_a_durable_install_leaves_no_hole_after_restart() {
     append_and_apply(&mut follower, 51, 53).await;
     let mut follower = reopen(follower, &follower_dir).await;
     assert_eq!(assert_contiguous_log(&mut follower).await, (50, 53));
+}
+
+/// The log serves its newest entries from memory (`raft::recent`); what a truncation removed
+/// must not be served from there, to readers of one entry or of a range, and what replaced it
+/// must be. Steps: entries 1..=5 of term 1; a new leader's entries conflict from 4 on, so the
+/// log is truncated at 4 and entry 4 of term 2 is written.
+#[tokio::test]
+async fn a_truncated_entry_is_not_served_from_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut storage = open_storage(dir.path()).unwrap();
+    for index in 1..=5 {
+        storage.log.append_durable(&entry(index)).unwrap();
+    }
+    assert_eq!(
+        storage.log.entry(4).unwrap().unwrap().log_id.leader_id.term,
+        1
+    );
+
+    storage.log.truncate(entry(4).log_id).await.unwrap();
+    assert!(
+        storage.log.entry(4).unwrap().is_none(),
+        "entry 4 was truncated"
+    );
+    assert!(
+        storage.log.entry(5).unwrap().is_none(),
+        "entry 5 was truncated"
+    );
+    let left = storage.log.try_get_log_entries(1..=5).await.unwrap();
+    assert_eq!(
+        left.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+
+    storage.log.append_durable(&entry_of_term(4, 2)).unwrap();
+    assert_eq!(
+        storage.log.entry(4).unwrap().unwrap().log_id,
+        entry_of_term(4, 2).log_id
+    );
+    let read = storage.log.try_get_log_entries(3..=4).await.unwrap();
+    assert_eq!(read, [entry(3), entry_of_term(4, 2)]);
 }

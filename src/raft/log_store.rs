@@ -41,6 +41,7 @@ use openraft::{EntryPayload, OptionalSend, RaftLogReader};
 use tokio::sync::watch;
 
 use super::meta_store::MetaStore;
+use super::recent::RecentEntries;
 use super::stages::{CommitStages, Stage};
 use super::types::{
     AppendEntriesRequest, Entry, LogId, StorageError, StorageIOError, TypeConfig, Vote,
@@ -83,6 +84,9 @@ struct Shared {
     own_id: std::sync::OnceLock<NodeId>,
     /// The vote as last saved, to recognise the leader's own appends.
     vote: Mutex<Option<Vote>>,
+    /// The newest entries, changed only with the WAL under its lock (see
+    /// [`RecentEntries`]).
+    recent: RecentEntries,
 }
 
 /// How far a log is known to be on disk, in log id order: an entry's log id names it uniquely,
@@ -223,6 +227,7 @@ impl LogStore {
                 durable,
                 own_id: std::sync::OnceLock::new(),
                 vote: Mutex::new(vote),
+                recent: RecentEntries::default(),
             }),
         })
     }
@@ -319,6 +324,7 @@ impl LogStore {
         // Durable first: a restart must not bring back what the WAL is about to delete.
         self.shared.meta.put_durable(PURGED_KEY, &encode(&log_id))?;
         let mut state = self.lock();
+        self.shared.recent.purge_upto(log_id.index);
         state.wal.purge_upto(log_id.index)?;
         state.last_purged = Some(log_id);
         if state
@@ -340,9 +346,13 @@ impl LogStore {
         self.shared.first_index.load(Ordering::Acquire)
     }
 
-    /// Reads one entry, or `None` if it is purged or not yet written.
-    pub fn entry(&self, index: u64) -> io::Result<Option<Entry>> {
-        read_entry(&self.lock().wal, index)
+    /// One entry, from the window of recent entries or else the WAL; `None` if it is purged
+    /// or not yet written.
+    pub fn entry(&self, index: u64) -> io::Result<Option<Arc<Entry>>> {
+        if let Some(entry) = self.shared.recent.get(index) {
+            return Ok(Some(entry));
+        }
+        Ok(read_entry(&self.lock().wal, index)?.map(Arc::new))
     }
 
     /// Bytes the log takes on disk.
@@ -416,12 +426,29 @@ impl LogStore {
                 .all(|e| !matches!(e.payload, EntryPayload::Membership(_)))
     }
 
+    /// Writes `entries` after the last one, and adds them to the window of recent entries.
+    /// A failed write may have written some of them, so the window forgets all it holds.
+    fn write(&self, state: &mut WalState, entries: &[Entry]) -> io::Result<()> {
+        let Some(first) = entries.first() else {
+            return Ok(());
+        };
+        let payloads: Vec<Vec<u8>> = entries.iter().map(encode).collect();
+        if let Err(e) = state.wal.append(first.log_id.index, &payloads) {
+            self.shared.recent.clear();
+            return Err(e);
+        }
+        self.shared
+            .recent
+            .push(entries.iter().map(|e| Arc::new(e.clone())));
+        Ok(())
+    }
+
     /// Appends one entry after the last and makes it durable before returning: for tools that
     /// edit a stopped replica's log (`raft::recover`), where no Raft core waits on the sync
     /// thread.
     pub fn append_durable(&self, entry: &Entry) -> io::Result<()> {
         let mut state = self.lock();
-        state.wal.append(entry.log_id.index, &[encode(entry)])?;
+        self.write(&mut state, std::slice::from_ref(entry))?;
         state.wal.active_file().sync_data()?;
         state.last_log_id = Some(entry.log_id);
         mark_synced(&self.shared.durable, Some(entry.log_id));
@@ -474,8 +501,13 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Unbounded => u64::MAX,
         }
         .min(state.wal.next_index());
+        // Entries in the window are served from it, the rest (a follower catching up, the
+        // first reads after a restart) from the WAL.
         (start..end)
-            .filter_map(|index| read_entry(&state.wal, index).map_err(read_err).transpose())
+            .filter_map(|index| match self.shared.recent.get(index) {
+                Some(entry) => Some(Ok(Entry::clone(&entry))),
+                None => read_entry(&state.wal, index).map_err(read_err).transpose(),
+            })
             .collect()
     }
 }
@@ -580,13 +612,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         };
         let written = Instant::now();
         let acknowledge_now = self.leaders_own(&entries);
-        let payloads: Vec<Vec<u8>> = entries.iter().map(encode).collect();
         let file = {
             let mut state = self.lock();
-            state
-                .wal
-                .append(entries[0].log_id.index, &payloads)
-                .map_err(write_err)?;
+            self.write(&mut state, &entries).map_err(write_err)?;
             state.last_log_id = Some(last);
             state.wal.active_file()
         };
@@ -608,6 +636,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
         let mut state = self.lock();
+        self.shared.recent.truncate_from(log_id.index);
         state.wal.truncate_from(log_id.index).map_err(write_err)?;
         state.last_log_id = last_log_id(&state.wal, state.last_purged).map_err(read_err)?;
         Ok(())

@@ -381,14 +381,14 @@ mod tests {
             .zip(1..)
             .map(|(&size, index)| Entry {
                 log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
-                payload: EntryPayload::Normal(Batch {
+                payload: EntryPayload::Normal(std::sync::Arc::new(Batch {
                     appended_at_ms: 0,
                     proposals: vec![Proposal {
                         producer: None,
                         target: Target::All,
                         frame: Command::custom(1, 1, vec![0; size]).into_frame(),
                     }],
-                }),
+                })),
             })
             .collect();
         AppendEntriesRequest {

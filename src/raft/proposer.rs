@@ -193,7 +193,7 @@ async fn run(raft: Raft, mut incoming: mpsc::Receiver<Pending>, stages: Arc<Comm
         // Taken before the write: if the term ends before the batch is applied, the batch is
         // given up (see the module docs).
         let term_over = term_over(metrics.clone());
-        let receiver = match raft.client_write_ff(batch).await {
+        let receiver = match raft.client_write_ff(Arc::new(batch)).await {
             Ok(receiver) => receiver,
             Err(_fatal) => {
                 answer_all(replies, Err(ApiError::ShuttingDown));

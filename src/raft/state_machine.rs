@@ -21,7 +21,6 @@ use tokio::sync::watch;
 
 use super::log_store::LogStore;
 use super::meta_store::{MetaStore, VALUE_BYTES_MAX};
-use super::recent::RecentEntries;
 use super::stages::Stage;
 use super::types::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StorageIOError, StoredMembership,
@@ -256,8 +255,6 @@ struct Shared {
     next_storage_id: AtomicU64,
     /// The last offset the current snapshot covers, for `Compacted` answers.
     snapshot_offset: AtomicU64,
-    /// The latest applied entries, for readers at the head of the log.
-    recent: RecentEntries,
     /// Serialises snapshot writes (a build and an install must not interleave).
     snapshot_lock: tokio::sync::Mutex<()>,
     /// Snapshots built since start, and the size and build time of the last one.
@@ -323,7 +320,6 @@ impl StateMachineStore {
                 applied: watch::Sender::new(applied),
                 next_storage_id: AtomicU64::new(next_storage_id),
                 snapshot_offset: AtomicU64::new(snapshot_offset),
-                recent: RecentEntries::default(),
                 snapshot_lock: tokio::sync::Mutex::new(()),
                 snapshots_built: AtomicU64::new(0),
                 last_snapshot_bytes: AtomicU64::new(0),
@@ -338,13 +334,10 @@ impl StateMachineStore {
     }
 
     /// The last offset the current snapshot covers (0 without a snapshot).
-    /// An applied entry: from the window of recent entries, else from the log store. `None` if
-    /// it was purged.
+    /// An applied entry, from the log store (whose window of recent entries serves readers
+    /// at the head of the log). `None` if it was purged.
     pub fn applied_entry(&self, index: u64) -> io::Result<Option<Arc<Entry>>> {
-        if let Some(entry) = self.shared.recent.get(index) {
-            return Ok(Some(entry));
-        }
-        Ok(self.shared.log.entry(index)?.map(Arc::new))
+        self.shared.log.entry(index)
     }
 
     /// The last entry the stored snapshot covers, `None` without one.
@@ -566,7 +559,6 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     return Err(StorageIOError::apply(entry.log_id, &unknown).into());
                 }
             }
-            self.shared.recent.push(Arc::new(entry));
         }
         state.forget_spans_before(first_log_index);
         // After the state changed, before anyone hears of it: a crash between the two.
@@ -633,7 +625,6 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // why it installs a snapshot), so those offsets are compacted here.
         new_state.forget_spans_before(meta.last_log_id.map_or(0, |l| l.index + 1));
         *self.shared.state.write().expect("state lock poisoned") = new_state;
-        self.shared.recent.clear();
         self.shared.applied.send_replace(applied);
         tracing::info!(snapshot = %meta.snapshot_id, bytes = bytes.len(), "snapshot installed");
         Ok(())
@@ -699,7 +690,7 @@ mod tests {
     fn batch_entry(index: u64, commands: Vec<Command>) -> Entry {
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-            payload: EntryPayload::Normal(Batch {
+            payload: EntryPayload::Normal(std::sync::Arc::new(Batch {
                 appended_at_ms: 0,
                 proposals: commands
                     .into_iter()
@@ -709,7 +700,7 @@ mod tests {
                         frame: command.into_frame(),
                     })
                     .collect(),
-            }),
+            })),
         }
     }
 

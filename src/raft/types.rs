@@ -2,6 +2,7 @@
 //! the rest of the crate does not spell out their parameters.
 
 use std::io::Cursor;
+use std::sync::Arc;
 
 use crate::client::{ApiError, Member};
 use crate::jobs::Outcome;
@@ -10,9 +11,11 @@ use crate::NodeId;
 
 openraft::declare_raft_types!(
     /// ctrlog's Raft: an entry carries a [`Batch`] of commands; applying it yields one
-    /// [`Outcome`] per command.
+    /// [`Outcome`] per command. The batch is shared (`Arc`, encoded exactly as the batch
+    /// itself), so that the copies openraft makes of an entry, for each follower and for the
+    /// state machine, and the log's window of recent entries cost a reference count each.
     pub TypeConfig:
-        D = Batch,
+        D = Arc<Batch>,
         R = Vec<Outcome>,
         NodeId = NodeId,
         Node = Member,

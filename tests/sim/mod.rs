@@ -434,7 +434,7 @@ impl Sim {
             let answer = self
                 .net
                 .call(me, node, CLIENT_TIMEOUT, |callee| async move {
-                    callee.raft.client_write(batch).await
+                    callee.raft.client_write(Arc::new(batch)).await
                 })
                 .await;
             match answer {
@@ -1330,7 +1330,8 @@ impl ControlPlane for SimPlane {
             appended_at_ms: self.sim.started.elapsed().as_millis() as u64,
             proposals: vec![proposal(Some(pair), command)],
         };
-        let written = tokio::time::timeout(CLIENT_TIMEOUT, raft.client_write(batch)).await;
+        let written =
+            tokio::time::timeout(CLIENT_TIMEOUT, raft.client_write(Arc::new(batch))).await;
         let outcome = match written {
             Ok(Ok(mut response)) => response.data.pop(),
             Ok(Err(error)) => return Err(ApiError::Unavailable(error.to_string())),
