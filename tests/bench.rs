@@ -213,9 +213,11 @@ async fn a_running_secure_cluster_is_benchmarked_with_the_client_flags() {
 /// fields. Steps: 30 containers on a job of 200 inputs (20 tasks) for a 2 s window: the job
 /// settles; the heartbeats were answered without error; the leader's CPU, the controller's
 /// tick, the `state` answer, a snapshot, a follower's restart and each replica's memory are
-/// reported; the state answer holds the whole job.
+/// reported; the state answer holds the whole job; `--plot` draws each cost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_reports_the_documented_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("scale.svg");
     let results = bench(&[
         "scale",
         "--containers",
@@ -224,8 +226,40 @@ async fn scale_reports_the_documented_json() {
         "200",
         "--duration-s",
         "2",
+        "--plot",
+        plot.to_str().unwrap(),
     ])
     .await;
+    let svg = std::fs::read_to_string(&plot).expect("the plot was written");
+    for label in [
+        "leader CPU per heartbeat",
+        "heartbeat p99 (ms)",
+        "state answer (MB)",
+        "leader RSS (MiB)",
+        "M = 200 inputs",
+    ] {
+        assert!(svg.contains(label), "the plot shows {label}");
+    }
+    assert!(
+        svg.matches("<circle").count() >= 9,
+        "a point in each of the nine panels"
+    );
+    // Saved results are drawn again by `bench plot`, as BENCHMARKS.md does it. (Its file flag
+    // was `--output`, which clashed with the output format flag: the command panicked.)
+    let saved = dir.path().join("scale.jsonl");
+    std::fs::write(&saved, format!("{}\n", results[0])).unwrap();
+    let replot = dir.path().join("again.svg");
+    let printed = bench(&[
+        "plot",
+        "--input",
+        saved.to_str().unwrap(),
+        "--svg",
+        replot.to_str().unwrap(),
+    ])
+    .await;
+    assert!(printed.is_empty(), "plot prints nothing");
+    let again = std::fs::read_to_string(&replot).expect("bench plot wrote the SVG");
+    assert!(again.contains("leader RSS (MiB)"), "drawn as a scale run");
     assert_eq!(results.len(), 1);
     let result = &results[0];
     assert_eq!(result["workload"], "scale");

@@ -806,15 +806,17 @@ pub async fn append(
     }))
 }
 
-/// One `ctrlog bench append` result, as plotted.
-struct PlotRow {
-    clients: f64,
-    ops_per_s: f64,
-    p99_ms: f64,
+/// One line of a plot panel: its points, its colour, and its name for the legend (none for a
+/// panel of one line).
+pub struct PlotSeries {
+    pub name: Option<String>,
+    pub points: Vec<(f64, f64)>,
+    pub color: plotters::style::RGBColor,
 }
 
-/// `ctrlog bench plot`: draws results saved earlier by `bench append --json` (one JSON object
-/// per line, e.g. the medians of several runs) from `input` into an SVG at `output`.
+/// `ctrlog bench plot`: draws results saved earlier by `bench append --json` or
+/// `bench scale --json` (one JSON object per line, e.g. the medians of several runs) from
+/// `input` into an SVG at `output`, as their `--plot` does.
 pub fn plot_file(input: &Path, output: &Path) -> anyhow::Result<()> {
     let text =
         std::fs::read_to_string(input).with_context(|| format!("reading {}", input.display()))?;
@@ -824,7 +826,10 @@ pub fn plot_file(input: &Path, output: &Path) -> anyhow::Result<()> {
         .map(serde_json::from_str)
         .collect::<Result<Vec<serde_json::Value>, _>>()
         .with_context(|| format!("parsing {}", input.display()))?;
-    plot_append(&results, output)
+    match results.first().map(|r| &r["workload"]) {
+        Some(workload) if workload == "scale" => super::scale::plot(&results, output),
+        _ => plot_append(&results, output),
+    }
 }
 
 /// Draws `ctrlog bench append` results into an SVG at `path`: durable commits per second above,
@@ -832,62 +837,94 @@ pub fn plot_file(input: &Path, output: &Path) -> anyhow::Result<()> {
 pub fn plot_append(results: &[serde_json::Value], path: &Path) -> anyhow::Result<()> {
     use plotters::prelude::*;
 
-    let field = |r: &serde_json::Value, name: &str| r[name].as_f64().unwrap_or(0.0);
-    let rows: Vec<PlotRow> = results
-        .iter()
-        .map(|r| PlotRow {
-            clients: field(r, "clients"),
-            ops_per_s: field(r, "ops_per_s"),
-            p99_ms: field(r, "p99_us") / 1000.0,
-        })
-        .collect();
-    anyhow::ensure!(!rows.is_empty(), "nothing to plot");
+    anyhow::ensure!(!results.is_empty(), "nothing to plot");
+    let line = |pick: &dyn Fn(&serde_json::Value) -> f64, color| {
+        [PlotSeries {
+            name: None,
+            points: results
+                .iter()
+                .map(|r| (r["clients"].as_f64().unwrap_or(0.0), pick(r)))
+                .collect(),
+            color,
+        }]
+    };
+    let x_desc = "clients, each waiting for its previous append";
     let root = SVGBackend::new(path, (720, 560)).into_drawing_area();
     root.fill(&WHITE)?;
     let (upper, lower) = root.split_vertically(280);
-    plot_panel(&upper, &rows, "durable commits/s", |r| r.ops_per_s, BLUE)?;
-    plot_panel(&lower, &rows, "p99 latency (ms)", |r| r.p99_ms, RED)?;
+    let ops_per_s = line(&|r| r["ops_per_s"].as_f64().unwrap_or(0.0), BLUE);
+    plot_panel(&upper, "durable commits/s", x_desc, &ops_per_s)?;
+    let p99_ms = line(&|r| r["p99_us"].as_f64().unwrap_or(0.0) / 1000.0, RED);
+    plot_panel(&lower, "p99 latency (ms)", x_desc, &p99_ms)?;
     root.present()?;
     Ok(())
 }
 
-/// One panel of [`plot_append`]: `pick` of every row against its client count.
-fn plot_panel<DB: plotters::prelude::DrawingBackend>(
+/// One panel: each series' points, x on a log scale from 1, y from 0, with a legend when the
+/// series are named.
+pub fn plot_panel<DB: plotters::prelude::DrawingBackend>(
     area: &plotters::prelude::DrawingArea<DB, plotters::coord::Shift>,
-    rows: &[PlotRow],
     label: &str,
-    pick: fn(&PlotRow) -> f64,
-    color: plotters::style::RGBColor,
+    x_desc: &str,
+    series: &[PlotSeries],
 ) -> anyhow::Result<()>
 where
     DB::ErrorType: 'static,
 {
     use plotters::prelude::*;
 
-    let most_clients = rows.iter().map(|r| r.clients).fold(1.0, f64::max);
-    let top = rows.iter().map(pick).fold(1.0, f64::max);
+    let points = || series.iter().flat_map(|s| s.points.iter().copied());
+    let x_min = points().map(|(x, _)| x).fold(f64::MAX, f64::min).max(1.0);
+    let x_max = points().map(|(x, _)| x).fold(1.0, f64::max);
+    let y_max = points().map(|(_, y)| y).fold(f64::MIN_POSITIVE, f64::max);
+    let legend = series.iter().any(|s| s.name.is_some());
+    // A legend takes the top of the panel, above the highest point.
+    let headroom = if legend { 1.7 } else { 1.15 };
     let mut chart = ChartBuilder::on(area)
         .caption(label, ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(32)
         .y_label_area_size(64)
-        .build_cartesian_2d((0.8..most_clients * 1.25).log_scale(), 0.0..top * 1.15)?;
+        .build_cartesian_2d(
+            (x_min / 1.25..x_max * 1.25).log_scale(),
+            0.0..y_max * headroom,
+        )?;
     chart
         .configure_mesh()
         .light_line_style(WHITE)
         .x_label_formatter(&|v| format!("{v:.0}"))
-        .y_label_formatter(&|v| format!("{v:.0}"))
-        .x_desc("clients, each waiting for its previous append")
+        .y_label_formatter(&|v| {
+            if y_max < 10.0 {
+                format!("{v:.2}")
+            } else {
+                format!("{v:.0}")
+            }
+        })
+        .x_desc(x_desc)
         .y_desc(label)
         .draw()?;
-    chart.draw_series(LineSeries::new(
-        rows.iter().map(|r| (r.clients, pick(r))),
-        color,
-    ))?;
-    chart.draw_series(
-        rows.iter()
-            .map(|r| Circle::new((r.clients, pick(r)), 4, color.filled())),
-    )?;
+    for s in series {
+        let color = s.color;
+        let drawn = chart.draw_series(LineSeries::new(s.points.iter().copied(), color))?;
+        if let Some(name) = &s.name {
+            drawn
+                .label(name.as_str())
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color));
+        }
+        chart.draw_series(
+            s.points
+                .iter()
+                .map(|&point| Circle::new(point, 4, color.filled())),
+        )?;
+    }
+    if legend {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+    }
     Ok(())
 }
 

@@ -451,3 +451,112 @@ pub async fn scale(run: &ScaleRun) -> anyhow::Result<serde_json::Value> {
         "rss_bytes": rss,
     }))
 }
+
+/// Draws `ctrlog bench scale` results into an SVG at `path`: one panel per cost, each against
+/// the container count N (log scale), one line per input count M.
+pub fn plot(results: &[serde_json::Value], path: &std::path::Path) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+
+    anyhow::ensure!(!results.is_empty(), "nothing to plot");
+    let number = |r: &serde_json::Value, key: &str| r[key].as_f64().unwrap_or(0.0);
+    // The leader's share of the per-replica figures.
+    let leaders = |r: &serde_json::Value, key: &str| {
+        let leader = r["leader"]
+            .as_str()
+            .and_then(|name| name.strip_prefix("replica-"))
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(1);
+        r[key][leader - 1].as_f64().unwrap_or(0.0)
+    };
+    type Pick = Box<dyn Fn(&serde_json::Value) -> f64>;
+    let panels: [(&str, Pick); 9] = [
+        (
+            "leader CPU per heartbeat (µs)",
+            Box::new(move |r| number(r, "leader_cpu_per_heartbeat_us")),
+        ),
+        ("leader cores busy", Box::new(move |r| leaders(r, "cores"))),
+        (
+            "heartbeat p99 (ms)",
+            Box::new(move |r| number(r, "heartbeat_p99_us") / 1000.0),
+        ),
+        (
+            "controller tick p99 (ms)",
+            Box::new(move |r| number(r, "controller_tick_p99_us") / 1000.0),
+        ),
+        (
+            "state answer (ms)",
+            Box::new(move |r| number(r, "state_ms_median")),
+        ),
+        (
+            "state answer (MB)",
+            Box::new(move |r| number(r, "state_bytes") / 1e6),
+        ),
+        (
+            "snapshot build (ms)",
+            Box::new(move |r| number(r, "snapshot_build_ms")),
+        ),
+        (
+            "restarted follower answering (ms)",
+            Box::new(move |r| number(r, "restart_answering_ms")),
+        ),
+        (
+            "leader RSS (MiB)",
+            Box::new(move |r| leaders(r, "rss_bytes") / f64::from(1 << 20)),
+        ),
+    ];
+    let mut input_counts: Vec<u64> = results
+        .iter()
+        .filter_map(|r| r["inputs"].as_u64())
+        .collect();
+    input_counts.sort_unstable();
+    input_counts.dedup();
+    const COLORS: [RGBColor; 4] = [BLUE, RED, GREEN, MAGENTA];
+    let root = SVGBackend::new(path, (1200, 960)).into_drawing_area();
+    root.fill(&WHITE)?;
+    for (area, (label, pick)) in root.split_evenly((3, 3)).iter().zip(&panels) {
+        let series: Vec<super::bench::PlotSeries> = input_counts
+            .iter()
+            .zip(COLORS.iter().cycle())
+            .map(|(&inputs, &color)| super::bench::PlotSeries {
+                name: Some(format!("M = {} inputs", thousands(inputs))),
+                points: results
+                    .iter()
+                    .filter(|r| r["inputs"].as_u64() == Some(inputs))
+                    .map(|r| (number(r, "containers"), pick(r)))
+                    .collect(),
+                color,
+            })
+            .collect();
+        super::bench::plot_panel(area, label, "N containers", &series)?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// `n` with its thousands grouped by commas, as the tables in BENCHMARKS.md write them.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut grouped = String::new();
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            grouped.push(',');
+        }
+        grouped.push(digit);
+    }
+    grouped
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn thousands_are_grouped() {
+        for (n, written) in [
+            (0, "0"),
+            (999, "999"),
+            (1000, "1,000"),
+            (100_000, "100,000"),
+        ] {
+            assert_eq!(super::thousands(n), written);
+        }
+    }
+}

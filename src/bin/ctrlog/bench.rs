@@ -55,15 +55,17 @@ enum BenchCmd {
         #[arg(long, default_value_t = 5)]
         linger_ms: u64,
     },
-    /// Draw `bench append --json` results saved earlier (one JSON object per line, e.g. the
-    /// medians of several runs) into an SVG, as `append --plot` does.
+    /// Draw `bench append --json` or `bench scale --json` results saved earlier (one JSON
+    /// object per line, e.g. the medians of several runs) into an SVG, as their `--plot`
+    /// does.
     Plot {
         /// The JSON lines to read.
         #[arg(long)]
         input: std::path::PathBuf,
-        /// The SVG file to write.
+        /// The SVG file to write. (Not `--output`, which every subcommand takes for its
+        /// output format.)
         #[arg(long)]
-        output: std::path::PathBuf,
+        svg: std::path::PathBuf,
     },
     /// A job's size against its cost: N containers heartbeating once a second on a job of M
     /// inputs, each pair on a cluster of its own (always its own cluster).
@@ -80,6 +82,9 @@ enum BenchCmd {
         /// The measured window, once every task runs.
         #[arg(long, default_value_t = 10)]
         duration_s: u64,
+        /// Also draw each cost against N, one line per M, into this SVG file.
+        #[arg(long)]
+        plot: Option<std::path::PathBuf>,
     },
     /// Restart a follower behind N commands, with and without snapshots (always its own
     /// cluster).
@@ -230,13 +235,15 @@ pub async fn bench(
             .await?;
             print(&result)?;
         }
-        BenchCmd::Plot { input, output } => bench::plot_file(&input, &output)?,
+        BenchCmd::Plot { input, svg } => bench::plot_file(&input, &svg)?,
         BenchCmd::Scale {
             containers,
             inputs,
             connections,
             duration_s,
+            plot,
         } => {
+            let mut results = Vec::new();
             for &inputs in &inputs {
                 for &containers in &containers {
                     let run = scale::ScaleRun {
@@ -245,8 +252,13 @@ pub async fn bench(
                         connections,
                         duration: Duration::from_secs(duration_s),
                     };
-                    print(&scale::scale(&run).await?)?;
+                    let result = scale::scale(&run).await?;
+                    print(&result)?;
+                    results.push(result);
                 }
+            }
+            if let Some(path) = plot {
+                scale::plot(&results, &path)?;
             }
         }
         BenchCmd::Recovery {
