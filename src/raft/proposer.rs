@@ -32,7 +32,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
 use super::stages::{CommitStages, Stage};
-use super::types::{Raft, RaftMetrics};
+use super::types::{Raft, RaftServerMetrics};
 use crate::client::ApiError;
 use crate::jobs::Outcome;
 use crate::log::{Batch, Proposal};
@@ -153,24 +153,34 @@ fn now_ms() -> u64 {
 /// no longer leads in it. Never, if it did not lead then: Raft refuses that write itself, with
 /// the leader it knows.
 /// The metrics are read at the call, not when the future is first polled.
-fn term_over(mut metrics: watch::Receiver<RaftMetrics>) -> impl std::future::Future<Output = ()> {
+///
+/// It watches openraft's server metrics, which change with the vote, the leader or the
+/// membership only. Its full metrics change with every append and apply, and would wake each
+/// batch in flight for each of them.
+fn term_over(
+    mut metrics: watch::Receiver<RaftServerMetrics>,
+) -> impl std::future::Future<Output = ()> {
     let (id, term, led) = {
         let m = metrics.borrow_and_update();
-        (m.id, m.current_term, m.current_leader == Some(m.id))
+        (
+            m.id,
+            m.vote.leader_id().term,
+            m.current_leader == Some(m.id),
+        )
     };
     async move {
         if !led {
             return std::future::pending().await;
         }
         let _ = metrics
-            .wait_for(|m| m.current_term != term || m.current_leader != Some(id))
+            .wait_for(|m| m.vote.leader_id().term != term || m.current_leader != Some(id))
             .await;
     }
 }
 
 async fn run(raft: Raft, mut incoming: mpsc::Receiver<Pending>, stages: Arc<CommitStages>) {
     let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT_MAX));
-    let metrics = raft.metrics();
+    let metrics = raft.server_metrics();
     let mut carried = None;
     while let Some(first) = next_first(&mut carried, &mut incoming).await {
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
@@ -240,13 +250,17 @@ fn answer_all(replies: Vec<oneshot::Sender<ProposalResult>>, answer: ProposalRes
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::raft::types::Vote;
     use crate::NodeId;
 
-    fn metrics(term: u64, leader: Option<NodeId>) -> RaftMetrics {
-        let mut m = RaftMetrics::new_initial(1);
-        m.current_term = term;
-        m.current_leader = leader;
-        m
+    fn metrics(term: u64, leader: Option<NodeId>) -> RaftServerMetrics {
+        RaftServerMetrics {
+            id: 1,
+            vote: Vote::new_committed(term, leader.unwrap_or(0)),
+            state: openraft::ServerState::Follower,
+            current_leader: leader,
+            membership_config: Arc::default(),
+        }
     }
 
     /// A batch proposed by the leader of term 5 is given up when term 5 ends or this replica

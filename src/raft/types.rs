@@ -56,6 +56,7 @@ pub type InstallSnapshotRequest = openraft::raft::InstallSnapshotRequest<TypeCon
 pub type InstallSnapshotResponse = openraft::raft::InstallSnapshotResponse<NodeId>;
 pub type InstallSnapshotError = openraft::error::InstallSnapshotError;
 pub type RaftMetrics = openraft::RaftMetrics<NodeId, Member>;
+pub type RaftServerMetrics = openraft::metrics::RaftServerMetrics<NodeId, Member>;
 
 /// `NotLeader`, naming the leader (and its client address) where it is known. The one place
 /// that spells out a redirect, whether Raft refused a write or a replica knows it does not
