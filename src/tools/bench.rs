@@ -814,22 +814,16 @@ pub struct PlotSeries {
     pub color: plotters::style::RGBColor,
 }
 
-/// `ctrlog bench plot`: draws results saved earlier by `bench append --json` or
-/// `bench scale --json` (one JSON object per line, e.g. the medians of several runs) from
-/// `input` into an SVG at `output`, as their `--plot` does.
-pub fn plot_file(input: &Path, output: &Path) -> anyhow::Result<()> {
+/// Results saved earlier by `bench append --json` or `bench scale --json`: one JSON object
+/// per line (e.g. the medians of several runs), for `ctrlog bench plot`.
+pub fn read_results(input: &Path) -> anyhow::Result<Vec<serde_json::Value>> {
     let text =
         std::fs::read_to_string(input).with_context(|| format!("reading {}", input.display()))?;
-    let results = text
-        .lines()
+    text.lines()
         .filter(|line| !line.trim().is_empty())
         .map(serde_json::from_str)
         .collect::<Result<Vec<serde_json::Value>, _>>()
-        .with_context(|| format!("parsing {}", input.display()))?;
-    match results.first().map(|r| &r["workload"]) {
-        Some(workload) if workload == "scale" => super::scale::plot(&results, output),
-        _ => plot_append(&results, output),
-    }
+        .with_context(|| format!("parsing {}", input.display()))
 }
 
 /// Draws `ctrlog bench append` results into an SVG at `path`: durable commits per second above,

@@ -235,7 +235,13 @@ pub async fn bench(
             .await?;
             print(&result)?;
         }
-        BenchCmd::Plot { input, svg } => bench::plot_file(&input, &svg)?,
+        BenchCmd::Plot { input, svg } => {
+            let results = bench::read_results(&input)?;
+            match results.first().map(|r| &r["workload"]) {
+                Some(workload) if workload == "scale" => scale::plot(&results, &svg)?,
+                _ => bench::plot_append(&results, &svg)?,
+            }
+        }
         BenchCmd::Scale {
             containers,
             inputs,
