@@ -47,6 +47,9 @@ pub enum StartError {
     Tls(String),
     #[error("auth: {0}")]
     Auth(String),
+    /// The job's controller's thread or runtime could not be started.
+    #[error("the job's controller: {0}")]
+    Controller(std::io::Error),
 }
 
 /// A running replica. Prefer [`Replica::shutdown`]; dropping it also stops it (see `Drop`).
@@ -332,13 +335,17 @@ pub async fn serve(
     let replica = Replica::start(config).await?;
     // Every replica with a job runs its controller; only the leader's acts.
     let (stop_controller, controller_stopped) = tokio::sync::oneshot::channel::<()>();
-    let controller = job.map(|job| {
-        let controller = super::job::controller(&controller_config, &job, replica.clone_handle());
-        tracing::info!(launcher = ?job.launcher, "running the job's controller");
-        tokio::spawn(controller.run(async move {
-            let _ = controller_stopped.await;
-        }))
-    });
+    let controller = match job {
+        Some(job) => {
+            let controller =
+                super::job::controller(&controller_config, &job, replica.clone_handle());
+            tracing::info!(launcher = ?job.launcher, "running the job's controller");
+            Some(run_on_own_thread(controller.run(async move {
+                let _ = controller_stopped.await;
+            }))?)
+        }
+        None => None,
+    };
     // A replica whose Raft core stopped on a fatal (storage) error must not linger as a
     // zombie: exit, so that a supervisor restarts it and recovery runs.
     let mut metrics = replica.raft().metrics();
@@ -356,6 +363,33 @@ pub async fn serve(
     }
     replica.shutdown().await;
     result
+}
+
+/// Runs `controller` on a thread of its own, with a runtime of its own; the receiver
+/// resolves when it has returned.
+///
+/// A controller tick is seconds of CPU a minute on a large job (over ten thousand sessions
+/// and tasks each tick), run between awaits. On the replica's runtime it held a worker thread
+/// for the whole tick, and with one worker (a bench replica on a shared machine) every
+/// heartbeat, append and Raft message waited behind it; a long plan cost a leader its Raft
+/// heartbeats. On its own thread, the kernel shares the cores between the two instead. It
+/// talks to the replica only through `ReplicaHandle`, whose channels work from any runtime.
+fn run_on_own_thread(
+    controller: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<tokio::sync::oneshot::Receiver<()>, StartError> {
+    let (returned, finished) = tokio::sync::oneshot::channel();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(StartError::Controller)?;
+    std::thread::Builder::new()
+        .name("ctrlog-controller".into())
+        .spawn(move || {
+            runtime.block_on(controller);
+            let _ = returned.send(());
+        })
+        .map_err(StartError::Controller)?;
+    Ok(finished)
 }
 
 /// `ctrlog force-new-cluster`: makes the stopped replica that `config` describes the only
