@@ -368,12 +368,12 @@ pub async fn serve(
 /// Runs `controller` on a thread of its own, with a runtime of its own; the receiver
 /// resolves when it has returned.
 ///
-/// A controller tick is seconds of CPU a minute on a large job (over ten thousand sessions
-/// and tasks each tick), run between awaits. On the replica's runtime it held a worker thread
-/// for the whole tick, and with one worker (a bench replica on a shared machine) every
-/// heartbeat, append and Raft message waited behind it; a long plan cost a leader its Raft
-/// heartbeats. On its own thread, the kernel shares the cores between the two instead. It
-/// talks to the replica only through `ReplicaHandle`, whose channels work from any runtime.
+/// A tick over a large job is milliseconds of CPU between two awaits (about 10 ms at 10,000
+/// containers, every 100 ms by default). On the replica's runtime it held a worker thread for
+/// all of it, and with one worker (a bench replica on a shared machine) every heartbeat,
+/// append and Raft message waited behind it; a long plan cost a leader its Raft heartbeats.
+/// On its own thread, the kernel shares the cores between the two instead. It talks to the
+/// replica only through `ReplicaHandle`, whose channels work from any runtime.
 fn run_on_own_thread(
     controller: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<tokio::sync::oneshot::Receiver<()>, StartError> {
