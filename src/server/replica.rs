@@ -398,3 +398,33 @@ fn run_on_own_thread(
 pub fn force_new_cluster(config: &ReplicaConfig) -> std::io::Result<ForcedMembership> {
     crate::raft::recover::force_new_cluster(&config.data_dir, config.id, config.member())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A controller that holds its thread does not hold the replica's runtime. Steps: on a
+    /// runtime of one thread (as a bench replica has), the controller blocks its thread until
+    /// the replica's runtime sends it a word, which that runtime can do only while the
+    /// controller is still blocked. Spawned on the replica's runtime, as it was, the
+    /// controller waited out its 5 s and heard nothing.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_blocked_controller_leaves_the_replicas_runtime_running() {
+        let (word, waiting) = std::sync::mpsc::channel::<()>();
+        let (heard, hearing) = tokio::sync::oneshot::channel();
+        let finished = run_on_own_thread(async move {
+            let _ = heard.send(waiting.recv_timeout(Duration::from_secs(5)).is_ok());
+        })
+        .unwrap();
+        tokio::task::yield_now().await;
+        // Fails only if the controller gave up waiting, which the assertion reports.
+        let _ = word.send(());
+        assert!(
+            hearing.await.unwrap(),
+            "the replica's runtime ran while the controller held its thread"
+        );
+        finished
+            .await
+            .expect("the controller's thread said it returned");
+    }
+}
