@@ -426,29 +426,29 @@ impl LogStore {
                 .all(|e| !matches!(e.payload, EntryPayload::Membership(_)))
     }
 
-    /// Writes `entries` after the last one, and adds them to the window of recent entries.
-    /// A failed write may have written some of them, so the window forgets all it holds.
-    fn write(&self, state: &mut WalState, entries: &[Entry]) -> io::Result<()> {
-        let Some(first) = entries.first() else {
-            return Ok(());
-        };
+    /// Writes `entries` (at least one) after the last one, and adds them to the window of
+    /// recent entries; returns the WAL still locked, for the caller's bookkeeping. They are
+    /// encoded before the lock is taken, so that readers wait only for the write. A failed
+    /// write may have written some of them, so the window forgets all it holds.
+    fn write(&self, entries: &[Entry]) -> io::Result<MutexGuard<'_, WalState>> {
         let payloads: Vec<Vec<u8>> = entries.iter().map(encode).collect();
-        if let Err(e) = state.wal.append(first.log_id.index, &payloads) {
+        let first = entries.first().map_or(0, |e| e.log_id.index);
+        let mut state = self.lock();
+        if let Err(e) = state.wal.append(first, &payloads) {
             self.shared.recent.clear();
             return Err(e);
         }
         self.shared
             .recent
             .push(entries.iter().map(|e| Arc::new(e.clone())));
-        Ok(())
+        Ok(state)
     }
 
     /// Appends one entry after the last and makes it durable before returning: for tools that
     /// edit a stopped replica's log (`raft::recover`), where no Raft core waits on the sync
     /// thread.
     pub fn append_durable(&self, entry: &Entry) -> io::Result<()> {
-        let mut state = self.lock();
-        self.write(&mut state, std::slice::from_ref(entry))?;
+        let mut state = self.write(std::slice::from_ref(entry))?;
         state.wal.active_file().sync_data()?;
         state.last_log_id = Some(entry.log_id);
         mark_synced(&self.shared.durable, Some(entry.log_id));
@@ -613,8 +613,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let written = Instant::now();
         let acknowledge_now = self.leaders_own(&entries);
         let file = {
-            let mut state = self.lock();
-            self.write(&mut state, &entries).map_err(write_err)?;
+            let mut state = self.write(&entries).map_err(write_err)?;
             state.last_log_id = Some(last);
             state.wal.active_file()
         };
