@@ -22,9 +22,15 @@ fn run_seeds(replicas: u64) {
     let seeds = env_u64("CTRLOG_SIM_SEEDS").unwrap_or(CI_SEEDS);
     let base = env_u64("CTRLOG_SIM_SEED_BASE").unwrap_or(1);
     let mut failed = Vec::new();
+    let mut power_loss_hits = 0;
     for seed in base..base + seeds {
         let config = SimConfig::new(seed, replicas);
         let report = run(&config);
+        power_loss_hits += report
+            .faults
+            .get("power losses in the window")
+            .copied()
+            .unwrap_or(0);
         println!(
             "seed {seed} ({replicas} replicas): {} acked, {} committed, faults {:?}, {} terms, {} resets ({} of containers), {} snapshots, {} task starts, {} lease lapses, {:.1} s simulated, digest {:016x}",
             report.acked,
@@ -50,7 +56,15 @@ fn run_seeds(replicas: u64) {
             failed.push(seed);
         }
     }
+    println!(
+        "{power_loss_hits} power losses in the window over {seeds} seeds ({replicas} replicas)"
+    );
     assert!(failed.is_empty(), "failing seeds: {failed:?}");
+    assert!(
+        power_loss_hits > 0,
+        "no seed took a power loss in the window (the old leader back first, having lost \
+         entries it had acknowledged to openraft)"
+    );
 }
 
 #[test]

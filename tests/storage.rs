@@ -176,3 +176,34 @@ async fn a_truncated_entry_is_not_served_from_memory() {
     let read = storage.log.try_get_log_entries(3..=4).await.unwrap();
     assert_eq!(read, [entry(3), entry_of_term(4, 2)]);
 }
+
+/// Regression (issue 31): the durable mark compares log ids, which order entries along one
+/// log only. After a truncation a follower may be sent, at the truncated indexes, entries of
+/// an *older* term than those it dropped (an older leader's, through the new one): the mark
+/// of the dropped entries vouched for them before they were written. Steps: entries 1..=5 of
+/// term 3 on disk; truncated from 3; the mark is at entry 2 and does not cover entry 3 of
+/// term 2.
+#[tokio::test]
+async fn a_truncation_lowers_the_durable_mark_to_what_the_log_keeps() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut storage = open_storage(dir.path()).unwrap();
+    for index in 1..=5 {
+        storage
+            .log
+            .append_durable(&entry_of_term(index, 3))
+            .unwrap();
+    }
+    let durable = storage.log.durable();
+    let mark = || durable.borrow().synced;
+    assert_eq!(mark(), Some(entry_of_term(5, 3).log_id));
+    storage
+        .log
+        .truncate(entry_of_term(3, 3).log_id)
+        .await
+        .unwrap();
+    assert_eq!(mark(), Some(entry_of_term(2, 3).log_id));
+    assert!(
+        !durable.borrow().covers(Some(entry_of_term(3, 2).log_id)),
+        "the mark vouches for an entry of an older term not yet written"
+    );
+}

@@ -102,9 +102,15 @@ impl TimerState {
 }
 
 impl ElectionTimer {
-    /// A timer whose first election is one random timeout away, as openraft's is after a
-    /// start (a restarted replica's vote carries no lease). `seed` draws the timeouts, so that
-    /// a simulation replays; a replica seeds from the OS.
+    /// A timer whose first election is as far away as if a leader had just been heard:
+    /// a replica that starts cannot tell whether a leader is alive, and a restarted follower
+    /// that stood before the leader's next try reached it (openraft retries an unreachable
+    /// peer every `network::UNREACHABLE_RETRY`) would be refused by the voters, who still
+    /// hear the leader, but its higher term would depose that leader: an election for nothing
+    /// on most follower restarts (openraft's own first timeout, `random(min..max)`, was
+    /// shorter than its 500 ms retry). The cost is a fresh cluster's or a whole cluster's
+    /// restart electing a lease later. `seed` draws the timeouts, so that a simulation
+    /// replays; a replica seeds from the OS.
     pub fn new(timing: ElectionTiming, seed: u64) -> ElectionTimer {
         let mut state = TimerState {
             stand_at: Instant::now(),
@@ -113,7 +119,7 @@ impl ElectionTimer {
             unanswered_in_a_row: 0,
             random: StdRng::seed_from_u64(seed),
         };
-        let first = state.draw(&timing);
+        let first = state.after_lease(&timing);
         state.stand_at += first;
         ElectionTimer {
             timing,
@@ -303,6 +309,22 @@ mod tests {
             waits.insert(wait);
         }
         assert!(waits.len() > 50, "{waits:?}");
+    }
+
+    /// Regression (issue 31): a restarted follower stood 300–450 ms after start, before the
+    /// leader's retry (500 ms in openraft's default backoff) reached it, and its higher term
+    /// deposed a healthy leader. The first election now waits out a lease and a heartbeat,
+    /// longer than several of the leader's retries.
+    #[tokio::test(start_paused = true)]
+    async fn a_started_replica_waits_out_the_lease_before_it_first_stands() {
+        for seed in 0..100 {
+            let wait = wait(&ElectionTimer::new(TIMING, seed));
+            assert!(wait >= TIMING.lease() + TIMING.heartbeat, "{wait:?}");
+            assert!(
+                wait >= 4 * crate::raft::network::UNREACHABLE_RETRY,
+                "{wait:?}"
+            );
+        }
     }
 
     /// openraft 0.9 draws once; a collision would repeat at every election.

@@ -89,24 +89,63 @@ struct Shared {
     recent: RecentEntries,
 }
 
-/// How far a log is known to be on disk, in log id order: an entry's log id names it uniquely,
-/// and entries that replace others (after a conflict or a snapshot) have higher ids, so the
-/// mark only rises.
+/// How far the log is known to be on disk: an index along the log as it is now.
+///
+/// Invariants:
+/// * Every entry the log holds at or below `synced`'s index is on disk (written before an
+///   `fdatasync` that returned, or covered by a durable snapshot). Compare by index
+///   ([`Durable::covers`]), never by log id: log ids order the entries of one log, but an
+///   entry written over a truncated one may carry an *older* term than the one it replaced
+///   (an older leader's entry, sent on by a newer leader), so by log id the mark of the
+///   dropped entries would vouch for entries not yet written.
+/// * Between truncations the mark only rises.
+/// * A truncation sets it to the log's new last entry: the truncation `fdatasync`s what it
+///   keeps.
+/// * An `fdatasync` of what was written before the latest truncation raises nothing
+///   (`truncations` tells the two apart): the entries it synced may be gone.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Durable {
-    /// Every entry up to this one was written before an `fdatasync` that has returned, or is
-    /// covered by a durable snapshot.
+    /// Every entry up to this one is on disk.
     pub synced: Option<LogId>,
     /// Set once an `fdatasync` failed: what was written since cannot be vouched for, and the
     /// replica must stop (the next `save_committed` fails, which stops Raft).
     pub failed: Option<io::ErrorKind>,
+    /// Truncations since the log was opened.
+    pub truncations: u64,
 }
 
-/// Raises `durable`'s mark to `synced`, waking whoever waits for it.
-fn mark_synced(durable: &watch::Sender<Durable>, synced: Option<LogId>) {
+impl Durable {
+    /// Whether every entry up to `id`'s index is on disk.
+    pub fn covers(&self, id: Option<LogId>) -> bool {
+        index_of(self.synced) >= index_of(id)
+    }
+}
+
+/// An entry's index, with `None` (no entry) before index 0.
+fn index_of(id: Option<LogId>) -> Option<u64> {
+    id.map(|id| id.index)
+}
+
+/// Raises `durable`'s mark to `synced`, which a durable snapshot covers, waking whoever waits
+/// for it. What a snapshot covers is committed, so no truncation ever removes it.
+fn mark_snapshotted(durable: &watch::Sender<Durable>, synced: Option<LogId>) {
     durable.send_if_modified(|d| {
-        let raised = d.synced < synced;
-        d.synced = d.synced.max(synced);
+        let raised = !d.covers(synced);
+        if raised {
+            d.synced = synced;
+        }
+        raised
+    });
+}
+
+/// Raises `durable`'s mark to `synced`, the last entry of an `fdatasync` that returned, unless
+/// the log was truncated since that entry was written (after `written_after` truncations).
+fn mark_synced(durable: &watch::Sender<Durable>, synced: Option<LogId>, written_after: u64) {
+    durable.send_if_modified(|d| {
+        let raised = d.truncations == written_after && !d.covers(synced);
+        if raised {
+            d.synced = synced;
+        }
         raised
     });
 }
@@ -125,10 +164,13 @@ pub async fn hold_to_durable(
 ) {
     if request.entries.is_empty() {
         let wanted = request.leader_commit;
-        let covered = durable.wait_for(|d| d.failed.is_some() || d.synced >= wanted);
+        let covered = durable.wait_for(|d| d.failed.is_some() || d.covers(wanted));
         let _ = tokio::time::timeout(wait, covered).await;
     }
-    request.leader_commit = request.leader_commit.min(durable.borrow().synced);
+    let durable = *durable.borrow();
+    if !durable.covers(request.leader_commit) {
+        request.leader_commit = durable.synced;
+    }
 }
 
 /// The log's view of the durable snapshot.
@@ -206,6 +248,7 @@ impl LogStore {
         let durable = Arc::new(watch::Sender::new(Durable {
             synced: last_log_id,
             failed: None,
+            truncations: 0,
         }));
         let first_index = wal.first_index();
         let stages = Arc::<CommitStages>::default();
@@ -249,7 +292,7 @@ impl LogStore {
     /// install to be durable; a crash in between would otherwise leave a replica with neither
     /// the entries nor the snapshot (found by the `snapshot-install` fail point).
     pub fn guard_with_snapshots(&self, last: Option<LogId>) -> io::Result<()> {
-        mark_synced(&self.shared.durable, last);
+        mark_snapshotted(&self.shared.durable, last);
         *self.snapshot_guard() = Some(SnapshotGuard {
             durable: last,
             wanted: None,
@@ -266,7 +309,7 @@ impl LogStore {
     /// `S + 1`; until the entries up to `S` are purged, the log would hold `..=L`, a hole, and
     /// `S + 1..`, which openraft cannot start on.
     pub fn snapshot_stored(&self, last: Option<LogId>) -> io::Result<()> {
-        mark_synced(&self.shared.durable, last);
+        mark_snapshotted(&self.shared.durable, last);
         match self.snapshot_guard().as_mut() {
             Some(guard) => guard.durable = guard.durable.max(last),
             None => return Ok(()),
@@ -337,7 +380,7 @@ impl LogStore {
             .first_index
             .store(state.wal.first_index(), Ordering::Release);
         // What is purged is covered by the durable snapshot.
-        mark_synced(&self.shared.durable, Some(log_id));
+        mark_snapshotted(&self.shared.durable, Some(log_id));
         Ok(())
     }
 
@@ -382,11 +425,17 @@ impl LogStore {
     }
 
     /// `fdatasync`s `file` here, without the sync thread, and raises the durable mark to
-    /// `last`, the last entry written to it, or marks the failure.
-    fn sync_inline(&self, file: &File, last: LogId) -> Result<(), io::ErrorKind> {
+    /// `last`, the last entry written to it after `written_after` truncations, or marks the
+    /// failure.
+    fn sync_inline(
+        &self,
+        file: &File,
+        last: LogId,
+        written_after: u64,
+    ) -> Result<(), io::ErrorKind> {
         let synced = sync_file(file);
         match synced {
-            Ok(()) => mark_synced(&self.shared.durable, Some(last)),
+            Ok(()) => mark_synced(&self.shared.durable, Some(last), written_after),
             Err(kind) => self.shared.durable.send_modify(|d| d.failed = Some(kind)),
         }
         synced
@@ -397,6 +446,12 @@ impl LogStore {
     /// acknowledged only once durable.
     pub fn serve_as(&self, id: NodeId) {
         let _ = self.shared.own_id.set(id);
+    }
+
+    /// Truncations so far; read under the WAL lock, it says which truncations an entry written
+    /// there came after.
+    fn truncations(&self) -> u64 {
+        self.shared.durable.borrow().truncations
     }
 
     /// How far the log is on disk, as it changes.
@@ -451,8 +506,34 @@ impl LogStore {
         let mut state = self.write(std::slice::from_ref(entry))?;
         state.wal.active_file().sync_data()?;
         state.last_log_id = Some(entry.log_id);
-        mark_synced(&self.shared.durable, Some(entry.log_id));
+        let truncations = self.truncations();
+        mark_synced(&self.shared.durable, Some(entry.log_id), truncations);
         Ok(())
+    }
+}
+
+/// The vote replica `own` restarts with, given the `durable` one: its own committed vote
+/// becomes a candidacy of the same term, so that it must win the next term before it leads
+/// again.
+///
+/// Why: openraft 0.9 restores a replica whose vote is a committed vote for itself as leader of
+/// that term at once, with no election. A leader acknowledges its own appends before their
+/// `fdatasync` (see the module docs), so after a power loss it may no longer hold entries its
+/// followers do. Leading the same term again, it would write new entries under the very log
+/// ids of the lost ones, and the followers, which compare entries by log id only, would keep
+/// the old ones and count them as the new: the replicas' logs would fork, and an acknowledged
+/// append be lost. Standing for the next term instead, it either wins with a log that a
+/// majority accepts (then every entry it writes has a new term in its id) or loses to a
+/// replica that holds more; what it lost was never applied anywhere (the durable mark).
+///
+/// Nothing here weakens the vote: a candidacy of term T refuses every other candidate of T,
+/// as the committed vote did, and the next term's election is what any replica that stops
+/// hearing a leader holds anyway.
+pub fn as_restarted(durable: Vote, own: NodeId) -> Vote {
+    if durable.committed && durable.leader_id.node_id == own {
+        Vote::new(durable.leader_id.term, own)
+    } else {
+        durable
     }
 }
 
@@ -532,26 +613,37 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(|e| StorageIOError::write_vote(&e).into())
     }
 
+    /// The vote openraft starts from: the durable one, except that this replica's own
+    /// committed vote is handed over as not committed (see [`as_restarted`]).
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
-        self.vote()
-            .map_err(|e| StorageIOError::read_vote(&e).into())
+        let durable = self.vote().map_err(|e| StorageIOError::read_vote(&e))?;
+        let Some(own) = self.shared.own_id.get() else {
+            return Ok(durable);
+        };
+        let vote = durable.map(|vote| as_restarted(vote, *own));
+        *self.shared.vote.lock().expect("never poisoned") = vote;
+        Ok(vote)
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         // openraft applies what is committed right after this: not before the leader's own
         // copy is on disk (see the module docs). A follower's entries are durable already.
-        if self.shared.syncer.is_none() && self.shared.durable.borrow().synced < committed {
-            let (file, last) = {
+        if self.shared.syncer.is_none() && !self.shared.durable.borrow().covers(committed) {
+            let (file, last, truncations) = {
                 let state = self.lock();
-                (state.wal.active_file(), state.last_log_id)
+                (
+                    state.wal.active_file(),
+                    state.last_log_id,
+                    self.truncations(),
+                )
             };
             if let Some(last) = last {
-                let _ = self.sync_inline(&file, last);
+                let _ = self.sync_inline(&file, last, truncations);
             }
         }
         let durable = *self
             .durable()
-            .wait_for(|d| d.failed.is_some() || d.synced >= committed)
+            .wait_for(|d| d.failed.is_some() || d.covers(committed))
             .await
             .map_err(write_err)?;
         if let Some(kind) = durable.failed {
@@ -612,21 +704,26 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         };
         let written = Instant::now();
         let acknowledge_now = self.leaders_own(&entries);
-        let file = {
+        let (file, truncations) = {
             let mut state = self.write(&entries).map_err(write_err)?;
             state.last_log_id = Some(last);
-            state.wal.active_file()
+            (state.wal.active_file(), self.truncations())
+        };
+        let written = Written {
+            at: written,
+            last,
+            truncations,
         };
         match &self.shared.syncer {
             Some(syncer) if acknowledge_now => {
                 callback.log_io_completed(Ok(()));
-                syncer.sync(file, None, written, last)
+                syncer.sync(file, None, written)
             }
-            Some(syncer) => syncer.sync(file, Some(callback), written, last),
+            Some(syncer) => syncer.sync(file, Some(callback), written),
             None if acknowledge_now => callback.log_io_completed(Ok(())),
             None => {
-                let synced = self.sync_inline(&file, last);
-                (self.shared.stages).observe(Stage::log_sync, written.elapsed());
+                let synced = self.sync_inline(&file, last, truncations);
+                (self.shared.stages).observe(Stage::log_sync, written.at.elapsed());
                 callback.log_io_completed(synced.map_err(io::Error::from))
             }
         }
@@ -635,9 +732,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
         let mut state = self.lock();
+        if log_id.index >= state.wal.next_index() {
+            return Ok(());
+        }
         self.shared.recent.truncate_from(log_id.index);
-        state.wal.truncate_from(log_id.index).map_err(write_err)?;
+        let truncated = state.wal.truncate_from(log_id.index);
+        // Whatever the outcome, an `fdatasync` of what was written before no longer vouches
+        // for the log's end; on success, the truncation's own `fdatasync` vouches for all
+        // that is left (see `Durable`).
+        self.shared.durable.send_modify(|d| d.truncations += 1);
+        truncated.map_err(write_err)?;
         state.last_log_id = last_log_id(&state.wal, state.last_purged).map_err(read_err)?;
+        let kept = state.last_log_id;
+        self.shared.durable.send_modify(|d| d.synced = kept);
         Ok(())
     }
 
@@ -673,10 +780,17 @@ struct Syncer {
 struct SyncRequest {
     file: Arc<File>,
     callback: Option<LogFlushed<TypeConfig>>,
-    /// When the append's write began, for its `log_sync` time.
-    written: Instant,
+    written: Written,
+}
+
+/// What one append wrote, for the `fdatasync` that makes it durable.
+struct Written {
+    /// When the write began, for the append's `log_sync` time.
+    at: Instant,
     /// The append's last entry.
     last: LogId,
+    /// Truncations of the log before the write (see [`Durable`]).
+    truncations: u64,
 }
 
 /// `fdatasync`s one segment. The `wal-sync` fail point makes it fail, as a crash before the
@@ -712,10 +826,14 @@ impl Syncer {
                                 }
                             };
                         match result {
-                            Ok(()) => mark_synced(&thread_durable, Some(request.last)),
+                            Ok(()) => mark_synced(
+                                &thread_durable,
+                                Some(request.written.last),
+                                request.written.truncations,
+                            ),
                             Err(kind) => thread_durable.send_modify(|d| d.failed = Some(kind)),
                         }
-                        stages.observe(Stage::log_sync, request.written.elapsed());
+                        stages.observe(Stage::log_sync, request.written.at.elapsed());
                         if let Some(callback) = request.callback {
                             callback.log_io_completed(result.map_err(io::Error::from));
                         }
@@ -726,18 +844,11 @@ impl Syncer {
         Syncer { requests, durable }
     }
 
-    fn sync(
-        &self,
-        file: Arc<File>,
-        callback: Option<LogFlushed<TypeConfig>>,
-        written: Instant,
-        last: LogId,
-    ) {
+    fn sync(&self, file: Arc<File>, callback: Option<LogFlushed<TypeConfig>>, written: Written) {
         let request = SyncRequest {
             file,
             callback,
             written,
-            last,
         };
         if let Err(mpsc::SendError(request)) = self.requests.send(request) {
             // An append acknowledged already will never be durable: fail the mark too.

@@ -22,12 +22,16 @@
 //!   the vote, the purge point and snapshots (`fdatasync` of sled's data file).
 //! * Only this module and `server` touch openraft and sled.
 //! * Committed entries are never changed or removed except by purge behind a durable snapshot.
+//! * One log id, one entry: a replica never leads a term it led before it restarted
+//!   (`log_store::as_restarted`), and one that is sent a different entry under a log id it
+//!   holds stops instead of answering (`log_matching`).
 
 // openraft's trait methods return its `StorageError` (over 200 bytes) by contract; boxing it
 // in our helpers would only add a conversion at every call.
 #![allow(clippy::result_large_err)]
 
 pub mod elector;
+pub mod log_matching;
 pub mod log_store;
 pub mod meta_store;
 pub mod network;

@@ -50,6 +50,19 @@ pub const RAFT_PAYLOAD_ENTRIES_MAX: u64 = 64;
 /// sends the rest.
 pub const APPEND_ENTRIES_BYTES_MAX: usize = BATCH_BYTES_MAX;
 
+/// How long the leader waits before it tries again to reach a peer it could not reach
+/// (openraft's default is 500 ms). A restarted follower stands for election once it has gone
+/// `election_timeout_max + heartbeat` without hearing a leader (`elector`, 500 ms at the
+/// least with the defaults): the leader's next try must reach it well before that, or the
+/// follower bumps the term and deposes a healthy leader. A refused dial costs a round trip.
+pub const UNREACHABLE_RETRY: Duration = Duration::from_millis(100);
+
+/// openraft's backoff after an unreachable peer: [`UNREACHABLE_RETRY`], again and again. The
+/// simulation's network uses it too.
+pub fn unreachable_backoff() -> openraft::network::Backoff {
+    openraft::network::Backoff::new(std::iter::repeat(UNREACHABLE_RETRY))
+}
+
 /// How long dialling a peer may take before the call counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -311,6 +324,10 @@ fn cut_to_bytes(request: &mut AppendEntriesRequest, bytes_max: usize) -> Option<
 }
 
 impl RaftNetwork<TypeConfig> for PeerClient {
+    fn backoff(&self) -> openraft::network::Backoff {
+        unreachable_backoff()
+    }
+
     async fn append_entries(
         &mut self,
         mut request: AppendEntriesRequest,
@@ -540,7 +557,7 @@ mod tests {
         let id = |index| Some(LogId::new(openraft::CommittedLeaderId::new(1, 1), index));
         let (mark, durable) = watch::channel(Durable {
             synced: id(3),
-            failed: None,
+            ..Durable::default()
         });
         let network = PeerNetwork {
             durable: Some(durable),
@@ -559,7 +576,7 @@ mod tests {
             .unwrap();
         mark.send_replace(Durable {
             synced: id(7),
-            failed: None,
+            ..Durable::default()
         });
         client
             .append_entries(committing_up_to_5(), option())

@@ -40,7 +40,11 @@ pub struct QuorumLease {
     /// Milliseconds after `epoch` of the latest quorum acknowledgement; `u64::MAX`: none yet
     /// in this term.
     acked_ms: AtomicU64,
-    /// The term the acknowledgement belongs to.
+    /// Milliseconds after `epoch` of the first report of this process leading `term`. Only
+    /// the lost bound counts from it: a report that this replica leads proves no quorum's
+    /// acknowledgement (a replica restored as leader at start reports exactly that).
+    leading_since_ms: AtomicU64,
+    /// The term both instants belong to.
     term: AtomicU64,
     /// Within this of the acknowledgement the lease holds.
     hold: Duration,
@@ -55,6 +59,7 @@ impl QuorumLease {
         QuorumLease {
             epoch: Instant::now(),
             acked_ms: AtomicU64::new(u64::MAX),
+            leading_since_ms: AtomicU64::new(u64::MAX),
             term: AtomicU64::new(0),
             hold,
             lose,
@@ -62,28 +67,31 @@ impl QuorumLease {
         }
     }
 
-    /// The age of the latest quorum acknowledgement in `term`, if there is one.
-    fn age(&self, term: u64, now: Instant) -> Option<Duration> {
-        let acked = self.acked_ms.load(Ordering::Acquire);
-        if acked == u64::MAX || self.term.load(Ordering::Acquire) != term {
+    /// The age of `instant_ms`, an instant of `term`, if there is one.
+    fn age(&self, instant_ms: &AtomicU64, term: u64, now: Instant) -> Option<Duration> {
+        let ms = instant_ms.load(Ordering::Acquire);
+        if ms == u64::MAX || self.term.load(Ordering::Acquire) != term {
             return None;
         }
-        let at = self.epoch + Duration::from_millis(acked);
+        let at = self.epoch + Duration::from_millis(ms);
         Some(now.saturating_duration_since(at))
     }
 
     /// Whether a quorum acknowledged this replica as leader of `term` recently enough that no
-    /// other leader can exist.
+    /// other leader can exist. Only an acknowledgement this process saw counts.
     pub fn holds(&self, term: u64) -> bool {
-        self.age(term, Instant::now())
+        self.age(&self.acked_ms, term, Instant::now())
             .is_some_and(|age| age < self.hold)
     }
 
     /// Whether this replica, leading in `term`, has gone so long without a quorum's
-    /// acknowledgement (or its election) that it must stop acting as leader. `false` while
-    /// nothing is known of `term` yet ([`track`] records an election within moments).
+    /// acknowledgement (or, with none yet, since it first reported leading the term) that it
+    /// must stop acting as leader. `false` while nothing is known of `term` yet ([`track`]
+    /// sees a report within moments).
     pub fn lost(&self, term: u64) -> bool {
-        self.age(term, Instant::now())
+        let now = Instant::now();
+        self.age(&self.acked_ms, term, now)
+            .or_else(|| self.age(&self.leading_since_ms, term, now))
             .is_some_and(|age| age >= self.lose)
     }
 
@@ -97,19 +105,18 @@ impl QuorumLease {
     fn observe(&self, metrics: &RaftMetrics, now: Instant) {
         let leading = metrics.current_leader == Some(metrics.id);
         let at = now.saturating_duration_since(self.epoch).as_millis() as u64;
-        match (leading, metrics.millis_since_quorum_ack) {
-            (true, Some(since)) => {
-                self.term.store(metrics.current_term, Ordering::Release);
-                self.acked_ms
-                    .store(at.saturating_sub(since), Ordering::Release);
-            }
-            // Newly elected: a quorum granted its vote just now, and each voter restarted its
-            // election timer then, so the lease starts with the election.
-            (true, None) if self.term.load(Ordering::Acquire) != metrics.current_term => {
-                self.term.store(metrics.current_term, Ordering::Release);
-                self.acked_ms.store(at, Ordering::Release);
-            }
-            _ => {}
+        if leading && self.term.load(Ordering::Acquire) != metrics.current_term {
+            // A new term: nothing acknowledged yet. Not even an election is taken for one: a
+            // replica that openraft restored as leader at start reports leading with no peer
+            // having answered it (`raft::log_store::as_restarted` keeps that from happening,
+            // and the lease does not rely on it).
+            self.acked_ms.store(u64::MAX, Ordering::Release);
+            self.leading_since_ms.store(at, Ordering::Release);
+            self.term.store(metrics.current_term, Ordering::Release);
+        }
+        if let (true, Some(since)) = (leading, metrics.millis_since_quorum_ack) {
+            self.acked_ms
+                .store(at.saturating_sub(since), Ordering::Release);
         }
         let lost = leading && self.lost(metrics.current_term);
         self.lost
@@ -157,6 +164,22 @@ pub async fn track(
 mod tests {
     use super::*;
 
+    /// Regression (issue 31): a replica that openraft restored as leader at start reports
+    /// leading with no acknowledgement yet, and the lease took that first report for an
+    /// election: `is_leader` held for about `election_timeout_min` with no peer answering,
+    /// long enough to accept a cut-off container's heartbeat. Steps: the restart's first
+    /// report, then reports with no acknowledgement for the whole hold bound.
+    #[test]
+    fn a_report_of_leading_without_an_acknowledgement_holds_no_lease() {
+        let lease = QuorumLease::new(Duration::from_millis(500), Duration::from_millis(1000));
+        lease.observe(&report(7, true, None), Instant::now());
+        assert!(!lease.holds(7), "the first report after a restart");
+        lease.observe(&report(7, true, None), Instant::now());
+        assert!(!lease.holds(7), "later reports without an acknowledgement");
+        lease.observe(&report(7, true, Some(10)), Instant::now());
+        assert!(lease.holds(7), "a quorum's acknowledgement seen here");
+    }
+
     fn report(term: u64, leading: bool, since_ms: Option<u64>) -> RaftMetrics {
         let mut metrics = RaftMetrics::new_initial(1);
         metrics.current_term = term;
@@ -176,20 +199,21 @@ mod tests {
             !lease.holds(3) && !lease.lost(3),
             "nothing known before leading"
         );
-        // Elected 1.2 s ago with no acknowledgement since: the votes were the last word.
+        // Leading for 1.2 s with no acknowledgement: never held, and lost past the bound.
         lease.observe(
             &report(3, true, None),
             Instant::now() - Duration::from_millis(1_200),
         );
+        assert!(!lease.holds(3), "leading is no acknowledgement");
         assert!(
             lease.lost(3),
-            "an election 1.2 s ago is past the lose bound"
+            "leading 1.2 s without one is past the lose bound"
         );
         assert!(*lease.lost.borrow());
         lease.observe(&report(3, true, None), Instant::now());
         assert!(
             lease.lost(3),
-            "the election is counted once per term, not at every report"
+            "leading is counted from the first report of the term, not from every report"
         );
 
         lease.observe(&report(3, true, Some(100)), Instant::now());
@@ -205,6 +229,12 @@ mod tests {
         lease.observe(&report(3, true, Some(1_200)), Instant::now());
         assert!(lease.lost(3));
         assert!(*lease.lost.borrow());
+
+        // A new term starts with nothing acknowledged, whatever the last term had.
+        lease.observe(&report(4, true, None), Instant::now());
+        assert!(!lease.holds(4) && !lease.lost(4));
+        lease.observe(&report(4, true, Some(0)), Instant::now());
+        assert!(lease.holds(4));
 
         // A follower's reports leave the lease alone and never say it was lost.
         lease.observe(&report(3, false, None), Instant::now());

@@ -15,6 +15,8 @@ use crate::client::tls::framed;
 use crate::client::version::{Hello, ProtocolOffer, PEER_REQUESTS_AFTER_V010};
 use crate::client::ApiError;
 use crate::raft::elector::ElectionTimer;
+use crate::raft::log_matching::stop_on_divergence;
+use crate::raft::log_store::LogStore;
 use crate::raft::network::{RaftRpc, RaftRpcRequest, RaftRpcResponse, PEER_FRAME_BYTES_MAX};
 use crate::raft::types::*;
 use crate::NodeId;
@@ -23,6 +25,9 @@ use openraft::error::SnapshotMismatch;
 #[derive(Clone)]
 struct RaftRpcServer {
     raft: Raft,
+    /// This replica's log, which every `AppendEntries` is checked against before openraft
+    /// sees it (`raft::log_matching`).
+    log: LogStore,
     /// Told of every leader this replica accepts and every vote it grants.
     elections: Arc<ElectionTimer>,
     /// The nodes the calling peer's certificate names (TLS only): each request must claim
@@ -147,6 +152,10 @@ impl RaftRpc for RaftRpcServer {
         request: AppendEntriesRequest,
     ) -> Result<AppendEntriesResponse, RaftError> {
         self.admit(Sender::Leader(&request.vote))?;
+        let sender = request.vote.leader_id().voted_for().unwrap_or_default();
+        if stop_on_divergence(&self.raft, &self.log, sender, &request.entries).is_err() {
+            return Err(RaftError::Fatal(openraft::error::Fatal::Stopped));
+        }
         let answer = self.raft.append_entries(request).await?;
         self.elections.answered_append_entries(&answer);
         Ok(answer)
@@ -214,6 +223,7 @@ pub async fn bind_peers(addr: SocketAddr) -> std::io::Result<PeerListener> {
 pub async fn serve_peers(
     listener: PeerListener,
     raft: Raft,
+    log: LogStore,
     elections: Arc<ElectionTimer>,
     tls: Option<TlsAcceptor>,
     stop: tokio::sync::watch::Receiver<bool>,
@@ -234,6 +244,7 @@ pub async fn serve_peers(
                 .map(|der| named_nodes(der).into());
             let server = RaftRpcServer {
                 raft: raft.clone(),
+                log: log.clone(),
                 elections: elections.clone(),
                 snapshot_chunks: snapshot_chunks.clone(),
                 peer_nodes,

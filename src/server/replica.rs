@@ -203,6 +203,7 @@ impl Replica {
             tokio::spawn(serve_peers(
                 peer_listener,
                 raft.clone(),
+                handle.inner.log.clone(),
                 elections.clone(),
                 tls.as_ref().map(|t| t.peers.clone()),
                 stopping.clone(),

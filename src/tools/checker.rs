@@ -20,6 +20,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::log::{Epoch, Filter, Frame, LogEntry, Offset, ProducerSeq};
+use crate::raft::types::{Entry, LogId};
 
 /// One line of a container's report: it began or ceased to run a task.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -121,6 +122,46 @@ pub enum Violation {
     },
     #[error("{0}")]
     DoubleRun(String),
+    #[error("log id {log_id} holds different entries on {first} and {second}")]
+    ForkedLogId {
+        log_id: String,
+        first: String,
+        second: String,
+    },
+}
+
+/// Raft's log matching across replicas, entry by entry as they are seen: every entry seen
+/// under one log id, on any replica at any time, encodes to the same bytes. (The offsets
+/// check above compares applied commands; this catches a fork before anything is applied,
+/// and in entries that carry none.)
+#[derive(Default)]
+pub struct LogMatching {
+    /// Log id → a digest of the first entry seen under it, and the replica it was seen on.
+    seen: BTreeMap<LogId, (u64, String)>,
+    /// Forked log ids already reported, so that each is reported once.
+    forked: BTreeSet<LogId>,
+}
+
+impl LogMatching {
+    /// Records that `replica` holds `entry`; a violation if another replica (or this one
+    /// earlier) held a different entry under its log id.
+    pub fn observe(&mut self, replica: &str, entry: &Entry) -> Option<Violation> {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        std::hash::Hash::hash(&crate::log::encode(entry), &mut hasher);
+        let digest = std::hash::Hasher::finish(&hasher);
+        let (first_digest, first) = self
+            .seen
+            .entry(entry.log_id)
+            .or_insert_with(|| (digest, replica.to_string()));
+        if *first_digest == digest || !self.forked.insert(entry.log_id) {
+            return None;
+        }
+        Some(Violation::ForkedLogId {
+            log_id: entry.log_id.to_string(),
+            first: first.clone(),
+            second: replica.to_string(),
+        })
+    }
 }
 
 /// Checks a history; empty when every guarantee held.

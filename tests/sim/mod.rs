@@ -43,10 +43,11 @@ use ctrlog::log::{
     RegisterContainer, Target, TaskId, TaskStarted, TaskStopped,
 };
 use ctrlog::raft::elector::{self, ElectionTimer, ElectionTiming};
+use ctrlog::raft::types::LogId;
 use ctrlog::raft::types::{ClientWriteError, Raft};
 use ctrlog::server::lease::{self, QuorumLease};
 use ctrlog::tools::checker::{
-    self, Acked, Delivery, History, SubscriptionRecord, TaskEvent, Violation,
+    self, Acked, Delivery, History, LogMatching, SubscriptionRecord, TaskEvent, Violation,
 };
 use ctrlog::NodeId;
 use openraft::error::RaftError;
@@ -183,7 +184,25 @@ struct Sim {
     stopped_containers: Mutex<BTreeSet<ContainerId>>,
     /// What each running replica keeps beside Raft to act as leader, per incarnation.
     authorities: Mutex<BTreeMap<NodeId, Arc<Authority>>>,
+    /// Log matching across the replicas, checked at every step of the monitor.
+    log_matching: Mutex<LogMatchingWatch>,
 }
+
+/// The monitor's log matching: every entry any replica holds, compared by log id.
+#[derive(Default)]
+struct LogMatchingWatch {
+    matching: LogMatching,
+    /// The last entry checked on each replica; checking goes on after it while the replica
+    /// still holds it, and starts again from the replica's first entry once it does not
+    /// (after a truncation or a crash).
+    checked: BTreeMap<NodeId, LogId>,
+}
+
+/// How soon after a power loss the old leader is back: well inside the followers' election
+/// timeout (they stand `ELECTION_TIMEOUT_MAX_MS + HEARTBEAT_INTERVAL_MS` after they last
+/// heard it, at the earliest), which is the window in which openraft 0.9 restored it as
+/// leader of its old term.
+const POWER_BACK_MS: std::ops::Range<u64> = 20..250;
 
 /// What a real replica keeps beside Raft to act as leader (`server::handle`): its quorum
 /// lease, kept up to date by the product's `lease::track`, and its heartbeat table.
@@ -221,6 +240,7 @@ impl Sim {
             final_offset: AtomicU64::new(u64::MAX),
             stopped_containers: Mutex::default(),
             authorities: Mutex::default(),
+            log_matching: Mutex::default(),
         })
     }
 
@@ -795,7 +815,129 @@ impl Sim {
                         .insert(id);
                 }
             }
+            self.check_log_matching();
             tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Log matching, at this step: every entry each running replica holds is compared with
+    /// what any replica held under its log id before.
+    fn check_log_matching(&self) {
+        let mut watch = self.log_matching.lock().unwrap();
+        let mut forks = Vec::new();
+        for (id, _, storage) in self.net.running() {
+            let log = &storage.log;
+            let Some(last) = log.last_log_id() else {
+                continue;
+            };
+            let from = match watch.checked.get(&id) {
+                Some(checked)
+                    if log
+                        .entry(checked.index)
+                        .ok()
+                        .flatten()
+                        .is_some_and(|e| e.log_id == *checked) =>
+                {
+                    checked.index + 1
+                }
+                _ => log.first_index(),
+            };
+            let replica = format!("replica-{id}");
+            for index in from..=last.index {
+                let Ok(Some(entry)) = log.entry(index) else {
+                    continue;
+                };
+                forks.extend(watch.matching.observe(&replica, &entry));
+                watch.checked.insert(id, entry.log_id);
+            }
+        }
+        drop(watch);
+        let mut record = self.record();
+        record
+            .anomalies
+            .extend(forks.iter().map(Violation::to_string));
+    }
+
+    /// Ends the fault period with a power loss, of the leader, of a follower or of the whole
+    /// cluster (from the seed), taken while the leader holds entries it acknowledged to
+    /// openraft before their `fdatasync`, which the crash then loses (`Disk::lose_unsynced`).
+    /// The old leader is back first, within [`POWER_BACK_MS`]. A loss of the leader's
+    /// entries with the leader back that soon is a hit: the window in which 3d7237e forked
+    /// the log. A follower's power loss must leave the term as it was.
+    async fn power_loss(self: &Arc<Self>, counts: &mut BTreeMap<&'static str, u32>) {
+        let n = self.config.replicas;
+        let leader_with_unsynced = async {
+            loop {
+                let all_up = (1..=n).all(|id| self.net.is_up(id));
+                if let Some((id, raft, storage)) = self.leader().filter(|_| all_up) {
+                    let durable = *storage.log.durable().borrow();
+                    let last = storage.log.last_log_id();
+                    if !durable.covers(last) {
+                        let synced = durable.synced;
+                        let lost = last.map_or(0, |l| l.index) - synced.map_or(0, |l| l.index);
+                        return (id, raft, lost);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        let Ok((leader, leader_raft, lost)) =
+            tokio::time::timeout(Duration::from_secs(10), leader_with_unsynced).await
+        else {
+            return;
+        };
+        let back = Duration::from_millis(self.net.random(|rng| rng.gen_range(POWER_BACK_MS)));
+        match self.net.random(|rng| rng.gen_range(0..3)) {
+            0 => {
+                *counts.entry("leader power losses").or_default() += 1;
+                self.fault(format!("power loss of leader {leader} ({lost} unsynced)"));
+                self.crash(leader).await;
+                tokio::time::sleep(back).await;
+                self.start_replica(leader).await;
+            }
+            1 => {
+                let follower = (1..=n).find(|id| *id != leader).expect("a follower");
+                *counts.entry("follower power losses").or_default() += 1;
+                self.fault(format!("power loss of follower {follower}"));
+                let term = leader_raft.metrics().borrow().current_term;
+                self.crash(follower).await;
+                tokio::time::sleep(back).await;
+                self.start_replica(follower).await;
+                self.expect_term_kept(term, "a follower's power loss").await;
+                return;
+            }
+            _ => {
+                *counts.entry("cluster power losses").or_default() += 1;
+                self.fault(format!(
+                    "power loss of the cluster, leader {leader} ({lost} unsynced)"
+                ));
+                self.crash(leader).await;
+                for id in (1..=n).filter(|id| *id != leader) {
+                    self.crash(id).await;
+                }
+                tokio::time::sleep(back).await;
+                self.start_replica(leader).await;
+                self.pause(50..300).await;
+                for id in (1..=n).filter(|id| *id != leader) {
+                    self.start_replica(id).await;
+                }
+            }
+        }
+        if lost > 0 {
+            *counts.entry("power losses in the window").or_default() += 1;
+        }
+    }
+
+    /// Waits two seconds of calm, then records an anomaly unless a leader of `term` still
+    /// leads: `what` (a follower's restart) must not have cost an election.
+    async fn expect_term_kept(&self, term: u64, what: &str) {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = self
+            .leader()
+            .map(|(_, raft, _)| raft.metrics().borrow().current_term);
+        if now != Some(term) {
+            let anomaly = format!("{what} changed the term from {term} to {now:?}");
+            self.record().anomalies.push(anomaly);
         }
     }
 
@@ -901,6 +1043,7 @@ impl Sim {
             }
         }
         restarts.join_all().await;
+        self.power_loss(counts).await;
     }
 
     /// Stops a follower until the leader has purged its log past the follower's end, starts
@@ -920,6 +1063,7 @@ impl Sim {
         };
         let behind = storage.last_applied_index().unwrap_or(0);
         drop(storage);
+        let term = leader_raft.metrics().borrow().current_term;
         self.crash(follower).await;
         let purged_past = |raft: &Raft| raft.metrics().borrow().purged.map_or(0, |l| l.index);
         let waited = tokio::time::timeout(Duration::from_secs(15), async {
@@ -958,6 +1102,7 @@ impl Sim {
             ));
             self.start_replica(follower).await;
         }
+        self.expect_term_kept(term, "a follower's restarts").await;
         self.net.is_up(follower)
     }
 
@@ -1097,6 +1242,7 @@ impl Sim {
             }
         }
         report.violations.extend(record.anomalies.iter().cloned());
+        report.violations.extend(self.net.divergences());
         report.acked = record.acked.len();
         report.committed = final_offset;
         report.terms_with_leader = record.leaders.len();

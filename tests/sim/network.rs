@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use ctrlog::client::Member;
 use ctrlog::raft::elector::ElectionTimer;
+use ctrlog::raft::log_matching::stop_on_divergence;
 use ctrlog::raft::log_store::{hold_to_durable, Durable};
 use ctrlog::raft::types::*;
 use ctrlog::raft::TypeConfig;
@@ -55,6 +56,9 @@ struct NetState {
     delay_ms_max: u64,
     rng: StdRng,
     generations: u64,
+    /// What replicas found when sent a different entry under a log id they held; each of
+    /// them stopped.
+    divergences: Vec<String>,
 }
 
 pub struct Net {
@@ -77,6 +81,7 @@ impl Net {
                 delay_ms_max: 2,
                 rng: StdRng::seed_from_u64(seed),
                 generations: 0,
+                divergences: Vec::new(),
             }),
         })
     }
@@ -144,6 +149,11 @@ impl Net {
         state.cut.clear();
         state.loss_per_mille = 0;
         state.delay_ms_max = 2;
+    }
+
+    /// What replicas found when sent a different entry under a log id they held.
+    pub fn divergences(&self) -> Vec<String> {
+        self.lock().divergences.clone()
     }
 
     pub fn set_loss(&self, per_mille: u32) {
@@ -278,13 +288,31 @@ impl SimPeer {
 }
 
 impl RaftNetwork<TypeConfig> for SimPeer {
+    fn backoff(&self) -> openraft::network::Backoff {
+        ctrlog::raft::network::unreachable_backoff()
+    }
+
     async fn append_entries(
         &mut self,
         mut request: AppendEntriesRequest,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse, RpcError> {
         hold_to_durable(&mut request, &mut self.durable, option.soft_ttl() / 2).await;
+        let (net, from, to) = (self.net.clone(), self.from, self.to);
         self.rpc(&option, |callee| async move {
+            // As the peer port does: a replica sent a different entry under a log id it holds
+            // stops rather than answer.
+            let log = &callee.storage.log;
+            if let Err(divergence) = stop_on_divergence(&callee.raft, log, from, &request.entries) {
+                let found = format!("replica {to}: {divergence}");
+                let mut state = net.lock();
+                if !state.divergences.contains(&found) {
+                    state.divergences.push(found);
+                }
+                return Err(openraft::error::RaftError::Fatal(
+                    openraft::error::Fatal::Stopped,
+                ));
+            }
             let answer = callee.raft.append_entries(request).await?;
             callee.elections.answered_append_entries(&answer);
             Ok(answer)
