@@ -1116,3 +1116,105 @@ async fn a_membership_change_right_after_the_first_election_waits_for_the_foundi
     handle.remove_member(4).await.expect("removed at once");
     cluster.shutdown().await;
 }
+
+/// Goal (issue 31): a follower restarted on its directory rejoins without an election. Its
+/// first election timeout used to be shorter than openraft's 500 ms retry of an unreachable
+/// peer, so it often stood before the leader's stream reached it; the voters refused it, but
+/// its higher term deposed the leader. Steps: 3 replicas, 20 commands; 20 times, stop a
+/// follower, restart it 200 ms later and wait until it applied the newest command; the leader and
+/// its term are unchanged after each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_follower_restarts_keep_the_leader_and_its_term() {
+    const FOLLOWER_DOWNTIME: Duration = Duration::from_millis(200);
+    let dir = tempfile::tempdir().unwrap();
+    let (mut cluster, leader, follower) = three_holding(dir.path(), 20).await;
+    let term = cluster.replica(leader).metrics().current_term;
+    for round in 0..20u64 {
+        cluster.stop(follower).await;
+        // Down as long as a process restart takes: the leader's calls to it are refused
+        // meanwhile, and openraft backs off before it tries again.
+        tokio::time::sleep(FOLLOWER_DOWNTIME).await;
+        cluster.restart(follower).await.unwrap();
+        let offset = *append_many(&cluster, 21 + round, 1).await.last().unwrap();
+        cluster.wait_for_applied(offset, WAIT).await.unwrap();
+        let metrics = cluster.replica(leader).metrics();
+        assert_eq!(
+            (metrics.current_leader, metrics.current_term),
+            (Some(leader), term),
+            "restart {} of follower {follower} cost an election",
+            round + 1
+        );
+    }
+    cluster.shutdown().await;
+}
+
+/// Goal (issue 31): a replica sent a different entry under a log id it holds stops with a clear
+/// error instead of answering `Success`. openraft 0.9 compares entries by log id only, so it
+/// would keep its own entry and count itself as holding the sender's (how a leader that lost
+/// power and led its old term again forked the log). Steps: 3 replicas, 10 commands; a raw
+/// peer client, claiming the leader's vote, sends a follower an entry under the log id of the
+/// follower's last applied entry with other contents; the answer is an error, the follower's
+/// Raft core stops, and the other two keep committing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_different_entry_under_a_held_log_id_stops_the_replica() {
+    use ctrlog::raft::network::RaftRpcClient;
+    use ctrlog::raft::types::Entry;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    append_many(&cluster, 1, 10).await;
+    cluster.wait_for_applied(10, WAIT).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let follower = cluster.follower_of(leader);
+    let metrics = cluster.replica(follower).metrics();
+    let held = metrics.last_applied.expect("the follower applied entries");
+    let transport = tarpc::serde_transport::tcp::connect(
+        cluster.replica(follower).peer_addr(),
+        tarpc::tokio_serde::formats::Bincode::default,
+    )
+    .await
+    .unwrap();
+    let rpc = RaftRpcClient::new(tarpc::client::Config::default(), transport).spawn();
+    let forged = Entry {
+        log_id: held,
+        payload: openraft::EntryPayload::Normal(Arc::new(Batch {
+            appended_at_ms: 0,
+            proposals: vec![Proposal {
+                producer: None,
+                target: Target::All,
+                frame: Command::custom(1, 1, b"not what was written".to_vec()).into_frame(),
+            }],
+        })),
+    };
+    let request = AppendEntriesRequest {
+        vote: metrics.vote,
+        prev_log_id: None,
+        entries: vec![forged],
+        leader_commit: None,
+    };
+    let answer = rpc
+        .append_entries(tarpc::context::current(), request)
+        .await
+        .expect("the follower answers");
+    assert!(answer.is_err(), "a forked entry was answered {answer:?}");
+    poll_until_stopped(&cluster, follower).await;
+    // The other two commit without it.
+    cluster.stop(follower).await;
+    let offsets = append_many(&cluster, 11, 5).await;
+    cluster
+        .wait_for_applied(*offsets.last().unwrap(), WAIT)
+        .await
+        .unwrap();
+    cluster.shutdown().await;
+}
+
+/// Waits until replica `id`'s Raft core has stopped.
+async fn poll_until_stopped(cluster: &LocalCluster, id: u64) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while stopped_because(cluster, id).is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "replica {id} kept running"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
