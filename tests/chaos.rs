@@ -56,6 +56,12 @@ async fn a_short_chaos_run_loses_and_duplicates_nothing() {
     assert_eq!(figures["lost"], 0);
     assert_eq!(figures["duplicates"], 0);
     assert_eq!(figures["violations"], 0);
+    // Log matching, read from the replicas' own WALs once they stopped.
+    assert_eq!(figures["forked_log_ids"], 0);
+    assert!(
+        figures["log_entries_compared"].as_u64().unwrap() > 0,
+        "{figures}"
+    );
     // The job ran through it: containers were launched, ran tasks, and none ran one twice.
     assert_eq!(figures["double_runs"], 0);
     assert!(figures["job"]["container_sessions"].as_u64().unwrap() > 0);

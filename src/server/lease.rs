@@ -2,7 +2,7 @@
 //!
 //! openraft 0.9 does not step a leader down when it loses its quorum (no check-quorum), and a
 //! leader removed from the membership keeps its vote, so "my metrics say I lead" is not
-//! leadership (DESIGN.md §10). Each metrics report carries `millis_since_quorum_ack`, the age
+//! leadership (ARCHITECTURE.md, "Invariants"). Each metrics report carries `millis_since_quorum_ack`, the age
 //! of the latest quorum acknowledgement at the time of the report; [`track`] turns that into the
 //! instant of the acknowledgement. A partitioned leader hears nothing, reports nothing new, and
 //! the instant stays where it was: its age grows, as it should.

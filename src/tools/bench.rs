@@ -313,6 +313,11 @@ impl ProcessCluster {
     }
 
     /// Replica `i`'s (0-based) data directory.
+    /// Replicas this cluster has started, the replaced ones included.
+    pub fn replica_count(&self) -> usize {
+        self.children.len()
+    }
+
     pub fn replica_dir(&self, i: usize) -> PathBuf {
         self.dir.path().join(format!("replica-{}", i + 1))
     }

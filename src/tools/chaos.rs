@@ -25,7 +25,9 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 use super::bench::{processes_mentioning, BenchTarget, ProcessCluster};
-use super::checker::{check, Acked, Delivery, History, SubscriptionRecord, TaskEvent, Violation};
+use super::checker::{
+    check, Acked, Delivery, History, LogMatching, SubscriptionRecord, TaskEvent, Violation,
+};
 use super::firewall::Firewall;
 use super::job_files::JobFiles;
 use super::wait::{job_state_until, poll_until, POLL_INTERVAL};
@@ -34,8 +36,12 @@ use crate::client::{
 };
 use crate::jobs::plan::settled;
 use crate::log::{
-    Command, Filter, LogEntry, Offset, ProducerSeq, Proposal, Target, COMMAND_BYTES_MAX_DEFAULT,
+    decode, Command, Filter, LogEntry, Offset, ProducerSeq, Proposal, Target,
+    COMMAND_BYTES_MAX_DEFAULT,
 };
+use crate::raft::storage::log_dir;
+use crate::raft::types::Entry;
+use crate::raft::wal::{Wal, RECORD_BYTES_MAX};
 
 /// How a run is shaped.
 #[derive(Clone, Debug)]
@@ -454,7 +460,9 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
             .collect(),
         task_events: job.files.reports()?,
     };
-    let violations = check(&history);
+    let mut violations = check(&history);
+    let (entries_compared, forks) = log_matching_on_disk(&mut injector.cluster)?;
+    violations.extend(forks);
     let count = |f: fn(&Violation) -> bool| violations.iter().filter(|v| f(v)).count();
     let failover_ms: serde_json::Map<String, serde_json::Value> = injector
         .failovers
@@ -472,6 +480,8 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
         "duplicates": count(|v| matches!(v, Violation::DuplicateInLog { .. } | Violation::DuplicateDelivery { .. })),
         "violations": violations.len(),
         "double_runs": count(|v| matches!(v, Violation::DoubleRun(_))),
+        "forked_log_ids": count(|v| matches!(v, Violation::ForkedLogId { .. })),
+        "log_entries_compared": entries_compared,
         "job": job.figures(&history.task_events, job_settled.as_ref().ok().copied()),
         "failover_ms": failover_ms,
         "failover_all_ms": quantiles(&mut all),
@@ -503,6 +513,34 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
         );
     }
     Ok(figures)
+}
+
+/// Raft's log matching from the replicas' own logs: stops every replica (SIGKILL; the run is
+/// over) and reads each one's WAL, every entry under one log id on every replica, replaced
+/// ones included, must be the same entry. Returns how many entries it read, and the forks.
+fn log_matching_on_disk(cluster: &mut ProcessCluster) -> anyhow::Result<(u64, Vec<Violation>)> {
+    let mut matching = LogMatching::default();
+    let (mut compared, mut forks) = (0, Vec::new());
+    for i in 0..cluster.replica_count() {
+        cluster.kill(i);
+        let dir = log_dir(&cluster.replica_dir(i));
+        if !dir.is_dir() {
+            continue;
+        }
+        let wal = Wal::open(&dir, None, u64::MAX)
+            .with_context(|| format!("opening {} to compare logs", dir.display()))?;
+        let replica = format!("replica-{}", i + 1);
+        for index in wal.first_index()..wal.next_index() {
+            let Some(bytes) = wal.read(index)? else {
+                continue;
+            };
+            let entry: Entry = decode(&bytes, RECORD_BYTES_MAX as u64)
+                .with_context(|| format!("entry {index} of {}", dir.display()))?;
+            forks.extend(matching.observe(&replica, &entry));
+            compared += 1;
+        }
+    }
+    Ok((compared, forks))
 }
 
 /// Sorts `durations` and gives their count, p50, p99 and max in milliseconds.
