@@ -47,6 +47,10 @@ pub const LEARNER_FIRST_CONTACT_MAX: Duration = Duration::from_secs(10);
 /// leader commits it with its first entry) before it is refused `Unavailable`.
 pub const MEMBERSHIP_COMMIT_WAIT: Duration = Duration::from_secs(5);
 
+/// How soon a membership change refused as in progress is asked again, within
+/// [`MEMBERSHIP_COMMIT_WAIT`]: a leader's first commit takes a round trip or two.
+const MEMBERSHIP_RETRY: Duration = Duration::from_millis(50);
+
 /// How long a replica about to be added may take to say which vocabulary levels it knows.
 const MEMBER_LEVEL_ANSWER_MAX: Duration = Duration::from_secs(5);
 
@@ -563,9 +567,25 @@ impl ReplicaHandle {
         self.membership_committed().await?;
         self.check_member_level(id, &member).await?;
         let raft = &self.inner.raft;
-        raft.add_learner(id, member, false)
-            .await
-            .map_err(ApiError::from)?;
+        // openraft may still refuse the change as "undergoing a configuration change" for a
+        // moment after the membership was seen applied (seen in CI right after a new cluster's
+        // first election): ask again within the same bound.
+        let asked = tokio::time::Instant::now();
+        loop {
+            match raft.add_learner(id, member.clone(), false).await {
+                Err(openraft::error::RaftError::APIError(
+                    crate::raft::types::ClientWriteError::ChangeMembershipError(
+                        openraft::error::ChangeMembershipError::InProgress(_),
+                    ),
+                )) if asked.elapsed() < MEMBERSHIP_COMMIT_WAIT => {
+                    tokio::time::sleep(MEMBERSHIP_RETRY).await;
+                }
+                answer => {
+                    answer.map_err(ApiError::from)?;
+                    break;
+                }
+            }
+        }
         let mut metrics = raft.metrics();
         let started = tokio::time::Instant::now();
         loop {
