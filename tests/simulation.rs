@@ -1,5 +1,6 @@
 //! Deterministic simulation (see `tests/sim/mod.rs`): seeded fault schedules against 3- and
-//! 5-replica clusters, checked by the history checker and for election safety.
+//! 5-replica clusters, checked by the history checker, for log matching and
+//! for at most one replica acting as leader at a time.
 //!
 //! `CTRLOG_SIM_SEEDS=N` runs N seeds per cluster size instead of the CI default, starting at
 //! `CTRLOG_SIM_SEED_BASE` (default 1). A failure prints the command that replays its seed.
