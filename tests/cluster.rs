@@ -998,20 +998,13 @@ async fn members_add_refuses_a_replica_that_does_not_know_the_recorded_level() {
 /// the cluster keeps committing with that follower applying.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_chunk_past_what_arrived_is_refused_not_allocated() {
-    use ctrlog::raft::network::RaftRpcClient;
     use ctrlog::raft::types::{SnapshotMeta, StoredMembership};
     let dir = tempfile::tempdir().unwrap();
     let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
     let follower = cluster.follower_of(leader);
     let vote = cluster.replica(follower).metrics().vote;
-    let transport = tarpc::serde_transport::tcp::connect(
-        cluster.replica(follower).peer_addr(),
-        tarpc::tokio_serde::formats::Bincode::default,
-    )
-    .await
-    .unwrap();
-    let rpc = RaftRpcClient::new(tarpc::client::Config::default(), transport).spawn();
+    let rpc = raw_peer_client(&cluster, follower).await;
     let chunk = |offset: u64| InstallSnapshotRequest {
         vote,
         meta: SnapshotMeta {
@@ -1157,7 +1150,6 @@ async fn twenty_follower_restarts_keep_the_leader_and_its_term() {
 /// Raft core stops, and the other two keep committing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_different_entry_under_a_held_log_id_stops_the_replica() {
-    use ctrlog::raft::network::RaftRpcClient;
     use ctrlog::raft::types::Entry;
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
@@ -1167,13 +1159,7 @@ async fn a_different_entry_under_a_held_log_id_stops_the_replica() {
     let follower = cluster.follower_of(leader);
     let metrics = cluster.replica(follower).metrics();
     let held = metrics.last_applied.expect("the follower applied entries");
-    let transport = tarpc::serde_transport::tcp::connect(
-        cluster.replica(follower).peer_addr(),
-        tarpc::tokio_serde::formats::Bincode::default,
-    )
-    .await
-    .unwrap();
-    let rpc = RaftRpcClient::new(tarpc::client::Config::default(), transport).spawn();
+    let rpc = raw_peer_client(&cluster, follower).await;
     let forged = Entry {
         log_id: held,
         payload: openraft::EntryPayload::Normal(Arc::new(Batch {
@@ -1205,6 +1191,18 @@ async fn a_different_entry_under_a_held_log_id_stops_the_replica() {
         .await
         .unwrap();
     cluster.shutdown().await;
+}
+
+/// A peer-port client of replica `id` that says no `hello` and claims whatever its requests
+/// say, as a peer that lies would.
+async fn raw_peer_client(cluster: &LocalCluster, id: u64) -> ctrlog::raft::network::RaftRpcClient {
+    let transport = tarpc::serde_transport::tcp::connect(
+        cluster.replica(id).peer_addr(),
+        tarpc::tokio_serde::formats::Bincode::default,
+    )
+    .await
+    .unwrap();
+    ctrlog::raft::network::RaftRpcClient::new(tarpc::client::Config::default(), transport).spawn()
 }
 
 /// Waits until replica `id`'s Raft core has stopped.
