@@ -1,4 +1,4 @@
-//! The job controller: SAMZA-237's "user code on the AM" (DESIGN.md §8).
+//! The job controller: SAMZA-237's "user code on the AM".
 //!
 //! It runs on every replica and acts only while that replica leads. Each tick it reads the
 //! JobState, what the leader observes (heartbeats, the input source, the scaling policy) and

@@ -5,7 +5,7 @@
 //! the same log therefore yields the same JobState on every replica, in every restart, and in a
 //! subscriber that loads a snapshot and replays the tail.
 //!
-//! JobState numbers commands (contiguous offsets, DESIGN.md §4), de-duplicates idempotent
+//! JobState numbers commands (contiguous offsets), de-duplicates idempotent
 //! producers, enforces the vocabulary level, and folds the SAMZA-237 vocabulary into
 //! containers and their epochs, tasks and their owners, the input → task map, schemas, config
 //! and the handshakes still open. [`Liveness`] is the leader's in-memory heartbeat table.

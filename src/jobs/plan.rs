@@ -1,5 +1,5 @@
 //! The controller's decisions: given the JobState and what the leader observes, which commands
-//! to write next (DESIGN.md §8).
+//! to write next.
 //!
 //! Planning is level-triggered, as a Kubernetes controller reconciles: it compares the state
 //! the log describes with the wanted state and emits the next steps, never remembering what it

@@ -1,4 +1,4 @@
-//! Commands and their `{kind, version, body}` frame (DESIGN.md §5).
+//! Commands and their `{kind, version, body}` frame.
 //!
 //! Each built-in command is a plain struct; its frame body is that struct in the log's codec.
 //! Which `(kind, version)` pairs exist, and from which vocabulary level, is in

@@ -1,5 +1,5 @@
 //! The versioned vocabulary: which `(kind, version)` pairs exist, from which level, and which
-//! are deprecated (DESIGN.md §5).
+//! are deprecated.
 //!
 //! The log records a vocabulary level, like KRaft's `metadata.version`. A kind is written only
 //! once the recorded level allows it, so during a rolling upgrade nobody writes a command that

@@ -20,7 +20,7 @@ use tokio::sync::watch;
 pub const VALUE_BYTES_MAX: usize = 4 << 10;
 
 /// sled's page cache. Small on purpose: sled holds metadata and snapshot chunks, which are read
-/// rarely, and a replica's resident memory is budgeted (DESIGN.md, issue targets).
+/// rarely, and a replica's resident memory is budgeted (BENCHMARKS.md).
 pub const CACHE_BYTES: u64 = 16 << 20;
 
 /// How long [`MetaStore::open`] waits for the directory's lock. A replica restarted within one

@@ -1,7 +1,7 @@
 //! The leader-side proposer: coalesces concurrent appends into batched Raft entries.
 //!
 //! openraft 0.9 turns every `client_write` into its own entry and waits for each entry's flush
-//! before the next, which caps a 3-replica cluster near 2,000 entries/s (DESIGN.md §4). So
+//! before the next, which caps a 3-replica cluster near 2,000 entries/s. So
 //! appends queue here; the proposer task takes everything queued (up to
 //! [`BATCH_PROPOSALS_MAX`] proposals and [`BATCH_BYTES_MAX`] bytes, or one proposal larger than
 //! that), stamps the batch with the wall clock, and proposes it as one entry. While up to

@@ -7,7 +7,7 @@
 //! [payload length: u32 LE][crc32 of payload: u32 LE][payload]
 //! ```
 //!
-//! Why not sled (DESIGN.md §6): sled's `flush` is `sync_file_range` (no metadata, no device
+//! Why not sled (ARCHITECTURE.md): sled's `flush` is `sync_file_range` (no metadata, no device
 //! cache) and its blob files for nodes over 128 KiB are never fsynced, so large batches would be
 //! acknowledged before they were durable. A file we append to and `fdatasync` ourselves makes
 //! the durability contract easy to see and to test.

@@ -1,5 +1,5 @@
 //! The history checker: given what producers, subscribers, replicas and containers recorded,
-//! verifies the stream guarantees ctrlog makes (DESIGN.md §9), and says exactly which one
+//! verifies the stream guarantees ctrlog makes (RELIABILITY.md), and says exactly which one
 //! broke, so that tests and chaos runs can assert "no violation" and print evidence otherwise.
 //!
 //! It checks that:
