@@ -1182,7 +1182,10 @@ async fn a_different_entry_under_a_held_log_id_stops_the_replica() {
         .await
         .expect("the follower answers");
     assert!(answer.is_err(), "a forked entry was answered {answer:?}");
-    poll_until_stopped(&cluster, follower).await;
+    eventually("the follower's Raft core to stop", || {
+        stopped_because(&cluster, follower)
+    })
+    .await;
     // The other two commit without it.
     cluster.stop(follower).await;
     let offsets = append_many(&cluster, 11, 5).await;
@@ -1203,16 +1206,4 @@ async fn raw_peer_client(cluster: &LocalCluster, id: u64) -> ctrlog::raft::netwo
     .await
     .unwrap();
     ctrlog::raft::network::RaftRpcClient::new(tarpc::client::Config::default(), transport).spawn()
-}
-
-/// Waits until replica `id`'s Raft core has stopped.
-async fn poll_until_stopped(cluster: &LocalCluster, id: u64) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while stopped_because(cluster, id).is_none() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "replica {id} kept running"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }

@@ -38,7 +38,7 @@ pub struct Divergence {
 /// Cost: nothing for the ordinary message, whose entries all follow the log's end; a resent
 /// message reads its held entries from the log's window of newest entries. An entry the log
 /// cannot read is left to openraft, which reads it too and stops on the error.
-pub fn check_held(log: &LogStore, sender: NodeId, entries: &[Entry]) -> Result<(), Divergence> {
+fn check_held(log: &LogStore, sender: NodeId, entries: &[Entry]) -> Result<(), Divergence> {
     let Some(last_held) = log.last_log_id().map(|id| id.index) else {
         return Ok(());
     };

@@ -964,8 +964,9 @@ impl Sim {
                 let m = leader_raft.metrics().borrow().clone();
                 (m.current_term, m.last_log_index.unwrap_or(0))
             };
-            let following = self.net.running().len() as u64 == self.config.replicas
-                && self.net.running().iter().all(|(_, raft, _)| {
+            let running = self.net.running();
+            let following = running.len() as u64 == self.config.replicas
+                && running.iter().all(|(_, raft, _)| {
                     let m = raft.metrics().borrow().clone();
                     m.current_leader == Some(leader)
                         && m.current_term == term
