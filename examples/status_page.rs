@@ -63,19 +63,29 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     job.kill(job.cluster.wait_for_leader(WAIT).await?).await;
     let leader = job.cluster.wait_for_leader(WAIT).await?;
-    // Until the new leader's history has sampled it leading, so the charts mark the election.
+    // Until the new leader's history has sampled it leading, with the containers' lag, twice:
+    // the charts then mark the election, and the lag chart (which only a leader hears, and
+    // draws a line from two samples) has a line. Its first sample as leader may come before
+    // any container's heartbeat reached it.
     let replica = job.cluster.replica(leader);
     poll_until(
-        "the election in the new leader's history",
+        "two samples of the new leader's history with the lag it heard",
         WAIT,
         POLL_INTERVAL,
         || {
             let term = replica.metrics().current_term;
             let samples = replica.history().samples();
-            let sampled = samples
-                .last()
-                .is_some_and(|s| s.term == term && s.leader == Some(leader));
-            std::future::ready(if sampled { Ok(()) } else { Err("not yet") })
+            let leading_with_lag = samples
+                .iter()
+                .rev()
+                .take(2)
+                .filter(|s| s.term == term && s.leader == Some(leader) && !s.lag.is_empty())
+                .count();
+            std::future::ready(if leading_with_lag == 2 {
+                Ok(())
+            } else {
+                Err("not yet")
+            })
         },
     )
     .await?;
