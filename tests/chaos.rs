@@ -1,6 +1,7 @@
 //! A short `ctrlog chaos` run, as CI's part of the fault campaign: real replica processes are
-//! killed, paused, restarted, partitioned (nftables; CI runs as root) and replaced under load,
-//! and the recorded history must show nothing lost, duplicated, reordered or silently skipped.
+//! killed, paused, restarted, partitioned (nftables; CI runs as root), replaced and cut back to
+//! their last `fdatasync` as a power loss would (an `LD_PRELOAD` shim) under load, and the
+//! recorded history must show nothing lost, duplicated, reordered or silently skipped.
 
 use std::time::Duration;
 
@@ -8,12 +9,14 @@ use serde_json::Value;
 
 /// Goal: under SIGKILLs of replicas and of the leader, a SIGSTOPped leader, a follower that
 /// catches up by snapshot install and is restarted twice right after, a WAL tail left torn by
-/// a crash, a partition (nftables between real processes), and a fourth replica replacing a
-/// voter, with commands at the size limit in the load, every acknowledged append survives at
+/// a crash, a partition (nftables between real processes), a fourth replica replacing a voter,
+/// and a power loss of the leader (its WAL syncs stalled, then SIGKILL and everything written
+/// after its last completed sync dropped, back within the followers' election timeout), with
+/// commands at the size limit in the load, every acknowledged append survives at
 /// its offset, every subscriber saw the log exactly once, every replica came back, and the
 /// job the replicas run (container processes, launched, moved and drained as the rounds
 /// change its inputs and lag) settled with no task run by two containers at once. Steps:
-/// `ctrlog chaos --rounds 7 --seed 14 --connections 2 --json` (a run meets each kind of fault
+/// `ctrlog chaos --rounds 8 --seed 14 --connections 2 --json` (a run meets each kind of fault
 /// once before drawing at random; the four producers share two connections, so their appends
 /// go out in batches); it exits non-zero on any violation or a replica that does not come
 /// back, and its figures must say so too.
@@ -21,16 +24,17 @@ use serde_json::Value;
 async fn a_short_chaos_run_loses_and_duplicates_nothing() {
     let partitions = partitions_available();
     let faults = if partitions {
-        "kills,pauses,snapshots,torn-tails,partitions,membership"
+        "kills,pauses,snapshots,torn-tails,partitions,membership,power-loss"
     } else {
-        "kills,pauses,snapshots,torn-tails,membership"
+        "kills,pauses,snapshots,torn-tails,membership,power-loss"
     };
+    let rounds = faults.split(',').count().to_string();
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctrlog"));
     command
         .args([
             "chaos",
             "--rounds",
-            "7",
+            &rounds,
             "--seed",
             "14",
             "--connections",
@@ -51,7 +55,7 @@ async fn a_short_chaos_run_loses_and_duplicates_nothing() {
         String::from_utf8_lossy(&output.stderr)
     );
     let figures: Value = serde_json::from_slice(&output.stdout).expect("one JSON object");
-    assert_eq!(figures["rounds"], 7);
+    assert_eq!(figures["rounds"].to_string(), rounds);
     assert!(figures["acked_appends"].as_u64().unwrap() > 0);
     assert_eq!(figures["lost"], 0);
     assert_eq!(figures["duplicates"], 0);
@@ -83,6 +87,13 @@ async fn a_short_chaos_run_loses_and_duplicates_nothing() {
     }
     assert!(
         injected("leader_replaced") + injected("follower_replaced") > 0,
+        "{figures}"
+    );
+    // The power loss hit the window the fork needed: the old leader lost appends it had
+    // acknowledged to openraft and was back before its followers' election timeout.
+    assert!(injected("leader_power_loss") > 0, "{figures}");
+    assert!(
+        figures["power_losses_in_window"].as_u64().unwrap() > 0,
         "{figures}"
     );
 }

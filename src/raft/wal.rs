@@ -462,6 +462,78 @@ impl Wal {
     }
 }
 
+/// The faults a crash leaves in a stopped replica's log, for the tools and tests that inject
+/// them: the storage owns its fault model, so that each injector does not re-derive the
+/// segment layout. None of these is called by a running replica.
+pub mod faults {
+    use std::collections::BTreeMap;
+    use std::fs::OpenOptions;
+    use std::io;
+    use std::path::{Path, PathBuf};
+
+    use super::SEGMENT_SUFFIX;
+
+    /// The log's segment files in `dir`, oldest first.
+    fn segments(dir: &Path) -> io::Result<Vec<PathBuf>> {
+        let mut segments: Vec<PathBuf> = std::fs::read_dir(dir)?
+            .map(|entry| entry.map(|e| e.path()))
+            .collect::<Result<_, _>>()?;
+        segments.retain(|p| p.extension().is_some_and(|e| e == SEGMENT_SUFFIX));
+        segments.sort();
+        Ok(segments)
+    }
+
+    fn file_name(path: &Path) -> String {
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Each segment's file name and size: what a replica about to start holds.
+    pub fn segment_sizes(dir: &Path) -> io::Result<BTreeMap<String, u64>> {
+        segments(dir)?
+            .into_iter()
+            .map(|path| Ok((file_name(&path), std::fs::metadata(&path)?.len())))
+            .collect()
+    }
+
+    /// A power loss: cuts each segment back to `durable[its file name]`, the size its last
+    /// completed `fdatasync` covered (0 for a segment that none covered), dropping what was
+    /// written after it. Returns the bytes dropped. A segment is never lengthened: the outcome
+    /// is always a prefix of what was written, which is what a disk may keep.
+    pub fn lose_unsynced(dir: &Path, durable: &BTreeMap<String, u64>) -> io::Result<u64> {
+        let mut dropped = 0;
+        for path in segments(dir)? {
+            let kept = durable.get(&file_name(&path)).copied().unwrap_or(0);
+            let file = OpenOptions::new().write(true).open(&path)?;
+            let len = file.metadata()?.len();
+            if len > kept {
+                file.set_len(kept)?;
+                dropped += len - kept;
+            }
+        }
+        Ok(dropped)
+    }
+
+    /// A torn write: `bytes` of zeros (`zeros`) or garbage after the last record of the last
+    /// segment.
+    pub fn tear_tail(dir: &Path, bytes: usize, zeros: bool) -> io::Result<()> {
+        let last = segments(dir)?.pop().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no wal segment in {}", dir.display()),
+            )
+        })?;
+        let tail: Vec<u8> = if zeros {
+            vec![0; bytes]
+        } else {
+            (0..bytes).map(|i| (i * 131 % 251) as u8 | 1).collect()
+        };
+        let mut file = OpenOptions::new().append(true).open(&last)?;
+        io::Write::write_all(&mut file, &tail)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -33,16 +33,31 @@ pub struct ProcessCluster {
     dir: tempfile::TempDir,
     members: String,
     initial: usize,
-    /// Replica `i` runs as uid and gid `base + i + 1` (see [`with_own_uids`](Self::with_own_uids)).
+    /// Replica `i` runs as uid and gid `base + i + 1` (see [`for_faults`](Self::for_faults)).
     uid_base: Option<u32>,
     addrs: Vec<(String, String)>,
     /// Each replica's observability port, when the cluster serves them.
     http_addrs: Vec<Option<std::net::SocketAddr>>,
     extra: Vec<String>,
+    /// Runs before every start of a replica process (see [`for_faults`](Self::for_faults)).
+    on_spawn: Option<SpawnHook>,
     /// Tokio worker threads per replica (`TOKIO_WORKER_THREADS`), see [`worker_threads_each`].
     worker_threads: usize,
     children: Vec<Option<Child>>,
 }
+
+/// A replica process about to start, as a [`SpawnHook`] sees it.
+pub struct Spawning<'a> {
+    /// 0-based.
+    pub index: usize,
+    pub data_dir: &'a Path,
+    /// The uid it will run as, if not this process's.
+    pub uid: Option<u32>,
+}
+
+/// Prepares each start of a replica process (its files, its environment): a fault injector's
+/// hook into every start, restarts and added replicas included.
+pub type SpawnHook = Box<dyn Fn(&Spawning<'_>, &mut Process) -> anyhow::Result<()> + Send + Sync>;
 
 /// Tokio worker threads for each process of a cluster run on this machine (`ctrlog bench`
 /// and `ctrlog chaos`): the `replicas` replicas and the process driving them share its cores
@@ -115,7 +130,7 @@ impl ProcessCluster {
         size: u64,
         extra: &[String],
     ) -> anyhow::Result<ProcessCluster> {
-        ProcessCluster::launch(exe, size, extra, None, false).await
+        ProcessCluster::launch(exe, size, extra, None, false, None).await
     }
 
     /// Starts `size` replicas of the `ctrlog` binary at `exe`, each serving its observability
@@ -125,19 +140,21 @@ impl ProcessCluster {
         size: u64,
         extra: &[String],
     ) -> anyhow::Result<ProcessCluster> {
-        ProcessCluster::launch(exe, size, extra, None, true).await
+        ProcessCluster::launch(exe, size, extra, None, true, None).await
     }
 
-    /// Starts `size` replicas as [`start`](Self::start) does, each under a uid of its own
-    /// (`uid_base + id`), so that a [`Firewall`](super::firewall::Firewall) can cut the links
-    /// between them. Needs root.
-    pub async fn with_own_uids(
+    /// Starts `size` replicas of the `ctrlog` binary at `exe`, for a fault injector: with a
+    /// `uid_base`, each under a uid of its own (`uid_base + id`), so that a
+    /// [`Firewall`](super::firewall::Firewall) can cut the links between them (needs root);
+    /// `on_spawn` runs before every start of a replica.
+    pub async fn for_faults(
+        exe: PathBuf,
         size: u64,
         extra: &[String],
-        uid_base: u32,
+        uid_base: Option<u32>,
+        on_spawn: Option<SpawnHook>,
     ) -> anyhow::Result<ProcessCluster> {
-        let exe = std::env::current_exe().context("finding this executable")?;
-        ProcessCluster::launch(exe, size, extra, Some(uid_base), false).await
+        ProcessCluster::launch(exe, size, extra, uid_base, false, on_spawn).await
     }
 
     async fn launch(
@@ -146,6 +163,7 @@ impl ProcessCluster {
         extra: &[String],
         uid_base: Option<u32>,
         http: bool,
+        on_spawn: Option<SpawnHook>,
     ) -> anyhow::Result<ProcessCluster> {
         let mut addrs = Vec::new();
         let mut http_addrs = Vec::new();
@@ -183,6 +201,7 @@ impl ProcessCluster {
             addrs,
             http_addrs,
             extra: extra.to_vec(),
+            on_spawn,
             worker_threads: worker_threads_each(size as usize),
             children: Vec::new(),
         };
@@ -274,6 +293,14 @@ impl ProcessCluster {
             std::os::unix::fs::chown(&data, Some(uid), Some(uid))?;
             std::os::unix::process::CommandExt::uid(&mut process, uid);
             std::os::unix::process::CommandExt::gid(&mut process, uid);
+        }
+        if let Some(hook) = &self.on_spawn {
+            let spawning = Spawning {
+                index: i,
+                data_dir: &data,
+                uid: self.uid(i),
+            };
+            hook(&spawning, &mut process)?;
         }
         let child = process
             .arg("--data")

@@ -3,7 +3,10 @@
 //! SIGKILL a replica or the leader; SIGSTOP the leader past the election timeout; stop a
 //! follower until the leader has purged past it, so that it catches up by snapshot install,
 //! then kill and restart it twice right after; kill a follower and leave zeros or garbage
-//! after the last record of its WAL before it restarts. Meanwhile the replicas run a job: their
+//! after the last record of its WAL before it restarts; cut the power of the leader, a
+//! follower or the whole cluster (its WAL syncs stalled, then SIGKILL and everything written
+//! after the last completed sync dropped: [`power_loss`](super::power_loss)), the old leader
+//! back first. Meanwhile the replicas run a job: their
 //! controllers launch `ctrlog container` processes that hold leases and run tasks, and the
 //! rounds add inputs and raise and drop the lag, so that containers are launched and drained
 //! and tasks move while the faults land; partitions also cut the containers off from the
@@ -30,6 +33,7 @@ use super::checker::{
 };
 use super::firewall::Firewall;
 use super::job_files::JobFiles;
+use super::power_loss::PowerLoss;
 use super::wait::{job_state_until, poll_until, POLL_INTERVAL};
 use crate::client::{
     ApiError, ClientError, ClientOptions, ControlClient, FetchRequest, SubscriptionItem,
@@ -41,7 +45,7 @@ use crate::log::{
 };
 use crate::raft::storage::log_dir;
 use crate::raft::types::Entry;
-use crate::raft::wal::{Wal, RECORD_BYTES_MAX};
+use crate::raft::wal::{self, Wal, RECORD_BYTES_MAX};
 
 /// How a run is shaped.
 #[derive(Clone, Debug)]
@@ -55,6 +59,9 @@ pub struct ChaosOptions {
     pub subscribers: usize,
     /// The kinds of fault to draw from (at least one).
     pub faults: Vec<FaultFamily>,
+    /// The `ctrlog` binary the replicas run (default: this one), e.g. an older build, to see
+    /// a fault schedule break what a fix mended.
+    pub replica_binary: Option<std::path::PathBuf>,
 }
 
 /// A kind of fault a run may inject.
@@ -75,16 +82,22 @@ pub enum FaultFamily {
     /// Add a fourth replica as a voter and remove another voter (the leader among them),
     /// or add a replica that cannot be reached, which must fail and leave nothing behind.
     Membership,
+    /// Stall the WAL syncs of the leader, a follower or the whole cluster, kill it and drop
+    /// what was written after the last completed sync (an `LD_PRELOAD` shim, built with the
+    /// machine's C compiler: [`power_loss`](super::power_loss)); the old leader comes back
+    /// first, inside the followers' election timeout.
+    PowerLoss,
 }
 
 impl FaultFamily {
-    pub const ALL: [FaultFamily; 6] = [
+    pub const ALL: [FaultFamily; 7] = [
         FaultFamily::Kills,
         FaultFamily::Pauses,
         FaultFamily::Snapshots,
         FaultFamily::TornTails,
         FaultFamily::Partitions,
         FaultFamily::Membership,
+        FaultFamily::PowerLoss,
     ];
 }
 
@@ -123,7 +136,31 @@ enum Fault {
     /// The spare, stopped, is added: the change must fail within its deadline and leave no
     /// member behind.
     AddUnreachable,
+    PowerLoss(PowerLossOf),
 }
+
+/// Whose power a [`Fault::PowerLoss`] cuts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PowerLossOf {
+    Leader,
+    Follower(usize),
+    /// Every replica; the leader's syncs were the stalled ones, and it comes back
+    /// [`CLUSTER_BACK_AFTER`] before the others.
+    Cluster,
+}
+
+/// How long a power loss's victim runs with its WAL syncs stalled before it dies: a loaded
+/// leader writes, and its followers store, appends it never syncs.
+const SYNCS_STALLED: Duration = Duration::from_millis(300);
+
+/// How much sooner than the others the old leader's host comes back from a power loss of the
+/// whole cluster (as in the report that found the fork this fault guards against).
+const CLUSTER_BACK_AFTER: Duration = Duration::from_millis(300);
+
+/// The followers' election timeout (`election_timeout_min_ms`'s default): an old leader back
+/// from a power loss sooner than this, having lost appends, hit the window in which a replica
+/// restored as leader of its old term would write new entries under the log ids of lost ones.
+const FOLLOWERS_ELECTION_TIMEOUT: Duration = Duration::from_millis(300);
 
 /// Replicas a run may start: the three, and the one membership changes add.
 const REPLICAS_MAX: u32 = 4;
@@ -279,13 +316,24 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
     let firewall = partitions
         .then(|| Firewall::new((1..=REPLICAS_MAX).map(|id| UID_BASE + id)))
         .transpose()?;
+    let power = match options.faults.contains(&FaultFamily::PowerLoss) {
+        true => Some(PowerLoss::build().context("power-loss faults need the shim")?),
+        false => None,
+    };
     let mut job = ChaosJob::create(partitions)?;
     let serve_args: Vec<String> = snapshot_args.into_iter().chain(job.serve_args()).collect();
-    let cluster = if partitions {
-        ProcessCluster::with_own_uids(3, &serve_args, UID_BASE).await?
-    } else {
-        ProcessCluster::start(3, &serve_args).await?
+    let replica_binary = match &options.replica_binary {
+        Some(binary) => binary.clone(),
+        None => std::env::current_exe().context("finding this executable")?,
     };
+    let cluster = ProcessCluster::for_faults(
+        replica_binary,
+        3,
+        &serve_args,
+        partitions.then_some(UID_BASE),
+        power.as_ref().map(PowerLoss::spawn_hook),
+    )
+    .await?;
     let seeds = cluster.client_addrs();
     // A paused leader holds requests until they time out; keep that short.
     let options_quick = ClientOptions {
@@ -374,6 +422,8 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
         spare: None,
         injected: BTreeMap::new(),
         failovers: BTreeMap::new(),
+        power,
+        power_losses: Vec::new(),
     };
     for round in 0..options.rounds {
         tokio::time::sleep(Duration::from_millis(rng.gen_range(300..1_000))).await;
@@ -430,7 +480,8 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
             })
         },
     )
-    .await?;
+    .await
+    .map_err(|error| with_forks_on_disk(&mut injector.cluster, error.into()))?;
     let catch_up = caught_up_started.elapsed();
     for subscriber in subscribers {
         subscriber.abort();
@@ -438,10 +489,10 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
     let mut replica_logs = Vec::new();
     let addrs = injector.cluster.client_addrs();
     for &i in &injector.voters {
-        replica_logs.push((
-            format!("replica-{}", i + 1),
-            read_log(&addrs[i], last).await?,
-        ));
+        let log = read_log(&addrs[i], last)
+            .await
+            .map_err(|error| with_forks_on_disk(&mut injector.cluster, error))?;
+        replica_logs.push((format!("replica-{}", i + 1), log));
     }
     let produced = std::mem::take(&mut *produced.lock().expect("never poisoned"));
     let history = History {
@@ -470,6 +521,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
         .map(|(kind, durations)| (kind.to_string(), quantiles(durations)))
         .collect();
     let mut all: Vec<Duration> = injector.failovers.values().flatten().copied().collect();
+    let mut power_loss_back: Vec<Duration> = injector.power_losses.iter().map(|p| p.back).collect();
     let figures = json!({
         "seed": options.seed,
         "rounds": options.rounds,
@@ -486,6 +538,9 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
         "failover_ms": failover_ms,
         "failover_all_ms": quantiles(&mut all),
         "subscriber_catch_up_ms": catch_up.as_millis() as u64,
+        "power_losses_in_window": injector.power_losses.iter().filter(|p| p.in_window).count(),
+        "power_loss_dropped_bytes": injector.power_losses.iter().map(|p| p.dropped_bytes).sum::<u64>(),
+        "power_loss_back_ms": quantiles(&mut power_loss_back),
     });
     if !violations.is_empty() || job_settled.is_err() {
         eprintln!(
@@ -543,6 +598,24 @@ fn log_matching_on_disk(cluster: &mut ProcessCluster) -> anyhow::Result<(u64, Ve
     Ok((compared, forks))
 }
 
+/// A run that fails before its history is checked (a subscriber or a replica that never
+/// reaches the end) still says whether the replicas' logs forked, which would explain it.
+fn with_forks_on_disk(cluster: &mut ProcessCluster, error: anyhow::Error) -> anyhow::Error {
+    let kept = cluster.keep_files().display().to_string();
+    let verdict = match log_matching_on_disk(cluster) {
+        Ok((compared, forks)) => format!(
+            "{} forked log ids among {compared} entries read from the replicas' WALs{}",
+            forks.len(),
+            forks
+                .first()
+                .map(|fork| format!(", the first: {fork}"))
+                .unwrap_or_default()
+        ),
+        Err(reading) => format!("the replicas' WALs could not be compared: {reading:#}"),
+    };
+    error.context(format!("{verdict}; their files are kept in {kept}"))
+}
+
 /// Sorts `durations` and gives their count, p50, p99 and max in milliseconds.
 fn quantiles(durations: &mut [Duration]) -> serde_json::Value {
     durations.sort();
@@ -574,6 +647,20 @@ struct Injector {
     injected: BTreeMap<&'static str, u32>,
     /// Kind of failover → from the fault to the first commit under a new leader.
     failovers: BTreeMap<&'static str, Vec<Duration>>,
+    /// Present when power losses are among the faults.
+    power: Option<Arc<PowerLoss>>,
+    power_losses: Vec<PowerLossRecord>,
+}
+
+/// What one power loss did.
+struct PowerLossRecord {
+    /// From the kill to the first replica back listening on its peer port.
+    back: Duration,
+    /// What the victims had written and not synced.
+    dropped_bytes: u64,
+    /// The old leader back first, within the followers' election timeout, having lost appends
+    /// it had acknowledged to openraft: the window the fault is for.
+    in_window: bool,
 }
 
 impl Injector {
@@ -612,6 +699,15 @@ impl Injector {
                     follower
                 },
             },
+            // The leader's first, so that a short run meets the window the fault is for.
+            FaultFamily::PowerLoss if self.power_losses.is_empty() => {
+                Fault::PowerLoss(PowerLossOf::Leader)
+            }
+            FaultFamily::PowerLoss => Fault::PowerLoss(match rng.gen_range(0..3) {
+                0 => PowerLossOf::Leader,
+                1 => PowerLossOf::Follower(follower),
+                _ => PowerLossOf::Cluster,
+            }),
         }
     }
 
@@ -629,6 +725,9 @@ impl Injector {
             Fault::ReplaceVoter { remove } if remove == leader => "leader_replaced",
             Fault::ReplaceVoter { .. } => "follower_replaced",
             Fault::AddUnreachable => "unreachable_added",
+            Fault::PowerLoss(PowerLossOf::Leader) => "leader_power_loss",
+            Fault::PowerLoss(PowerLossOf::Follower(_)) => "follower_power_loss",
+            Fault::PowerLoss(PowerLossOf::Cluster) => "cluster_power_loss",
         };
         *self.injected.entry(name).or_default() += 1;
         let before = self.admin.leader_status().await?.applied_offset;
@@ -654,7 +753,7 @@ impl Injector {
             Fault::TornTail(i, zeros) => {
                 self.cluster.kill(i);
                 let bytes = rand::thread_rng().gen_range(1..70_000);
-                tear_wal_tail(&self.cluster.replica_dir(i), bytes, zeros)?;
+                wal::faults::tear_tail(&log_dir(&self.cluster.replica_dir(i)), bytes, zeros)?;
                 self.cluster.restart(i)?;
                 wait_until_back(&mut self.cluster, i, &options).await?;
             }
@@ -730,6 +829,61 @@ impl Injector {
                 );
                 self.cluster.restart(spare)?;
             }
+            Fault::PowerLoss(of) => self.power_loss(of, leader).await?,
+        }
+        Ok(())
+    }
+
+    /// Stalls the WAL syncs of the leader (or of the follower that loses power), lets the load
+    /// run on them, kills the victims, drops what each had written after its last completed
+    /// sync, and starts the stalled replica again at once, the rest of a cluster
+    /// [`CLUSTER_BACK_AFTER`] later.
+    async fn power_loss(&mut self, of: PowerLossOf, leader: usize) -> anyhow::Result<()> {
+        let power = self
+            .power
+            .clone()
+            .expect("power losses are chosen only with the shim");
+        let first_back = match of {
+            PowerLossOf::Follower(i) => i,
+            PowerLossOf::Leader | PowerLossOf::Cluster => leader,
+        };
+        power.stall(first_back)?;
+        tokio::time::sleep(SYNCS_STALLED).await;
+        let mut victims = vec![first_back];
+        if of == PowerLossOf::Cluster {
+            victims.extend(self.running().into_iter().filter(|&r| r != first_back));
+        }
+        let died = Instant::now();
+        for &victim in &victims {
+            self.cluster.kill(victim);
+        }
+        let (mut dropped_bytes, mut first_dropped) = (0, 0);
+        for &victim in &victims {
+            let dropped = power.lose_unsynced(victim, &self.cluster.replica_dir(victim))?;
+            if victim == first_back {
+                first_dropped = dropped;
+            }
+            dropped_bytes += dropped;
+        }
+        self.cluster.restart(first_back)?;
+        let back = peer_port_open(&self.cluster.member(first_back).peer_addr, died).await?;
+        if victims.len() > 1 {
+            tokio::time::sleep(CLUSTER_BACK_AFTER.saturating_sub(died.elapsed())).await;
+            for &victim in &victims[1..] {
+                self.cluster.restart(victim)?;
+            }
+        }
+        let in_window = !matches!(of, PowerLossOf::Follower(_))
+            && first_dropped > 0
+            && (of == PowerLossOf::Cluster || back < FOLLOWERS_ELECTION_TIMEOUT);
+        self.power_losses.push(PowerLossRecord {
+            back,
+            dropped_bytes,
+            in_window,
+        });
+        let options = self.options.clone();
+        for &victim in &victims {
+            wait_until_back(&mut self.cluster, victim, &options).await?;
         }
         Ok(())
     }
@@ -978,25 +1132,19 @@ async fn catch_up_by_snapshot_then_restart(
     Ok(())
 }
 
-/// Writes `bytes` of zeros or garbage after the last record of the last WAL segment in a
-/// stopped replica's data directory, as a torn write at a power loss leaves it.
-fn tear_wal_tail(replica_dir: &std::path::Path, bytes: usize, zeros: bool) -> anyhow::Result<()> {
-    let log = crate::raft::storage::log_dir(replica_dir);
-    let last = std::fs::read_dir(&log)?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<Result<Vec<_>, _>>()?
-        .into_iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "wal"))
-        .max()
-        .ok_or_else(|| anyhow::anyhow!("no wal segment in {}", log.display()))?;
-    let tail: Vec<u8> = if zeros {
-        vec![0; bytes]
-    } else {
-        (0..bytes).map(|i| (i * 131 % 251) as u8 | 1).collect()
-    };
-    let mut file = std::fs::OpenOptions::new().append(true).open(&last)?;
-    std::io::Write::write_all(&mut file, &tail)?;
-    Ok(())
+/// Waits until `addr` accepts connections, and returns the time since `since`.
+async fn peer_port_open(addr: &str, since: Instant) -> anyhow::Result<Duration> {
+    let deadline = Instant::now() + REPLICA_BACK_MAX;
+    loop {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return Ok(since.elapsed());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{addr} did not listen within {REPLICA_BACK_MAX:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 /// Waits for a commit past `before` under a leader other than `old`, returning the time since
@@ -1047,12 +1195,18 @@ async fn first_commit_under_new_leader(
     }
 }
 
-/// Everything one replica retains, up to `last`, without a gap.
+/// Everything one replica retains, up to `last`, without a gap. Fails if the replica has not
+/// applied that far within [`REPLICA_BACK_MAX`].
 pub async fn read_log(addr: &str, last: Offset) -> anyhow::Result<Vec<LogEntry>> {
     let client = ControlClient::connect(&[addr.to_string()]).await?;
     let mut entries = Vec::new();
     let mut next = 1;
+    let deadline = Instant::now() + REPLICA_BACK_MAX;
     while next <= last {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{addr} did not apply offset {next} of {last} within {REPLICA_BACK_MAX:?}"
+        );
         match client.fetch(FetchRequest::from(next)).await {
             Ok(response) if response.entries.is_empty() && response.next_offset <= next => {
                 // This replica has not applied that far yet: wait for it.

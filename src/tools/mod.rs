@@ -16,6 +16,7 @@ pub mod firewall;
 pub mod job_files;
 pub mod local_cluster;
 pub mod local_job;
+pub mod power_loss;
 pub mod scale;
 pub mod wait;
 

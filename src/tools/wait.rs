@@ -54,8 +54,10 @@ where
 
 /// Polls the job state through `client` until `condition` holds, and returns that state.
 /// After `timeout` it fails, naming `what` and showing the last state seen as `ctrlog state`
-/// prints it. For clusters in other processes; in this one, `LocalJob::wait_for_state` waits
-/// on applies instead.
+/// prints it. Each look is at a state at least as new as what the leader has applied: any
+/// replica may answer, and one that is behind for good (a removed member that never heard of
+/// its removal, say) would otherwise show the same old state until the deadline. For clusters
+/// in other processes; in this one, `LocalJob::wait_for_state` waits on applies instead.
 pub async fn job_state_until(
     client: &ControlClient,
     what: &str,
@@ -63,7 +65,11 @@ pub async fn job_state_until(
     condition: impl Fn(&JobState) -> bool,
 ) -> Result<JobState, WaitError> {
     poll_until(what, timeout, POLL_INTERVAL, || async {
-        match client.state(0).await {
+        let applied = match client.leader_status().await {
+            Ok(leader) => leader.applied_offset,
+            Err(error) => return Err(error.to_string()),
+        };
+        match client.state(applied).await {
             Ok(at) if condition(&at.state) => Ok(at.state),
             Ok(at) => Err(format!("the state was\n{}", state_text(&at))),
             Err(error) => Err(error.to_string()),

@@ -111,9 +111,13 @@ pub struct ChaosArgs {
     #[arg(long, default_value_t = 2)]
     subscribers: usize,
     /// The kinds of fault to draw from, comma-separated (default: all; `partitions` needs
-    /// root and nftables).
+    /// root and nftables, `power-loss` a C compiler, `cc` or `$CC`).
     #[arg(long, value_enum, value_delimiter = ',')]
     faults: Vec<FaultFamily>,
+    /// The `ctrlog` binary the replicas run (default: this one), e.g. an older build, to see
+    /// a fault schedule break what a fix mended.
+    #[arg(long)]
+    replica_binary: Option<std::path::PathBuf>,
     #[command(flatten)]
     output: OutputFlags,
 }
@@ -293,6 +297,7 @@ pub async fn chaos(args: ChaosArgs, out: &mut impl Write) -> anyhow::Result<()> 
         } else {
             args.faults
         },
+        replica_binary: args.replica_binary,
     })
     .await?;
     if args.output.json() {
