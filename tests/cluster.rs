@@ -1039,14 +1039,18 @@ async fn a_snapshot_chunk_past_what_arrived_is_refused_not_allocated() {
     assert!(cluster.replica(follower).applied_offset() >= last);
 }
 
-/// Goal: a replica that was down while a member was added still votes for that member and
-/// catches up from it, although the peer port refuses nodes outside the membership it knows
-/// (issue 16). Steps: replica 3 stops; replica 4 joins and replica 1 leaves, so the voters
-/// are {2, 3, 4} while replica 3's log still says {1, 2, 3}; replica 2 stops too, so only 4
-/// and the restarted 3 remain: 4 can win only with 3's vote, and 3 can catch up only from 4.
-/// Replica 4 leads, a command commits, and replica 3 learns the membership it missed.
+/// Goal (issue 32): the peer port hears only nodes that the membership a replica's own log
+/// gives names, so a replica that was down while a member was added learns of it from a member
+/// it knows, never from the new member's word. Steps: replica 3 stops; replica 4 joins and
+/// replica 1 leaves, so the voters are {2, 3, 4} while replica 3's log still says {1, 2, 3};
+/// replicas 1 and 2 stop and replica 3 starts again. For 2 s, with only 3 and 4 up, replica 3
+/// neither votes for nor follows node 4 (4 needs its vote, so nobody leads). Then replica 2
+/// starts and 4 stops: 2 leads with 3's vote and sends 3 the change it missed. Replica 4 starts
+/// again, and a command commits on all three. On 3d7237e node 4's claim of a longer log (or of
+/// a committed vote) admitted it, which is how a non-member's certificate rewrote the log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_that_missed_an_addition_votes_for_and_follows_the_new_member() {
+async fn a_replica_that_missed_an_addition_hears_the_new_member_only_through_one_it_knows() {
+    const REFUSING: Duration = Duration::from_secs(2);
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = LocalCluster::start_secure(dir.path(), 3, |_| {})
         .await
@@ -1071,17 +1075,42 @@ async fn a_replica_that_missed_an_addition_votes_for_and_follows_the_new_member(
         "replica 3 missed both"
     );
 
-    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
-    assert_eq!(
-        leader, 4,
-        "only replica 4 holds the log a majority of {{2, 3, 4}} needs"
-    );
+    // Node 4's own word does not make it a member to replica 3.
+    let refusing_until = std::time::Instant::now() + REFUSING;
+    while std::time::Instant::now() < refusing_until {
+        let metrics = cluster.replica(3).metrics();
+        assert_ne!(
+            metrics.vote.leader_id().voted_for(),
+            Some(4),
+            "replica 3 voted for 4"
+        );
+        assert_eq!(
+            voters(&cluster, 3),
+            BTreeSet::from([1, 2, 3]),
+            "replica 3 heard 4"
+        );
+        assert_ne!(
+            cluster.replica(4).metrics().current_leader,
+            Some(4),
+            "4 led without 3"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // A member replica 3 knows leads, and tells it.
+    cluster.restart(2).await.unwrap();
+    cluster.stop(4).await;
+    eventually("replica 3 to learn the membership from replica 2", || {
+        (voters(&cluster, 3) == BTreeSet::from([2, 3, 4])).then_some(())
+    })
+    .await;
+    assert_eq!(cluster.wait_for_leader(WAIT).await.unwrap(), 2);
+    cluster.restart(4).await.unwrap();
     let ack = client
         .append_to(Target::All, Command::custom(1, 1, b"after".to_vec()))
         .await
         .unwrap();
     cluster.wait_for_applied(ack.offset, WAIT).await.unwrap();
-    assert_eq!(voters(&cluster, 3), BTreeSet::from([2, 3, 4]));
     cluster.shutdown().await;
 }
 

@@ -24,15 +24,16 @@ struct Pki {
 }
 
 impl Pki {
-    /// A CA, replicas 1–3 named `node-<id>` at 127.0.0.1, a client `operator`, a client whose
-    /// certificate expired yesterday, and a second CA's client (`stranger`).
+    /// A CA, replicas 1–4 named `node-<id>` at 127.0.0.1 (the clusters run 1–3; node 4 is never
+    /// added), a client `operator`, a client whose certificate expired yesterday, and a second
+    /// CA's client (`stranger`).
     fn new() -> Pki {
         let dir = tempfile::tempdir().unwrap();
         let authority = Authority::new(30).unwrap();
         authority.write(dir.path()).unwrap();
         let now = OffsetDateTime::now_utc();
         let day = time::Duration::days(1);
-        for id in 1..=3u64 {
+        for id in 1..=4u64 {
             let name = format!("node-{id}");
             let sans = vec![name.clone(), "127.0.0.1".into()];
             authority
@@ -275,6 +276,189 @@ async fn a_client_certificate_on_the_peer_port_is_refused() {
         .unwrap();
     cluster.wait_for_applied(ack.offset, WAIT).await.unwrap();
     cluster.shutdown().await;
+}
+
+/// Goal (issue 32): a replica hears on its peer port only nodes that the membership its own
+/// log gives names, whatever a request claims. With node 4's certificate (the CA signed it,
+/// node 4 was never added), a follower is sent an `AppendEntries` with a committed vote of a
+/// higher term naming node 4 and one entry after the follower's last, a vote request of a
+/// higher term with a longer log, and an `InstallSnapshot` chunk: each is refused, and the
+/// follower's vote and log are as they were. Then replica 3 is removed, and its certificate
+/// sends the same to replica 1: refused too. The cluster commits on, and the forged command is
+/// nowhere in the log. On 3d7237e the forged `AppendEntries` was answered `Success` (a
+/// committed vote at least the replica's admitted a non-member) and the vote was granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_outside_the_membership_is_refused_whatever_it_claims() {
+    let pki = Pki::new();
+    let data = tempfile::tempdir().unwrap();
+    let mut cluster = start(&pki, data.path()).await;
+    let client = ControlClient::connect_with(
+        &cluster.client_addrs(),
+        options(Some(client_config(&pki.ca(), None).unwrap())),
+    )
+    .await
+    .unwrap();
+    for seq in 0..10 {
+        client
+            .append_to(Target::All, Command::custom(1, 1, vec![seq]))
+            .await
+            .unwrap();
+    }
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+
+    refuses_every_forgery(&cluster, &pki, leader, 4, cluster.follower_of(leader)).await;
+
+    client.remove_member(3).await.unwrap();
+    cluster.stop(3).await;
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let member = if leader == 1 { 2 } else { 1 };
+    eventually_removed(&cluster, member, 3).await;
+    refuses_every_forgery(&cluster, &pki, leader, 3, member).await;
+
+    // The cluster commits on, and nothing forged is in the log.
+    let ack = client
+        .append_to(Target::All, Command::custom(1, 1, b"after".to_vec()))
+        .await
+        .unwrap();
+    cluster.wait_for_applied(ack.offset, WAIT).await.unwrap();
+    let entries = client
+        .fetch(ctrlog::client::FetchRequest::from(1))
+        .await
+        .unwrap()
+        .entries;
+    assert!(!entries.is_empty());
+    let forged = Command::custom(1, 1, FORGED.to_vec()).into_frame();
+    assert!(
+        entries.iter().all(|e| e.frame != forged),
+        "a forged command reached the log"
+    );
+    cluster.shutdown().await;
+}
+
+/// What a forged append carries.
+const FORGED: &[u8] = b"written by a node outside the membership";
+
+/// Sends replica `target` every forgery node `sender` can: an append of a higher committed
+/// vote with one entry after the replica's last, a vote request of a higher term with a longer
+/// log, a snapshot chunk. Each must be refused, and leave the replica's vote and log as they
+/// were.
+async fn refuses_every_forgery(
+    cluster: &LocalCluster,
+    pki: &Pki,
+    leader: u64,
+    sender: u64,
+    target: u64,
+) {
+    use ctrlog::log::{Batch, Proposal};
+    use ctrlog::raft::types::{AppendEntriesRequest, Entry, InstallSnapshotRequest, VoteRequest};
+    use openraft::{SnapshotMeta, StoredMembership};
+
+    let replica = cluster.replica(target);
+    let before = replica.metrics();
+    let rpc = raw_peer(pki, sender, &replica.peer_addr().to_string()).await;
+    let last = before.last_log_index.unwrap();
+    let prev = openraft::LogId::new(
+        openraft::CommittedLeaderId::new(before.current_term, leader),
+        last,
+    );
+    let higher = openraft::Vote::new_committed(before.current_term + 1, sender);
+    let entry = Entry {
+        log_id: openraft::LogId::new(
+            openraft::CommittedLeaderId::new(before.current_term + 1, sender),
+            last + 1,
+        ),
+        payload: openraft::EntryPayload::Normal(Arc::new(Batch {
+            appended_at_ms: 0,
+            proposals: vec![Proposal {
+                producer: None,
+                target: Target::All,
+                frame: Command::custom(1, 1, FORGED.to_vec()).into_frame(),
+            }],
+        })),
+    };
+    let appended = rpc
+        .append_entries(
+            tarpc::context::current(),
+            AppendEntriesRequest {
+                vote: higher,
+                prev_log_id: Some(prev),
+                entries: vec![entry],
+                leader_commit: Some(openraft::LogId::new(
+                    openraft::CommittedLeaderId::new(before.current_term + 1, sender),
+                    last + 1,
+                )),
+            },
+        )
+        .await
+        .expect("the replica answers");
+    assert!(
+        appended.is_err(),
+        "node {sender}'s forged append to replica {target} was answered {appended:?}"
+    );
+    let candidate = openraft::Vote::new(before.current_term + 1, sender);
+    let longer = openraft::LogId::new(
+        openraft::CommittedLeaderId::new(before.current_term, sender),
+        last + 1_000,
+    );
+    let voted = rpc
+        .vote(
+            tarpc::context::current(),
+            VoteRequest::new(candidate, Some(longer)),
+        )
+        .await
+        .expect("the replica answers");
+    assert!(
+        voted.is_err(),
+        "node {sender}'s vote request to replica {target} was answered {voted:?}"
+    );
+    let snapshot = rpc
+        .install_snapshot(
+            tarpc::context::current(),
+            InstallSnapshotRequest {
+                vote: higher,
+                meta: SnapshotMeta {
+                    last_log_id: Some(longer),
+                    last_membership: StoredMembership::default(),
+                    snapshot_id: "forged".into(),
+                },
+                offset: 0,
+                data: vec![1],
+                done: true,
+            },
+        )
+        .await
+        .expect("the replica answers");
+    assert!(
+        snapshot.is_err(),
+        "node {sender}'s snapshot to replica {target} was answered {snapshot:?}"
+    );
+    let after = replica.metrics();
+    assert_eq!(after.vote, before.vote, "replica {target}'s vote moved");
+    assert!(
+        after.last_log_index == before.last_log_index || after.current_leader == Some(leader),
+        "replica {target}'s log moved under no leader it knows"
+    );
+}
+
+/// Waits until replica `id`'s membership no longer names `removed`.
+async fn eventually_removed(cluster: &LocalCluster, id: u64, removed: u64) {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let metrics = cluster.replica(id).metrics();
+        if metrics
+            .membership_config
+            .membership()
+            .get_node(&removed)
+            .is_none()
+        {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "replica {id} still names {removed}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// A raw Raft RPC connection to `peer_addr` with replica `id`'s certificate.

@@ -88,31 +88,23 @@ impl SnapshotChunks {
     }
 }
 
-/// Who sent a Raft request, as the request itself says.
-enum Sender<'a> {
-    /// A candidate asking for a vote, and the last log entry it holds.
-    Candidate(&'a Vote, Option<u64>),
-    /// A leader replicating or sending a snapshot.
-    Leader(&'a Vote),
-}
-
 impl RaftRpcServer {
-    /// Admits a Raft request or refuses it. Its sender is the node its vote names.
+    /// Admits a Raft request or refuses it. Its sender is the node its vote names (the
+    /// candidate of a vote request, the leader of the rest).
     ///
-    /// With TLS, the peer's certificate must name that node. And the sender must be a member
-    /// this replica knows, with three exceptions, each a sender that holds what this replica
-    /// has not yet seen: this replica knows no membership yet (a new learner before the
-    /// leader's first message); the sender leads a term at least as new as this replica's
-    /// vote; the sender is a candidate whose log is longer. Without the last two, a replica
-    /// that was down while a member was added could never hear that member, neither as the
-    /// leader it must catch up from nor as the candidate it must vote for when the others are
-    /// down. What is refused is a removed replica that does not know it was removed (its log
-    /// ends before its removal, which this replica holds), standing for election term after
-    /// term, and the leader of a past term.
-    fn admit<E: std::error::Error>(&self, sender: Sender<'_>) -> Result<(), RaftError<E>> {
-        let vote = match sender {
-            Sender::Candidate(vote, _) | Sender::Leader(vote) => vote,
-        };
+    /// With TLS, the peer's certificate must name that node, and the node must be a member
+    /// (voter or learner) of the membership this replica's own log gives. Nothing the request
+    /// carries stands in for that: its vote, its log position and its entries are the
+    /// sender's word, and any holder of a certificate the cluster's CA signed can claim
+    /// them (a forged committed vote of a higher term from a non-member's certificate once
+    /// rewrote the log). The one exception is a replica that knows no membership yet: a new
+    /// replica waiting to be added, whose log counts for nothing until a member adds it (and
+    /// which stops if a leader later sends a different entry under a log id it holds).
+    ///
+    /// The price (ARCHITECTURE.md, "Who may speak on the peer port"): a replica that was down
+    /// while a member was added neither votes for nor follows that member until a member its
+    /// log names leads and sends it the change.
+    fn admit<E: std::error::Error>(&self, vote: &Vote) -> Result<(), RaftError<E>> {
         let node = vote.leader_id().voted_for().unwrap_or_default();
         if let Some(nodes) = &self.peer_nodes {
             if !nodes.contains(&node) {
@@ -127,17 +119,13 @@ impl RaftRpcServer {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
         let membership = metrics.membership_config.membership();
-        let admitted = membership.nodes().next().is_none()
-            || membership.get_node(&node).is_some()
-            || match sender {
-                Sender::Leader(vote) => vote.is_committed() && *vote >= metrics.vote,
-                Sender::Candidate(_, last_log_index) => last_log_index > metrics.last_log_index,
-            };
+        let admitted = membership.nodes().next().is_none() || membership.get_node(&node).is_some();
         if !admitted {
             tracing::warn!(
                 sender = node,
                 %vote,
-                "refused a Raft request from a node outside the membership"
+                members = ?membership.nodes().map(|(id, _)| *id).collect::<Vec<_>>(),
+                "refused a Raft request from a node outside the membership this replica's log gives"
             );
             return Err(RaftError::Fatal(openraft::error::Fatal::Stopped));
         }
@@ -151,7 +139,7 @@ impl RaftRpc for RaftRpcServer {
         _: context::Context,
         request: AppendEntriesRequest,
     ) -> Result<AppendEntriesResponse, RaftError> {
-        self.admit(Sender::Leader(&request.vote))?;
+        self.admit(&request.vote)?;
         let sender = request.vote.leader_id().voted_for().unwrap_or_default();
         if stop_on_divergence(&self.raft, &self.log, sender, &request.entries).is_err() {
             return Err(RaftError::Fatal(openraft::error::Fatal::Stopped));
@@ -166,10 +154,7 @@ impl RaftRpc for RaftRpcServer {
         _: context::Context,
         request: VoteRequest,
     ) -> Result<VoteResponse, RaftError> {
-        self.admit(Sender::Candidate(
-            &request.vote,
-            request.last_log_id.map(|id| id.index),
-        ))?;
+        self.admit(&request.vote)?;
         let answer = self.raft.vote(request).await?;
         self.elections.answered_vote(&answer);
         Ok(answer)
@@ -180,7 +165,7 @@ impl RaftRpc for RaftRpcServer {
         _: context::Context,
         request: InstallSnapshotRequest,
     ) -> Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>> {
-        self.admit(Sender::Leader(&request.vote))?;
+        self.admit(&request.vote)?;
         let chunk_len = request.data.len() as u64;
         if let Err(mismatch) =
             self.snapshot_chunks
