@@ -35,6 +35,12 @@ pub struct ReportedLag {
     pub total: u64,
 }
 
+/// A container's lag over its tasks, saturating: reports are a container's word, and a sum
+/// that wrapped would read as no lag at all.
+fn total(lag: &BTreeMap<TaskId, u64>) -> u64 {
+    lag.values().fold(0, |sum, lag| sum.saturating_add(*lag))
+}
+
 /// Who was heard from, and when, during one leadership term. Times are passed in, so the
 /// table is deterministic under test.
 #[derive(Clone, Debug)]
@@ -72,8 +78,23 @@ impl Liveness {
         }
     }
 
-    /// Records a heartbeat from a session the caller checked is live.
-    pub fn record(&mut self, session: &Session, lag: BTreeMap<TaskId, u64>, now: Instant) {
+    /// Records a heartbeat from a session the caller checked is live in `state`. Its lag
+    /// counts only for the tasks `state` gives that session: a container's word about tasks
+    /// it does not own (another container's, or none at all) would steer the scaling policy.
+    pub fn record(
+        &mut self,
+        state: &JobState,
+        session: &Session,
+        mut lag: BTreeMap<TaskId, u64>,
+        now: Instant,
+    ) {
+        lag.retain(|task, _| {
+            state
+                .tasks()
+                .get(task)
+                .and_then(|record| record.phase.owner())
+                == Some(session)
+        });
         self.beats.insert(
             session.container.clone(),
             Heartbeat {
@@ -155,7 +176,7 @@ impl Liveness {
         for (container, epoch) in state.live_epochs() {
             if let Some(beat) = self.beats.get(container).filter(|b| b.epoch == epoch) {
                 reported.containers += 1;
-                reported.total += beat.lag.values().sum::<u64>();
+                reported.total = reported.total.saturating_add(total(&beat.lag));
             }
         }
         reported
@@ -167,7 +188,7 @@ impl Liveness {
             .live_sessions()
             .filter_map(|session| {
                 let beat = self.beats.get(&session.container)?;
-                (beat.epoch == session.epoch).then(|| (session.container, beat.lag.values().sum()))
+                (beat.epoch == session.epoch).then(|| (session.container, total(&beat.lag)))
             })
             .collect()
     }

@@ -744,6 +744,40 @@ fn a_session_registered_during_a_term_counts_its_silence_from_when_it_was_first_
     assert!(table.overdue(&job.state, at(11_000), timeout).is_empty());
     let overdue = table.overdue(&job.state, at(12_500), timeout);
     assert_eq!(overdue.len(), 1, "silent for 2.5 s since first seen");
-    table.record(&overdue[0], BTreeMap::new(), at(12_600));
+    table.record(&job.state, &overdue[0], BTreeMap::new(), at(12_600));
     assert!(table.overdue(&job.state, at(13_000), timeout).is_empty());
+}
+
+/// Regression (issue 32: a container steered scaling by the lag it reported for tasks it does
+/// not own, and a sum that wrapped read as no lag). Steps: containers a and b, task t1 on a;
+/// b reports lag for t1 and for a task nobody has: neither counts; a reports `u64::MAX` and 5
+/// for t1 and a task it does not own: its total is t1's, and the totals saturate.
+#[test]
+fn lag_counts_only_for_the_reporters_own_tasks_and_saturates() {
+    let now = std::time::Instant::now();
+    let mut job = Job::default();
+    let a = job.register("a");
+    job.register("b");
+    job.ok(assign("t1", "a", a, &[]));
+    let (session_a, session_b) = (
+        job.state.live_session(&c("a")).unwrap(),
+        job.state.live_session(&c("b")).unwrap(),
+    );
+    let mut table = Liveness::new(1, now);
+    table.record(
+        &job.state,
+        &session_b,
+        BTreeMap::from([(t("t1"), 1_000_000), (t("unowned"), 7)]),
+        now,
+    );
+    assert_eq!(table.lag(&job.state).get(&c("b")), Some(&0));
+    assert_eq!(table.reported(&job.state).total, 0);
+    table.record(
+        &job.state,
+        &session_a,
+        BTreeMap::from([(t("t1"), u64::MAX), (t("t2"), 5)]),
+        now,
+    );
+    assert_eq!(table.lag(&job.state).get(&c("a")), Some(&u64::MAX));
+    assert_eq!(table.reported(&job.state).total, u64::MAX);
 }

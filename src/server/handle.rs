@@ -364,21 +364,23 @@ impl ReplicaHandle {
         // session; a lagging replica that has not applied its registration must answer
         // `NotLeader` (retried elsewhere), not the terminal `Fenced`.
         self.with_liveness(|table| {
-            let (live, applied_offset) = self
-                .inner
-                .state_machine
-                .read(|state| (state.job.live_session(&container), state.job.last_offset()));
-            match live {
-                Some(session) if session.epoch == epoch => {
-                    table.record(&session, lag, tokio::time::Instant::now().into_std());
-                    Ok(HeartbeatAck { applied_offset })
+            self.inner.state_machine.read(|state| {
+                let job = &state.job;
+                match job.live_session(&container) {
+                    Some(session) if session.epoch == epoch => {
+                        let now = tokio::time::Instant::now().into_std();
+                        table.record(job, &session, lag, now);
+                        Ok(HeartbeatAck {
+                            applied_offset: job.last_offset(),
+                        })
+                    }
+                    live => Err(ApiError::Fenced {
+                        container,
+                        epoch,
+                        current_epoch: live.map(|s| s.epoch),
+                    }),
                 }
-                live => Err(ApiError::Fenced {
-                    container,
-                    epoch,
-                    current_epoch: live.map(|s| s.epoch),
-                }),
-            }
+            })
         })?
     }
 

@@ -430,7 +430,7 @@ impl Sim {
             Some(session) if session.epoch == epoch => {
                 let mut liveness = authority.liveness.lock().unwrap();
                 liveness.follow_term(metrics.current_term, now_std());
-                liveness.record(&session, BTreeMap::new(), now_std());
+                liveness.record(&storage.job_state(), &session, BTreeMap::new(), now_std());
                 Ok(())
             }
             live => Err(ApiError::Fenced {
