@@ -178,7 +178,7 @@ fn controller_tick(c: &mut Criterion) {
     let now = Instant::now();
     let mut liveness = Liveness::new(1, now);
     for session in state.live_sessions() {
-        liveness.record(&session, Default::default(), now);
+        liveness.record(&state, &session, Default::default(), now);
     }
     let mut group = c.benchmark_group("controller_tick_10k_containers_10k_inputs");
     // What an apply pays when the tick still holds the state it read (copy on write), and
