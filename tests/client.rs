@@ -1317,3 +1317,121 @@ async fn a_per_call_deadline_gives_up_naming_the_pair_to_retry() {
     assert!(again.duplicate, "the same pair appends once");
     cluster.shutdown().await;
 }
+
+/// Goal (issue 32): a client that sends requests and never reads the answers pins at most the
+/// client port's answer budgets in the replica's memory. Each `state` answer is a copy of the
+/// job, and the slot a request held used to be given back when its handler returned, while
+/// tarpc queued the unwritten answers (up to 2,048 a connection): 1,000 unread `state` calls
+/// took a replica from 70 MB to 1.8 GB. Steps: three `ctrlog serve` processes; a job of 3,000
+/// registered containers (a `state` answer of about 1 MB); one connection to replica 1 sends
+/// 1,000 `state`, 1,000 `state_chunk` and 1,000 `status` requests and reads nothing; for 3 s
+/// replica 1's RSS stays within its RSS before plus the connection's answer budget
+/// (`client_unwritten_answer_bytes_max`, 16 MiB) plus 96 MiB for everything else (the
+/// requests' buffers, tarpc's queue of small refusals, the allocator); meanwhile another
+/// client's `state` is answered. On 3d7237e the RSS grew by gigabytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_a_client_never_reads_pin_only_the_answer_budget() {
+    use ctrlog::client::ControlLogRequest;
+    use ctrlog::log::RegisterContainer;
+    use ctrlog::tools::bench::ProcessCluster;
+    use futures::SinkExt;
+
+    const CONTAINERS: usize = 3_000;
+    const UNREAD_EACH: u64 = 1_000;
+    const ANSWER_BUDGET: u64 = 16 << 20;
+    const EVERYTHING_ELSE: u64 = 96 << 20;
+    let cluster = ProcessCluster::start_with(env!("CARGO_BIN_EXE_ctrlog").into(), 3, &[])
+        .await
+        .unwrap();
+    let client = ControlClient::connect(&cluster.client_addrs())
+        .await
+        .unwrap();
+    let registrations: Vec<Proposal> = (0..CONTAINERS)
+        .map(|i| {
+            let command = Command::RegisterContainer(RegisterContainer {
+                container: ContainerId::new(format!("container-{i}")).unwrap(),
+                location: format!("host-{i}.{}", "rack".repeat(60)),
+            });
+            Proposal {
+                producer: None,
+                target: command.target().unwrap_or(Target::All),
+                frame: command.into_frame(),
+            }
+        })
+        .collect();
+    for batch in registrations.chunks(500) {
+        let appends = batch.iter().map(|p| client.append_proposal(p.clone()));
+        for ack in futures::future::join_all(appends).await {
+            ack.unwrap();
+        }
+    }
+    let last = client.leader_status().await.unwrap().applied_offset;
+    let state_bytes = client
+        .state(last)
+        .await
+        .map(|at| bincode::serialized_size(&at).unwrap());
+    assert!(
+        state_bytes.unwrap() > 500_000,
+        "a state answer of a sizeable job"
+    );
+
+    let replica_1 = cluster.client_addrs()[0].clone();
+    let rss = || cluster.rss_bytes(0).expect("replica 1 runs");
+    let before = rss();
+    let tcp = tokio::net::TcpStream::connect(&replica_1).await.unwrap();
+    let mut requests = ctrlog::client::tls::framed::<
+        _,
+        tarpc::Response<ctrlog::client::ControlLogResponse>,
+        tarpc::ClientMessage<ControlLogRequest>,
+    >(tcp, 1 << 20);
+    // Sent from a task of their own: the replica stops reading them once its queue is full.
+    let sender = tokio::spawn(async move {
+        let kind = |k: u64| match k {
+            0 => ControlLogRequest::State {
+                min_offset: 0,
+                max_wait_ms: 0,
+            },
+            1 => ControlLogRequest::StateChunk {
+                offset: 0,
+                chunk: 0,
+            },
+            _ => ControlLogRequest::Status {},
+        };
+        for k in 0..3 {
+            for n in 0..UNREAD_EACH {
+                let request = tarpc::Request {
+                    context: deadline_context(Duration::from_secs(120)),
+                    id: k * UNREAD_EACH + n,
+                    message: kind(k),
+                };
+                if requests
+                    .feed(tarpc::ClientMessage::Request(request))
+                    .await
+                    .is_err()
+                {
+                    return requests;
+                }
+            }
+            let _ = requests.flush().await;
+        }
+        requests
+    });
+    let bound = before + ANSWER_BUDGET + EVERYTHING_ELSE;
+    let watched_until = Instant::now() + Duration::from_secs(3);
+    let mut highest = before;
+    while Instant::now() < watched_until {
+        highest = highest.max(rss());
+        assert!(
+            highest <= bound,
+            "replica 1's RSS grew from {before} to {highest} bytes, beyond {bound}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let other = ControlClient::connect(&[replica_1]).await.unwrap();
+    other
+        .state(last)
+        .await
+        .expect("another connection is served");
+    eprintln!("replica 1's RSS: {before} bytes before, at most {highest} with the unread answers");
+    sender.abort();
+}

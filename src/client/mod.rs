@@ -16,17 +16,16 @@ pub use connection::{
     ClientError, ClientOptions, ControlClient, CLIENT_FRAME_BYTES_MAX, CONNECT_TIMEOUT,
     OPTION_DURATION_MAX, REQUEST_TIMEOUT, RETRY_DEADLINE,
 };
-/// The wire service and tarpc's generated stubs, for the replica that serves it and for
-/// tests that speak the raw protocol; not part of the client's API.
-#[doc(hidden)]
-pub use protocol::{
-    AnswerSlot, ControlLog, ControlLogClient, ControlLogRequest, ControlLogResponse,
-    ServeControlLog,
-};
 pub use protocol::{
     ApiError, AppendAck, FetchRequest, FetchResponse, HeartbeatAck, Member, MemberStatus, StateAt,
     StateChunk, Status, ANSWER_ENVELOPE_BYTES_MAX, APPEND_MANY_BYTES_MAX,
     APPEND_MANY_PROPOSALS_MAX,
+};
+/// The wire service and tarpc's generated stubs, for the replica that serves it and for
+/// tests that speak the raw protocol; not part of the client's API.
+#[doc(hidden)]
+pub use protocol::{
+    ControlLog, ControlLogClient, ControlLogRequest, ControlLogResponse, ServeControlLog,
 };
 pub use session::{ContainerSession, SessionOptions};
 pub use subscription::{Subscription, SubscriptionItem, LONG_POLL_WAIT};

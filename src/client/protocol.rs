@@ -286,38 +286,6 @@ impl FetchRequest {
     }
 }
 
-/// A replica's fetch slot, carried by the answer it was taken for and freed when the answer is
-/// dropped, which is once the answer is encoded onto its connection. So a client that sends
-/// fetches but never reads the answers holds at most the connection's slots' worth of answers
-/// in the replica's memory. Never on the wire; always empty on the client's side.
-#[derive(Clone, Default)]
-pub struct AnswerSlot(
-    // Held only to be dropped with the answer.
-    #[allow(dead_code)] Option<std::sync::Arc<tokio::sync::OwnedSemaphorePermit>>,
-);
-
-impl AnswerSlot {
-    /// A slot that holds `permit` until the answer carrying it is dropped.
-    pub fn new(permit: tokio::sync::OwnedSemaphorePermit) -> AnswerSlot {
-        AnswerSlot(Some(std::sync::Arc::new(permit)))
-    }
-}
-
-/// Answers are equal whatever slot they hold.
-impl PartialEq for AnswerSlot {
-    fn eq(&self, _: &AnswerSlot) -> bool {
-        true
-    }
-}
-
-impl Eq for AnswerSlot {}
-
-impl fmt::Debug for AnswerSlot {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("AnswerSlot")
-    }
-}
-
 /// The answer to a fetch: the matching entries, and where to ask next.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FetchResponse {
@@ -328,10 +296,6 @@ pub struct FetchResponse {
     pub next_offset: Offset,
     /// The last offset applied (hence committed) on this replica when the response was built.
     pub applied_offset: Offset,
-    /// The replica's fetch slot, held until the answer is sent; never on the wire, so always
-    /// empty on the client's side.
-    #[serde(skip)]
-    pub slot: AnswerSlot,
 }
 
 /// The leader's answer to a heartbeat.

@@ -225,7 +225,6 @@ mod tests {
             entries,
             next_offset,
             applied_offset: 100,
-            slot: Default::default(),
         }
     }
 

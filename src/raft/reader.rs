@@ -13,7 +13,7 @@
 
 use super::log_store::LogStore;
 use super::state_machine::{entry_commands, log_entry, StateMachineStore};
-use crate::client::{AnswerSlot, ApiError, FetchRequest, FetchResponse};
+use crate::client::{ApiError, FetchRequest, FetchResponse};
 use crate::log::Offset;
 
 /// Raft entries one fetch reads at most, whatever its filter skips: bounds the work of one
@@ -58,7 +58,6 @@ pub fn read_committed(
         entries: Vec::new(),
         next_offset: from,
         applied_offset,
-        slot: AnswerSlot::default(),
     };
     if from > applied_offset {
         return Ok(response);

@@ -90,6 +90,14 @@ pub struct ReplicaConfig {
     /// commit); more are refused (`Overloaded`) until some finish. Bounds what one connection
     /// pins in bytes, where the count alone allows that many frames of the full size.
     pub client_append_bytes_in_flight_max: usize,
+    /// Encoded bytes of large answers (fetches, states, state chunks, statuses) one client
+    /// connection may have built and not yet written; more are refused (`Overloaded`) until
+    /// it reads. Held until the answer is written, so a client that asks and never reads pins
+    /// at most this much.
+    pub client_unwritten_answer_bytes_max: usize,
+    /// The same over every connection of the client port: what all the clients that do not
+    /// read can pin together.
+    pub client_port_unwritten_answer_bytes_max: usize,
     /// The job this replica coordinates with the others: its controller runs here and acts
     /// while this replica leads. No controller runs when unset.
     pub job: Option<JobConfig>,
@@ -121,6 +129,8 @@ impl Default for ReplicaConfig {
             client_frame_read_timeout_ms: 30_000,
             client_requests_in_flight_max: 1024,
             client_append_bytes_in_flight_max: 64 << 20,
+            client_unwritten_answer_bytes_max: 16 << 20,
+            client_port_unwritten_answer_bytes_max: 256 << 20,
             job: None,
         }
     }
@@ -327,6 +337,24 @@ impl ReplicaConfig {
                 "must be at least client_frame_bytes_max, or a request of the full size is \
                  always refused",
             )?;
+        }
+        for (field, value) in [
+            (
+                "client_unwritten_answer_bytes_max",
+                self.client_unwritten_answer_bytes_max,
+            ),
+            (
+                "client_port_unwritten_answer_bytes_max",
+                self.client_port_unwritten_answer_bytes_max,
+            ),
+        ] {
+            if value < self.client_frame_bytes_max {
+                refuse(
+                    field,
+                    "must be at least client_frame_bytes_max, or an answer of the full size is \
+                     always refused",
+                )?;
+            }
         }
         if self.client_receiving_bytes_max < self.client_frame_bytes_max {
             refuse(

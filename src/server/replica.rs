@@ -222,6 +222,8 @@ impl Replica {
                     },
                     requests: config.client_requests_in_flight_max,
                     append_bytes: config.client_append_bytes_in_flight_max,
+                    answer_bytes: config.client_unwritten_answer_bytes_max,
+                    port_answer_bytes: config.client_port_unwritten_answer_bytes_max,
                 },
                 tls.as_ref().map(|t| t.clients.clone()),
                 authenticator.clone(),

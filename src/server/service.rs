@@ -1,7 +1,11 @@
 //! The `ControlLog` service on the client port, served from a [`ReplicaHandle`].
 //!
-//! Each connection is its own tarpc channel with a bound on in-flight requests (excess ones are
-//! answered `Overloaded`). A connection
+//! Each connection is its own tarpc channel with a bound on requests in flight, and the port
+//! and each connection a bound on the bytes of large answers built and not yet written
+//! (excess requests are answered `Overloaded`). Both are held until the transport takes the
+//! answer, not only until the handler returns: a client that sends requests and never reads
+//! the answers pins at most its budgets in the replica's memory (tarpc queues answers that
+//! cannot be written, and each `state` answer is a copy of the job). A connection
 //! that sends a frame above the limit or bytes that do not decode is closed by its transport;
 //! nothing else is affected, and nothing is applied from it.
 
@@ -13,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{SinkExt, StreamExt};
-use tarpc::server::{BaseChannel, Channel};
+use tarpc::server::{BaseChannel, Channel, Serve};
 use tarpc::{context, ClientMessage, Response};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
@@ -26,15 +30,22 @@ use crate::client::version::{
     error_for_protocol, Hello, ProtocolOffer, CLIENT_REQUESTS_AFTER_V010, PROTOCOL_V010,
 };
 use crate::client::{
-    AnswerSlot, ApiError, AppendAck, ControlLog, ControlLogRequest, ControlLogResponse,
-    FetchRequest, FetchResponse, HeartbeatAck, Member, StateAt, StateChunk, Status,
-    ANSWER_ENVELOPE_BYTES_MAX, APPEND_MANY_PROPOSALS_MAX,
+    ApiError, AppendAck, ControlLog, ControlLogRequest, ControlLogResponse, FetchRequest,
+    FetchResponse, HeartbeatAck, Member, StateAt, StateChunk, Status, ANSWER_ENVELOPE_BYTES_MAX,
+    APPEND_MANY_PROPOSALS_MAX,
 };
 use crate::log::{ContainerId, Epoch, Offset, Proposal, TaskId};
 use crate::NodeId;
 
 type Request = ClientMessage<ControlLogRequest>;
 type Reply = Response<ControlLogResponse>;
+
+/// An answer on its way to the connection, with what it holds of the connection's request
+/// budget and of the answer-byte budgets until the transport takes it.
+struct HeldReply {
+    answer: ControlLogResponse,
+    _held: Vec<OwnedSemaphorePermit>,
+}
 
 /// A bound, not yet serving, client listener.
 pub struct ClientListener {
@@ -87,6 +98,11 @@ pub struct ConnectionBudget {
     pub requests: usize,
     /// Encoded bytes of appends waiting to commit.
     pub append_bytes: usize,
+    /// Encoded bytes of large answers (fetches, states, state chunks, statuses) built and not
+    /// yet written, on one connection.
+    pub answer_bytes: usize,
+    /// The same, over every connection of the port.
+    pub port_answer_bytes: usize,
 }
 
 /// Serves clients until `stop` fires, over TLS when `tls` is given.
@@ -100,6 +116,7 @@ pub async fn serve_clients(
 ) {
     let frame_bytes_max = listener.frame_bytes_max;
     let requests_in_flight_max = budget.requests;
+    let port_answer_bytes = Arc::new(Semaphore::new(budget.port_answer_bytes));
     serve_each_connection("client", listener.listener, tls, budget.port, stop, move |accepted| {
         let principal = match (&auth, &accepted.peer_certificate) {
             (Some(auth), Some(cert)) => auth.by_certificate(cert),
@@ -114,6 +131,9 @@ pub async fn serve_clients(
             append_bytes: Arc::new(Semaphore::new(budget.append_bytes)),
             append_bytes_max: budget.append_bytes,
             fetches: Arc::new(Semaphore::new(FETCHES_IN_FLIGHT_MAX)),
+            answer_bytes: Arc::new(Semaphore::new(budget.answer_bytes)),
+            port_answer_bytes: port_answer_bytes.clone(),
+            held: Arc::default(),
             auth: auth.clone(),
             principal: Arc::new(std::sync::Mutex::new(principal)),
             failed_authentications: Arc::default(),
@@ -123,16 +143,23 @@ pub async fn serve_clients(
         let hang_up = server.hang_up.clone();
         let protocol = server.protocol.clone();
         async move {
-            // Every answer leaves in a form the connection's protocol decodes.
+            // Every answer leaves in a form the connection's protocol decodes, and gives back
+            // what it held of the budgets once the transport has taken it.
             let transport = framed::<_, Request, Reply>(accepted.stream, frame_bytes_max)
-                .with(move |reply: Reply| {
+                .with(move |reply: Response<HeldReply>| {
+                    let reply = Reply {
+                        request_id: reply.request_id,
+                        message: reply.message.map(|held| held.answer),
+                    };
                     futures::future::ready(Ok(for_protocol(reply, protocol.load(Relaxed))))
                 });
             // Our own bound answers excess requests with a typed `Overloaded`; tarpc's, at
             // twice the size, only bounds what a client that ignores those answers can queue.
             let serving = BaseChannel::with_defaults(transport)
                 .max_concurrent_requests(requests_in_flight_max.saturating_mul(2))
-                .execute(server.serve())
+                .execute(tarpc::server::serve(move |ctx, request| {
+                    server.clone().serve_held(ctx, request)
+                }))
                 // In-flight requests run concurrently inside this connection's task rather
                 // than as a task each: no spawn and no cross-thread wake-up per request.
                 .for_each_concurrent(None, |response| response);
@@ -171,6 +198,14 @@ struct ControlLogServer {
     append_bytes_max: usize,
     /// Fetches in flight on this connection (see [`FETCHES_IN_FLIGHT_MAX`]).
     fetches: Arc<Semaphore>,
+    /// Encoded bytes of this connection's large answers not yet written.
+    answer_bytes: Arc<Semaphore>,
+    /// The same, over the whole port.
+    port_answer_bytes: Arc<Semaphore>,
+    /// What the request being served holds until its answer is written: its slot of
+    /// `in_flight`, and of `fetches`, `answer_bytes` and `port_answer_bytes` for a large
+    /// answer. Fresh for each request (see [`ControlLogServer::serve_held`]).
+    held: Arc<std::sync::Mutex<Vec<OwnedSemaphorePermit>>>,
     /// The credentials this replica accepts; `None` when authentication is off.
     auth: Option<Arc<Authenticator>>,
     /// Who this connection is: from its client certificate, or from `authenticate`.
@@ -215,9 +250,55 @@ fn for_protocol(reply: Reply, protocol: u16) -> Reply {
 }
 
 impl ControlLogServer {
-    /// Admits one request to the connection's budget: refused `Overloaded` when it is full,
-    /// and `Unauthorized`, closing the connection, once it failed to authenticate too often.
-    fn admit(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+    /// Serves one request, and hands its answer on with everything the request took of the
+    /// budgets, to be given back when the transport takes the answer.
+    async fn serve_held(
+        mut self,
+        ctx: context::Context,
+        request: ControlLogRequest,
+    ) -> Result<HeldReply, tarpc::ServerError> {
+        self.held = Arc::default();
+        let held = self.held.clone();
+        let answer = self.serve().serve(ctx, request).await?;
+        let held = std::mem::take(&mut *held.lock().expect("never poisoned"));
+        Ok(HeldReply {
+            answer,
+            _held: held,
+        })
+    }
+
+    /// Keeps `permit` until this request's answer is written.
+    fn hold(&self, permit: OwnedSemaphorePermit) {
+        self.held.lock().expect("never poisoned").push(permit);
+    }
+
+    /// Holds `bytes` of the connection's and the port's answer budgets until this request's
+    /// answer is written; `Overloaded` when they are not free now (the answer is dropped, and
+    /// the client asks again once it has read what it was sent).
+    fn hold_answer(&self, bytes: u64) -> Result<(), ApiError> {
+        let bytes = u32::try_from(bytes).unwrap_or(u32::MAX);
+        let overloaded = |_| ApiError::Overloaded {
+            in_flight_max: self.in_flight_max,
+        };
+        let connection = self
+            .answer_bytes
+            .clone()
+            .try_acquire_many_owned(bytes)
+            .map_err(overloaded)?;
+        let port = self
+            .port_answer_bytes
+            .clone()
+            .try_acquire_many_owned(bytes)
+            .map_err(overloaded)?;
+        self.hold(connection);
+        self.hold(port);
+        Ok(())
+    }
+
+    /// Admits one request to the connection's budget, held until its answer is written:
+    /// refused `Overloaded` when it is full, and `Unauthorized`, closing the connection, once
+    /// it failed to authenticate too often.
+    fn admit(&self) -> Result<(), ApiError> {
         let failures = self
             .failed_authentications
             .load(std::sync::atomic::Ordering::Relaxed);
@@ -227,12 +308,15 @@ impl ControlLogServer {
                 "{failures} failed authentications on this connection; closing it"
             )));
         }
-        self.in_flight
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| ApiError::Overloaded {
-                in_flight_max: self.in_flight_max,
-            })
+        let permit =
+            self.in_flight
+                .clone()
+                .try_acquire_owned()
+                .map_err(|_| ApiError::Overloaded {
+                    in_flight_max: self.in_flight_max,
+                })?;
+        self.hold(permit);
+        Ok(())
     }
 
     /// What one answer on this port may carry: its frame limit less the envelope.
@@ -319,7 +403,7 @@ fn clamp_wait(ctx: &context::Context, requested_ms: u32) -> Duration {
 
 impl ControlLog for ControlLogServer {
     async fn append(self, _: context::Context, proposal: Proposal) -> Result<AppendAck, ApiError> {
-        let _permit = self.admit()?;
+        self.admit()?;
         let _bytes = self.admit_bytes(proposal.encoded_len())?;
         self.check(Action::Append(&proposal))?;
         self.append_as_principal(proposal).await
@@ -330,7 +414,7 @@ impl ControlLog for ControlLogServer {
         _: context::Context,
         proposals: Vec<Proposal>,
     ) -> Result<Vec<Result<AppendAck, ApiError>>, ApiError> {
-        let _permit = self.admit()?;
+        self.admit()?;
         let _bytes = self.admit_bytes(proposals.iter().map(Proposal::encoded_len).sum())?;
         if proposals.len() > APPEND_MANY_PROPOSALS_MAX {
             return Err(ApiError::Invalid(format!(
@@ -358,7 +442,7 @@ impl ControlLog for ControlLogServer {
         ctx: context::Context,
         request: FetchRequest,
     ) -> Result<FetchResponse, ApiError> {
-        let _permit = self.admit()?;
+        self.admit()?;
         self.check(Action::Fetch(&request))?;
         let slot = self
             .fetches
@@ -367,10 +451,10 @@ impl ControlLog for ControlLogServer {
             .map_err(|_| ApiError::Overloaded {
                 in_flight_max: FETCHES_IN_FLIGHT_MAX as u32,
             })?;
+        self.hold(slot);
         let max_wait = clamp_wait(&ctx, request.max_wait_ms);
-        let mut response = self.replica.fetch(&request, max_wait).await?;
-        // Held until the answer is encoded onto the connection, not just until it is built.
-        response.slot = AnswerSlot::new(slot);
+        let response = self.replica.fetch(&request, max_wait).await?;
+        self.hold_answer(bincode::serialized_size(&response).unwrap_or(u64::MAX))?;
         Ok(response)
     }
 
@@ -380,7 +464,7 @@ impl ControlLog for ControlLogServer {
         min_offset: Offset,
         max_wait_ms: u32,
     ) -> Result<StateAt, ApiError> {
-        let _permit = self.admit()?;
+        self.admit()?;
         self.check(Action::Read)?;
         let at = self
             .replica
@@ -394,6 +478,7 @@ impl ControlLog for ControlLogServer {
         if size > limit {
             return Err(ApiError::AnswerTooLarge { size, limit });
         }
+        self.hold_answer(size)?;
         Ok(at)
     }
 
@@ -403,7 +488,7 @@ impl ControlLog for ControlLogServer {
         offset: Offset,
         chunk: u32,
     ) -> Result<StateChunk, ApiError> {
-        let _permit = self.admit()?;
+        self.admit()?;
         self.check(Action::Read)?;
         let chunk_bytes = self.answer_bytes_max();
         let (at, encoded) = if chunk == 0 {
@@ -434,6 +519,7 @@ impl ControlLog for ControlLogServer {
         }
         let start = chunk as usize * chunk_bytes;
         let end = (start + chunk_bytes).min(encoded.len());
+        self.hold_answer((end - start) as u64)?;
         Ok(StateChunk {
             offset: at,
             chunk,
@@ -443,9 +529,11 @@ impl ControlLog for ControlLogServer {
     }
 
     async fn status(self, _: context::Context) -> Result<Status, ApiError> {
-        let _permit = self.admit()?;
+        self.admit()?;
         self.check(Action::Read)?;
-        Ok(self.replica.status())
+        let status = self.replica.status();
+        self.hold_answer(bincode::serialized_size(&status).unwrap_or(u64::MAX))?;
+        Ok(status)
     }
 
     async fn heartbeat(
@@ -455,7 +543,7 @@ impl ControlLog for ControlLogServer {
         epoch: Epoch,
         lag: BTreeMap<TaskId, u64>,
     ) -> Result<HeartbeatAck, ApiError> {
-        let _permit = self.admit()?;
+        self.admit()?;
         self.check(Action::Heartbeat(&container))?;
         self.replica.heartbeat(container, epoch, lag)
     }
@@ -466,25 +554,25 @@ impl ControlLog for ControlLogServer {
         id: NodeId,
         member: Member,
     ) -> Result<(), ApiError> {
-        let _permit = self.admit()?;
+        self.admit()?;
         self.check(Action::Membership)?;
         self.replica.add_member(id, member).await
     }
 
     async fn remove_member(self, _: context::Context, id: NodeId) -> Result<(), ApiError> {
-        let _permit = self.admit()?;
+        self.admit()?;
         self.check(Action::Membership)?;
         self.replica.remove_member(id).await
     }
 
     async fn snapshot(self, _: context::Context) -> Result<Offset, ApiError> {
-        let _permit = self.admit()?;
+        self.admit()?;
         self.check(Action::Snapshot)?;
         self.replica.snapshot().await
     }
 
     async fn hello(self, _: context::Context, offer: ProtocolOffer) -> Result<Hello, ApiError> {
-        let _permit = self.admit()?;
+        self.admit()?;
         let hello = Hello::answering(&offer, CLIENT_REQUESTS_AFTER_V010)?;
         self.protocol.store(hello.protocol, Relaxed);
         tracing::debug!(build = %offer.build, protocol = hello.protocol, "client said hello");
@@ -492,7 +580,7 @@ impl ControlLog for ControlLogServer {
     }
 
     async fn authenticate(self, _: context::Context, token: String) -> Result<String, ApiError> {
-        let _permit = self.admit()?;
+        self.admit()?;
         let Some(auth) = &self.auth else {
             return Ok("anyone (authentication is off)".into());
         };
