@@ -1435,3 +1435,151 @@ async fn answers_a_client_never_reads_pin_only_the_answer_budget() {
     eprintln!("replica 1's RSS: {before} bytes before, at most {highest} with the unread answers");
     sender.abort();
 }
+
+/// Opens a TCP connection to `addr` from `source` (any 127.0.0.0/8 address is this host) and
+/// sends nothing: it holds a place among the port's unauthenticated connections until the
+/// replica closes it.
+async fn silent_connection(source: std::net::Ipv4Addr, addr: SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind((source, 0).into()).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+/// Whether the replica closed `stream` within `within` (it reads end of file or a reset).
+async fn closed_within(stream: &mut tokio::net::TcpStream, within: Duration) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(
+        tokio::time::timeout(within, stream.read(&mut byte)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+/// Goal (issue 32): connections that never authenticate cannot lock anyone out of the client
+/// port. They are held to a pool of their own (1,024 here, the default, and 64 per source
+/// address): when it is full the oldest is closed, one source beyond its share is closed at
+/// once, a connection that does not authenticate within the deadline (500 ms here) is
+/// closed, and requests refused before authenticating count toward the hang-up. Steps: a
+/// secure cluster (certificates and authentication); 100 silent connections from 127.0.0.66:
+/// 36 are closed at once, 64 stay; a TLS connection without a client certificate is refused
+/// `Unauthorized` three times and closed at the fourth request, another is closed by the
+/// deadline; then 4,096 silent connections from 127.0.0.2–127.0.0.65, after which an admin
+/// (its certificate) reads the status and a container `c1` (its certificate) registers and
+/// heartbeats, from 127.0.0.1. On 3d7237e the 4,096 filled the port and the admin's call
+/// failed with "connection reset".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_authenticate_lock_nobody_out() {
+    use ctrlog::client::tls::{client_config, framed, server_name};
+    use ctrlog::log::RegisterContainer;
+    use ctrlog::tools::certs;
+    use std::net::Ipv4Addr;
+
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start_secure(dir.path(), 3, |c| {
+        c.client_authenticate_timeout_ms = 500;
+    })
+    .await
+    .unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let addr = cluster.replica(leader).client_addr();
+
+    // One source beyond its share.
+    let one_source = Ipv4Addr::new(127, 0, 0, 66);
+    let mut from_one = Vec::new();
+    for _ in 0..100 {
+        from_one.push(silent_connection(one_source, addr).await);
+    }
+    // All at once: the ones admitted are closed too once their TLS handshake times out (5 s).
+    let looks = from_one
+        .iter_mut()
+        .map(|stream| closed_within(stream, Duration::from_millis(200)));
+    let closed = futures::future::join_all(looks)
+        .await
+        .into_iter()
+        .filter(|&closed| closed)
+        .count();
+    assert_eq!(
+        closed, 36,
+        "one source holds 64 unauthenticated connections"
+    );
+    drop(from_one);
+
+    // No certificate: refusals count toward the hang-up, and the deadline closes the rest.
+    let anonymous = client_config(&certs::ca_file(&dir.path().join("pki")), None).unwrap();
+    let handshaken = || async {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let tls = tokio_rustls::TlsConnector::from(anonymous.clone())
+            .connect(server_name(&addr.to_string()).unwrap(), tcp)
+            .await
+            .unwrap();
+        ControlLogClient::new(tarpc::client::Config::default(), framed(tls, 1 << 20)).spawn()
+    };
+    let probing = handshaken().await;
+    for _ in 0..3 {
+        let refused = probing.status(tarpc::context::current()).await.unwrap();
+        assert!(
+            matches!(refused, Err(ApiError::Unauthorized(_))),
+            "{refused:?}"
+        );
+    }
+    let hung_up = probing.status(tarpc::context::current()).await;
+    assert!(
+        !matches!(hung_up, Ok(Ok(_))),
+        "a fourth refused request was served: {hung_up:?}"
+    );
+    let waiting = handshaken().await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(
+        waiting.status(tarpc::context::current()).await.is_err(),
+        "a connection that did not authenticate within 500 ms is closed"
+    );
+
+    // Many sources, 4,096 connections: the oldest unauthenticated ones make room.
+    let mut silent = Vec::new();
+    for source in 2..=65u8 {
+        for _ in 0..64 {
+            silent.push(silent_connection(Ipv4Addr::new(127, 0, 0, source), addr).await);
+        }
+    }
+    // Within a second: the silent connections that were let in would be closed by their TLS
+    // handshake's timeout (5 s) anyway, and the port's cap (4,096) is what they filled.
+    let admin = ControlClient::connect_with(
+        &[addr.to_string()],
+        cluster
+            .client_options()
+            .retry_deadline(Duration::from_secs(1)),
+    )
+    .await
+    .expect("the admin connects");
+    let status = admin.status().await.expect("the admin reads the status");
+    let (cert, key) = certs::client_identity(&dir.path().join("pki"), "c1");
+    let container_tls = client_config(
+        &certs::ca_file(&dir.path().join("pki")),
+        Some((&cert, &key)),
+    )
+    .unwrap();
+    let container = ControlClient::connect_with(
+        &[addr.to_string()],
+        ClientOptions::default()
+            .tls(container_tls)
+            .retry_deadline(Duration::from_secs(1)),
+    )
+    .await
+    .expect("the container connects");
+    let c1 = ContainerId::new("c1").unwrap();
+    let registration = Command::RegisterContainer(RegisterContainer {
+        container: c1.clone(),
+        location: "here".into(),
+    });
+    let epoch = container
+        .append_to(registration.target().unwrap(), registration)
+        .await
+        .expect("the container registers")
+        .offset;
+    container
+        .heartbeat(&c1, epoch, &BTreeMap::new())
+        .await
+        .expect("the container heartbeats");
+    assert!(status.term > 0);
+    drop(silent);
+    cluster.shutdown().await;
+}

@@ -74,6 +74,17 @@ pub struct ReplicaConfig {
     /// Connections the client port holds at once; one more is closed as soon as it is
     /// accepted. Bounds what clients that never authenticate, or never send, can pin.
     pub client_connections_max: usize,
+    /// Of those, connections that have not authenticated yet (handshaking, or with
+    /// authentication on, not yet shown a certificate the cluster knows or a token); when
+    /// full, the oldest is closed to make room. The rest of the port stays for connections
+    /// that authenticated, so connections that never do cannot lock everyone out. Above
+    /// `client_connections_max` it is that.
+    pub client_unauthenticated_connections_max: usize,
+    /// Unauthenticated connections one source address may hold; one more is closed at once.
+    pub client_unauthenticated_per_source_max: usize,
+    /// With authentication on, a connection that has not authenticated this long after its
+    /// TLS handshake is closed.
+    pub client_authenticate_timeout_ms: u64,
     /// Bytes of large frames (over 64 KiB) the client port receives at once over all its
     /// connections; a frame that does not fit closes its connection. Bounds what many
     /// connections each announcing a frame of the full size can make the replica allocate.
@@ -124,6 +135,9 @@ impl Default for ReplicaConfig {
             command_bytes_max: COMMAND_BYTES_MAX_DEFAULT,
             client_frame_bytes_max: 2 * COMMAND_BYTES_MAX_DEFAULT + (64 << 10),
             client_connections_max: 4096,
+            client_unauthenticated_connections_max: 1024,
+            client_unauthenticated_per_source_max: 64,
+            client_authenticate_timeout_ms: 10_000,
             client_receiving_bytes_max: 256 << 20,
             client_idle_timeout_ms: 600_000,
             client_frame_read_timeout_ms: 30_000,
@@ -308,6 +322,21 @@ impl ReplicaConfig {
         }
         if self.client_connections_max == 0 {
             refuse("client_connections_max", "must be at least 1")?;
+        }
+        if self.client_unauthenticated_connections_max == 0 {
+            refuse(
+                "client_unauthenticated_connections_max",
+                "must be at least 1",
+            )?;
+        }
+        if self.client_unauthenticated_per_source_max == 0 {
+            refuse(
+                "client_unauthenticated_per_source_max",
+                "must be at least 1",
+            )?;
+        }
+        if self.client_authenticate_timeout_ms == 0 {
+            refuse("client_authenticate_timeout_ms", "must be at least 1")?;
         }
         let one_command_answer =
             self.command_bytes_max + LOG_ENTRY_OVERHEAD_BYTES_MAX + ANSWER_ENVELOPE_BYTES_MAX;

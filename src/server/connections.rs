@@ -7,16 +7,24 @@
 //! every other connection carry on. Served inside one shared future, the same panic would stop
 //! the port for everyone. The TLS handshake runs in that task too, under a timeout, so a client
 //! that stalls or fails it never holds up the accept loop.
+//!
+//! Until a connection has authenticated (its handshake done, and with authentication on a
+//! credential shown), it is one of the port's *unauthenticated* connections, which are held to
+//! a pool of their own ([`PortLimits::unauthenticated_max`], and a share per source address):
+//! when the pool is full the oldest is closed to make room. So connections that never
+//! authenticate cannot fill the port (3d7237e: 4,096 of them locked everyone out), and the
+//! rest of the port stays for connections that did.
 
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rustls::pki_types::CertificateDer;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
+use tokio::task::{AbortHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 
 use super::guarded::PortGuard;
@@ -33,6 +41,102 @@ pub struct Accepted {
     pub peer: SocketAddr,
     /// The certificate the other side presented, when the port speaks TLS and it gave one.
     pub peer_certificate: Option<CertificateDer<'static>>,
+    /// Its place among the port's unauthenticated connections, until
+    /// [`Admission::authenticated`].
+    pub admission: Admission,
+}
+
+/// The port's connections that have not authenticated yet, oldest first.
+struct Unauthenticated {
+    max: usize,
+    per_source_max: usize,
+    inner: Mutex<UnauthenticatedInner>,
+}
+
+#[derive(Default)]
+struct UnauthenticatedInner {
+    next_id: u64,
+    /// By admission order: the source, and how to close the connection's task.
+    by_age: BTreeMap<u64, (IpAddr, Option<AbortHandle>)>,
+    per_source: HashMap<IpAddr, usize>,
+}
+
+impl UnauthenticatedInner {
+    fn remove(&mut self, id: u64) -> Option<(IpAddr, Option<AbortHandle>)> {
+        let (source, handle) = self.by_age.remove(&id)?;
+        if let Some(count) = self.per_source.get_mut(&source) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_source.remove(&source);
+            }
+        }
+        Some((source, handle))
+    }
+}
+
+impl Unauthenticated {
+    /// Admits a connection from `source`, closing the oldest unauthenticated one if the pool
+    /// is full; `None` if `source` already holds its share.
+    fn admit(self: &Arc<Self>, port: &'static str, source: IpAddr) -> Option<Admission> {
+        let mut inner = self.inner.lock().expect("never poisoned");
+        let held = inner.per_source.get(&source).copied().unwrap_or(0);
+        if held >= self.per_source_max {
+            tracing::warn!(port, %source, held, "connection refused: its source holds its share of unauthenticated connections");
+            return None;
+        }
+        if inner.by_age.len() >= self.max {
+            let oldest = *inner.by_age.keys().next().expect("the pool is full");
+            if let Some((evicted, Some(handle))) = inner.remove(oldest) {
+                tracing::warn!(port, %evicted, "closed the oldest unauthenticated connection to make room");
+                handle.abort();
+            }
+        }
+        let id = inner.next_id;
+        inner.next_id += 1;
+        inner.by_age.insert(id, (source, None));
+        *inner.per_source.entry(source).or_default() += 1;
+        Some(Admission {
+            pool: self.clone(),
+            id,
+        })
+    }
+
+    fn serving(&self, id: u64, handle: AbortHandle) {
+        if let Some(entry) = self
+            .inner
+            .lock()
+            .expect("never poisoned")
+            .by_age
+            .get_mut(&id)
+        {
+            entry.1 = Some(handle);
+        }
+    }
+
+    fn leave(&self, id: u64) {
+        self.inner.lock().expect("never poisoned").remove(id);
+    }
+}
+
+/// A connection's place among its port's unauthenticated connections; it leaves them once
+/// [`authenticated`](Self::authenticated), or when the connection ends.
+pub struct Admission {
+    pool: Arc<Unauthenticated>,
+    id: u64,
+}
+
+impl Admission {
+    /// The connection authenticated: it no longer counts against the unauthenticated pool and
+    /// cannot be closed to make room in it.
+    pub fn authenticated(&self) {
+        self.pool.leave(self.id);
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.pool.leave(self.id);
+    }
 }
 
 /// Accepts on `listener` and runs `serve` for each connection on its own task, until `stop`
@@ -42,7 +146,9 @@ pub struct Accepted {
 ///
 /// Every connection is held to `limits`. At most `limits.connections_max` are open at once
 /// (handshaking ones included): one more is closed as soon as it is accepted, before it costs
-/// a handshake or a buffer.
+/// a handshake or a buffer. Of those, the unauthenticated ones are held to
+/// `limits.unauthenticated_max` and `limits.unauthenticated_per_source_max` (see the module's
+/// docs); `serve` calls [`Admission::authenticated`] once its connection has.
 pub async fn serve_each_connection<F, Fut>(
     port: &'static str,
     listener: TcpListener,
@@ -56,6 +162,11 @@ pub async fn serve_each_connection<F, Fut>(
 {
     let serve = Arc::new(serve);
     let connections_max = limits.connections_max;
+    let unauthenticated = Arc::new(Unauthenticated {
+        max: limits.unauthenticated_max,
+        per_source_max: limits.unauthenticated_per_source_max,
+        inner: Mutex::default(),
+    });
     let guard = PortGuard::new(limits);
     let mut connections = JoinSet::new();
     loop {
@@ -70,13 +181,19 @@ pub async fn serve_each_connection<F, Fut>(
                         drop(tcp);
                         continue;
                     }
+                    let Some(admission) = unauthenticated.admit(port, peer.ip()) else {
+                        drop(tcp);
+                        continue;
+                    };
+                    let id = admission.id;
                     let (serve, tls, guard) = (serve.clone(), tls.clone(), guard.clone());
-                    connections.spawn(async move {
-                        if let Some(mut accepted) = handshake(port, tcp, peer, tls).await {
+                    let handle = connections.spawn(async move {
+                        if let Some(mut accepted) = handshake(port, tcp, peer, tls, admission).await {
                             accepted.stream = Box::new(guard.guard(accepted.stream));
                             serve(accepted).await;
                         }
                     });
+                    unauthenticated.serving(id, handle);
                 }
                 Err(error) => {
                     // Out of descriptors, say: try again shortly rather than spin.
@@ -103,6 +220,7 @@ async fn handshake(
     tcp: TcpStream,
     peer: SocketAddr,
     tls: Option<TlsAcceptor>,
+    admission: Admission,
 ) -> Option<Accepted> {
     // Requests and answers are small frames: never hold one back for the other side's
     // delayed ACK.
@@ -112,6 +230,7 @@ async fn handshake(
             stream: Box::new(tcp),
             peer,
             peer_certificate: None,
+            admission,
         });
     };
     match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.accept(tcp)).await {
@@ -126,6 +245,7 @@ async fn handshake(
                 stream: Box::new(stream),
                 peer,
                 peer_certificate,
+                admission,
             })
         }
         Ok(Err(error)) => {

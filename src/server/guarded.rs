@@ -46,6 +46,12 @@ pub struct PortLimits {
     pub idle_timeout: Duration,
     /// How long one frame may take to arrive, from its first byte to its last.
     pub frame_read_timeout: Duration,
+    /// Connections not yet authenticated (handshaking, or not yet shown a credential) held at
+    /// once; when full, the oldest of them is closed to make room for a new one, so that
+    /// nobody can hold the port by opening connections and never authenticating.
+    pub unauthenticated_max: usize,
+    /// Of those, how many one source address may hold; one more is closed as it is accepted.
+    pub unauthenticated_per_source_max: usize,
 }
 
 /// The port-wide state the guards of one port's connections share.
@@ -297,6 +303,8 @@ mod tests {
     fn port(receiving_bytes_max: usize) -> Arc<PortGuard> {
         PortGuard::new(PortLimits {
             connections_max: 8,
+            unauthenticated_max: 8,
+            unauthenticated_per_source_max: 8,
             receiving_bytes_max,
             idle_timeout: IDLE,
             frame_read_timeout: FRAME,

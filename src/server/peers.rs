@@ -48,6 +48,9 @@ pub const PEER_CONNECTIONS_MAX: usize = 256;
 pub fn peer_port_limits() -> PortLimits {
     PortLimits {
         connections_max: PEER_CONNECTIONS_MAX,
+        // A peer authenticates in its TLS handshake; a replica dials each peer once or twice.
+        unauthenticated_max: PEER_CONNECTIONS_MAX / 4,
+        unauthenticated_per_source_max: PEER_CONNECTIONS_MAX / 16,
         receiving_bytes_max: 4 * PEER_FRAME_BYTES_MAX,
         idle_timeout: std::time::Duration::from_secs(60),
         frame_read_timeout: std::time::Duration::from_secs(60),
@@ -246,6 +249,9 @@ pub async fn serve_peers(
                     );
                     return;
                 }
+                // A peer authenticates in its handshake (its certificate names the node each
+                // request is then checked against).
+                accepted.admission.authenticated();
                 let transport = framed::<_, ServingRequest, ServingResponse>(
                     accepted.stream,
                     PEER_FRAME_BYTES_MAX,

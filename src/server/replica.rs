@@ -214,6 +214,11 @@ impl Replica {
                 ConnectionBudget {
                     port: PortLimits {
                         connections_max: config.client_connections_max,
+                        unauthenticated_max: config
+                            .client_unauthenticated_connections_max
+                            .min(config.client_connections_max),
+                        unauthenticated_per_source_max: config
+                            .client_unauthenticated_per_source_max,
                         receiving_bytes_max: config.client_receiving_bytes_max,
                         idle_timeout: Duration::from_millis(config.client_idle_timeout_ms),
                         frame_read_timeout: Duration::from_millis(
@@ -223,6 +228,9 @@ impl Replica {
                     requests: config.client_requests_in_flight_max,
                     append_bytes: config.client_append_bytes_in_flight_max,
                     answer_bytes: config.client_unwritten_answer_bytes_max,
+                    authenticate_timeout: Duration::from_millis(
+                        config.client_authenticate_timeout_ms,
+                    ),
                     port_answer_bytes: config.client_port_unwritten_answer_bytes_max,
                 },
                 tls.as_ref().map(|t| t.clients.clone()),

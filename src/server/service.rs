@@ -23,7 +23,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
 use super::auth::{authorize, Action, Authenticator, Principal};
-use super::connections::{serve_each_connection, PortLimits};
+use super::connections::{serve_each_connection, Admission, PortLimits};
 use super::handle::ReplicaHandle;
 use crate::client::tls::framed;
 use crate::client::version::{
@@ -103,6 +103,8 @@ pub struct ConnectionBudget {
     pub answer_bytes: usize,
     /// The same, over every connection of the port.
     pub port_answer_bytes: usize,
+    /// With authentication on, how long a connection may go without authenticating.
+    pub authenticate_timeout: Duration,
 }
 
 /// Serves clients until `stop` fires, over TLS when `tls` is given.
@@ -122,6 +124,14 @@ pub async fn serve_clients(
             (Some(auth), Some(cert)) => auth.by_certificate(cert),
             _ => None,
         };
+        // Authenticated by its certificate, or with nothing to show: it no longer counts
+        // among the port's unauthenticated connections. Otherwise it must call `authenticate`
+        // within the deadline.
+        let must_authenticate = auth.is_some() && principal.is_none();
+        if !must_authenticate {
+            accepted.admission.authenticated();
+        }
+        let admission = Arc::new(accepted.admission);
         let server = ControlLogServer {
             replica: replica.clone(),
             in_flight: Arc::new(Semaphore::new(requests_in_flight_max)),
@@ -134,6 +144,8 @@ pub async fn serve_clients(
             answer_bytes: Arc::new(Semaphore::new(budget.answer_bytes)),
             port_answer_bytes: port_answer_bytes.clone(),
             held: Arc::default(),
+            admission: admission.clone(),
+            authenticated: Arc::default(),
             auth: auth.clone(),
             principal: Arc::new(std::sync::Mutex::new(principal)),
             failed_authentications: Arc::default(),
@@ -141,7 +153,9 @@ pub async fn serve_clients(
             protocol: Arc::new(AtomicU16::new(PROTOCOL_V010)),
         };
         let hang_up = server.hang_up.clone();
+        let authenticated = server.authenticated.clone();
         let protocol = server.protocol.clone();
+        let authenticate_timeout = budget.authenticate_timeout;
         async move {
             // Every answer leaves in a form the connection's protocol decodes, and gives back
             // what it held of the budgets once the transport has taken it.
@@ -169,6 +183,16 @@ pub async fn serve_clients(
                 biased;
                 _ = hang_up.notified() => {
                     tracing::info!(peer = %accepted.peer, "closing a connection after failed authentications");
+                }
+                _ = async {
+                    let authenticating = authenticated.notified();
+                    if !must_authenticate
+                        || tokio::time::timeout(authenticate_timeout, authenticating).await.is_ok()
+                    {
+                        std::future::pending::<()>().await;
+                    }
+                } => {
+                    tracing::info!(peer = %accepted.peer, ?authenticate_timeout, "closing a connection that did not authenticate in time");
                 }
                 _ = serving => {}
             }
@@ -214,6 +238,11 @@ struct ControlLogServer {
     failed_authentications: Arc<std::sync::atomic::AtomicU32>,
     /// Ends the connection (see [`AUTHENTICATE_FAILURES_MAX`]).
     hang_up: Arc<tokio::sync::Notify>,
+    /// The connection's place among the port's unauthenticated connections, left once it
+    /// authenticates.
+    admission: Arc<Admission>,
+    /// Told once a token authenticated the connection, which then has no deadline.
+    authenticated: Arc<tokio::sync::Notify>,
     /// The protocol version the connection's `hello` agreed on; v0.1.0's until one does.
     protocol: Arc<AtomicU16>,
 }
@@ -343,9 +372,15 @@ impl ControlLogServer {
             return Ok(());
         }
         let result = match &*self.principal.lock().expect("never poisoned") {
-            None => Err(ApiError::Unauthorized(
-                "present a client certificate the cluster knows, or a token".into(),
-            )),
+            None => {
+                // A request before authenticating counts toward the hang-up, as a failed
+                // `authenticate` does: a connection cannot probe the port for ever.
+                self.failed_authentications
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Err(ApiError::Unauthorized(
+                    "present a client certificate the cluster knows, or a token".into(),
+                ))
+            }
             Some(principal) => authorize(principal, &action),
         };
         if let Err(refusal) = &result {
@@ -588,6 +623,8 @@ impl ControlLog for ControlLogServer {
             Some(principal) => {
                 let name = principal.name.clone();
                 *self.principal.lock().expect("never poisoned") = Some(principal);
+                self.admission.authenticated();
+                self.authenticated.notify_one();
                 Ok(name)
             }
             None => {

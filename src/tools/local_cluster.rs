@@ -42,8 +42,9 @@ impl LocalCluster {
     }
 
     /// Like [`LocalCluster::start`], with TLS on both ports and authentication on: a CA and
-    /// certificates for replicas 1 to 9 under `dir/pki`, and an admin client identity, which
-    /// [`LocalCluster::client_options`] carries.
+    /// certificates for replicas 1 to 9 under `dir/pki`, an admin client identity, which
+    /// [`LocalCluster::client_options`] carries, and one for container `c1`
+    /// (`certs::client_identity(dir/pki, "c1")`, role `container:c1`).
     pub async fn start_secure(
         dir: &Path,
         size: u64,
@@ -55,7 +56,7 @@ impl LocalCluster {
             &pki,
             &ids,
             &["127.0.0.1".into()],
-            &["admin".into()],
+            &["admin".into(), "c1".into()],
             1,
             false,
         )
@@ -66,7 +67,11 @@ impl LocalCluster {
         let secure = Secure {
             auth: AuthConfig {
                 tokens_file: None,
-                certificates: [("client-admin".to_string(), "admin".to_string())].into(),
+                certificates: [
+                    ("client-admin".to_string(), "admin".to_string()),
+                    ("client-c1".to_string(), "container:c1".to_string()),
+                ]
+                .into(),
             },
             client: ClientOptions {
                 tls: Some(client_tls),
