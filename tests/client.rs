@@ -1455,14 +1455,14 @@ async fn closed_within(stream: &mut tokio::net::TcpStream, within: Duration) -> 
 }
 
 /// Goal (issue 32): connections that never authenticate cannot lock anyone out of the client
-/// port. They are held to a pool of their own (1,024 here, the default, and 64 per source
+/// port. They are held to a pool of their own (1,024 here, the default, and 256 per source
 /// address): when it is full the oldest is closed, one source beyond its share is closed at
 /// once, a connection that does not authenticate within the deadline (500 ms here) is
 /// closed, and requests refused before authenticating count toward the hang-up. Steps: a
-/// secure cluster (certificates and authentication); 100 silent connections from 127.0.0.66:
-/// 36 are closed at once, 64 stay; a TLS connection without a client certificate is refused
+/// secure cluster (certificates and authentication); 300 silent connections from 127.0.0.66:
+/// 44 are closed at once, 256 stay; a TLS connection without a client certificate is refused
 /// `Unauthorized` three times and closed at the fourth request, another is closed by the
-/// deadline; then 4,096 silent connections from 127.0.0.2–127.0.0.65, after which an admin
+/// deadline; then 4,096 silent connections from 127.0.0.2–127.0.0.17, after which an admin
 /// (its certificate) reads the status and a container `c1` (its certificate) registers and
 /// heartbeats, from 127.0.0.1. On 3d7237e the 4,096 filled the port and the admin's call
 /// failed with "connection reset".
@@ -1485,7 +1485,7 @@ async fn connections_that_never_authenticate_lock_nobody_out() {
     // One source beyond its share.
     let one_source = Ipv4Addr::new(127, 0, 0, 66);
     let mut from_one = Vec::new();
-    for _ in 0..100 {
+    for _ in 0..300 {
         from_one.push(silent_connection(one_source, addr).await);
     }
     // All at once: the ones admitted are closed too once their TLS handshake times out (5 s).
@@ -1498,8 +1498,8 @@ async fn connections_that_never_authenticate_lock_nobody_out() {
         .filter(|&closed| closed)
         .count();
     assert_eq!(
-        closed, 36,
-        "one source holds 64 unauthenticated connections"
+        closed, 44,
+        "one source holds 256 unauthenticated connections"
     );
     drop(from_one);
 
@@ -1535,8 +1535,8 @@ async fn connections_that_never_authenticate_lock_nobody_out() {
 
     // Many sources, 4,096 connections: the oldest unauthenticated ones make room.
     let mut silent = Vec::new();
-    for source in 2..=65u8 {
-        for _ in 0..64 {
+    for source in 2..=17u8 {
+        for _ in 0..256 {
             silent.push(silent_connection(Ipv4Addr::new(127, 0, 0, source), addr).await);
         }
     }

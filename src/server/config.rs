@@ -136,7 +136,7 @@ impl Default for ReplicaConfig {
             client_frame_bytes_max: 2 * COMMAND_BYTES_MAX_DEFAULT + (64 << 10),
             client_connections_max: 4096,
             client_unauthenticated_connections_max: 1024,
-            client_unauthenticated_per_source_max: 64,
+            client_unauthenticated_per_source_max: 256,
             client_authenticate_timeout_ms: 10_000,
             client_receiving_bytes_max: 256 << 20,
             client_idle_timeout_ms: 600_000,

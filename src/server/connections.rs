@@ -13,7 +13,8 @@
 //! a pool of their own ([`PortLimits::unauthenticated_max`], and a share per source address):
 //! when the pool is full the oldest is closed to make room. So connections that never
 //! authenticate cannot fill the port (3d7237e: 4,096 of them locked everyone out), and the
-//! rest of the port stays for connections that did.
+//! rest of the port stays for connections that did. A port without TLS has nothing to
+//! authenticate with, and its connections never enter the pool.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -185,6 +186,11 @@ pub async fn serve_each_connection<F, Fut>(
                         drop(tcp);
                         continue;
                     };
+                    // Without TLS there is nothing to authenticate with (authentication needs
+                    // TLS): such a connection is as authenticated as it will ever be.
+                    if tls.is_none() {
+                        admission.authenticated();
+                    }
                     let id = admission.id;
                     let (serve, tls, guard) = (serve.clone(), tls.clone(), guard.clone());
                     let handle = connections.spawn(async move {
