@@ -30,7 +30,7 @@ use axum::extract::{FromRef, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
-use axum::Router;
+use axum::{Extension, Router};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use prometheus_client::encoding::text::encode;
@@ -62,6 +62,14 @@ pub async fn bind_http(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListe
 /// How long a client may take to send a request's headers (a slow-loris defence): a probe or a
 /// scrape sends them at once.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connections the observability port holds at once; one more is closed as it is accepted.
+/// Probes, scrapes and a few browsers need a handful.
+pub const HTTP_CONNECTIONS_MAX: usize = 256;
+
+/// The address a request came from, for the failed-token throttle.
+#[derive(Clone, Copy)]
+struct Source(std::net::IpAddr);
 
 /// What the handlers share: the replica, and who may read what.
 #[derive(Clone)]
@@ -102,10 +110,10 @@ pub async fn serve_http(
     let sampling = tokio::spawn(record_history(replica, stop.clone()));
     let mut connections = tokio::task::JoinSet::new();
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = stop.changed() => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(error) => {
                     // Out of descriptors, most likely: let some connections end first.
                     tracing::warn!(%error, "the observability port could not accept");
@@ -114,7 +122,12 @@ pub async fn serve_http(
                 }
             },
         };
-        let service = TowerToHyperService::new(app.clone());
+        while connections.try_join_next().is_some() {}
+        if connections.len() >= HTTP_CONNECTIONS_MAX {
+            tracing::warn!(%peer, HTTP_CONNECTIONS_MAX, "observability connection refused: the port is full");
+            continue;
+        }
+        let service = TowerToHyperService::new(app.clone().layer(Extension(Source(peer.ip()))));
         connections.spawn(async move {
             let served = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -125,7 +138,6 @@ pub async fn serve_http(
                 tracing::debug!(%error, "observability connection ended");
             }
         });
-        while connections.try_join_next().is_some() {}
     }
     connections.shutdown().await;
     sampling.abort();
@@ -439,10 +451,11 @@ struct PageQuery {
 
 async fn status_json(
     State(port): State<Port>,
+    Extension(source): Extension<Source>,
     headers: HeaderMap,
     Query(query): Query<PageQuery>,
 ) -> Response {
-    let reader = match port.access.reader(&headers) {
+    let reader = match port.access.reader(&headers, source.0) {
         Ok(reader) => reader,
         Err(refusal) => return refusal.into_response(),
     };
@@ -506,8 +519,12 @@ async fn status_json(
     .into_response()
 }
 
-async fn history_json(State(port): State<Port>, headers: HeaderMap) -> Response {
-    if let Err(refusal) = port.access.reader(&headers) {
+async fn history_json(
+    State(port): State<Port>,
+    Extension(source): Extension<Source>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(refusal) = port.access.reader(&headers, source.0) {
         return refusal.into_response();
     }
     axum::Json(port.replica.history().samples()).into_response()
