@@ -368,7 +368,7 @@ async fn an_orchestrator_scales_an_external_job_on_the_published_count() {
             orchestrator.reconcile(&cluster, &files).await;
             let at = client.state(0).await.unwrap();
             if condition(&at.state) {
-                last = at.state;
+                last = std::sync::Arc::unwrap_or_clone(at.state);
                 break;
             }
             assert!(

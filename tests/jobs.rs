@@ -422,7 +422,7 @@ async fn restart_and_reset_reach_the_full_replay_state() {
             reset => panic!("unexpected {reset:?}"),
         }
     }
-    assert_eq!(folded, reference);
+    assert_eq!(folded, *reference);
     cluster.shutdown().await;
 }
 

@@ -310,8 +310,10 @@ pub struct HeartbeatAck {
 pub struct StateAt {
     /// The last offset folded into `state`.
     pub offset: Offset,
-    /// The job as the log describes it at `offset`.
-    pub state: JobState,
+    /// The job as the log describes it at `offset`. Shared, not copied: the replica answers
+    /// every reader of one offset with the state its state machine holds (encoded as the
+    /// state itself, so the wire is that of v0.1.0).
+    pub state: std::sync::Arc<JobState>,
     /// The commands the job model refused up to then.
     pub rejections: RejectionLog,
 }

@@ -147,7 +147,7 @@ impl Cursor {
                     let at = state_at(&self.connector, (self.next - 1).max(own)).await?;
                     self.next = at.offset + 1;
                     return Ok(SubscriptionItem::Reset {
-                        state: at.state,
+                        state: std::sync::Arc::unwrap_or_clone(at.state),
                         offset: at.offset,
                     });
                 }

@@ -444,14 +444,15 @@ impl ReplicaHandle {
                 )))
             }
         }
-        // The copy is made outside the state machine's lock, which applies wait on.
+        // Shared with the state machine, which copies on its next write if this answer is
+        // still held then: the answer costs a reference, however many readers ask.
         let (job, rejections) = self
             .inner
             .state_machine
             .read(|state| (state.job.clone(), state.rejections.clone()));
         Ok(StateAt {
             offset: job.last_offset(),
-            state: JobState::clone(&job),
+            state: job,
             rejections,
         })
     }

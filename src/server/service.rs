@@ -5,7 +5,8 @@
 //! (excess requests are answered `Overloaded`). Both are held until the transport takes the
 //! answer, not only until the handler returns: a client that sends requests and never reads
 //! the answers pins at most its budgets in the replica's memory (tarpc queues answers that
-//! cannot be written, and each `state` answer is a copy of the job). A connection
+//! cannot be written). A `state` answer shares the state machine's job rather than copying
+//! it, and `state_chunk` answers of one offset share one encoding port-wide. A connection
 //! that sends a frame above the limit or bytes that do not decode is closed by its transport;
 //! nothing else is affected, and nothing is applied from it.
 
@@ -119,6 +120,7 @@ pub async fn serve_clients(
     let frame_bytes_max = listener.frame_bytes_max;
     let requests_in_flight_max = budget.requests;
     let port_answer_bytes = Arc::new(Semaphore::new(budget.port_answer_bytes));
+    let latest_encoded_state: Arc<std::sync::Mutex<Option<EncodedState>>> = Arc::default();
     serve_each_connection("client", listener.listener, tls, budget.port, stop, move |accepted| {
         let principal = match (&auth, &accepted.peer_certificate) {
             (Some(auth), Some(cert)) => auth.by_certificate(cert),
@@ -138,6 +140,7 @@ pub async fn serve_clients(
             in_flight_max: requests_in_flight_max as u32,
             frame_bytes_max,
             encoded_state: Arc::default(),
+            latest_encoded_state: latest_encoded_state.clone(),
             append_bytes: Arc::new(Semaphore::new(budget.append_bytes)),
             append_bytes_max: budget.append_bytes,
             fetches: Arc::new(Semaphore::new(FETCHES_IN_FLIGHT_MAX)),
@@ -217,6 +220,9 @@ struct ControlLogServer {
     frame_bytes_max: usize,
     /// The encoded state this connection is reading in chunks, and the offset it is as of.
     encoded_state: Arc<std::sync::Mutex<Option<EncodedState>>>,
+    /// The latest state any connection of the port encoded for `state_chunk`: connections
+    /// reading one offset share one encoding instead of one each.
+    latest_encoded_state: Arc<std::sync::Mutex<Option<EncodedState>>>,
     /// Encoded bytes of the appends in flight on this connection.
     append_bytes: Arc<Semaphore>,
     append_bytes_max: usize,
@@ -346,6 +352,19 @@ impl ControlLogServer {
                 })?;
         self.hold(permit);
         Ok(())
+    }
+
+    /// `at` encoded, from the port's latest encoding when it is of the same offset.
+    fn encoding_of(&self, at: &StateAt) -> Arc<Vec<u8>> {
+        let mut latest = self.latest_encoded_state.lock().expect("never poisoned");
+        match &*latest {
+            Some((offset, encoded)) if *offset == at.offset => encoded.clone(),
+            _ => {
+                let encoded = Arc::new(crate::log::encode(at));
+                *latest = Some((at.offset, encoded.clone()));
+                encoded
+            }
+        }
     }
 
     /// What one answer on this port may carry: its frame limit less the envelope.
@@ -531,7 +550,7 @@ impl ControlLog for ControlLogServer {
                 .replica
                 .state(offset, clamp_wait(&ctx, STATE_CHUNK_WAIT_MS))
                 .await?;
-            let encoded = Arc::new(crate::log::encode(&at));
+            let encoded = self.encoding_of(&at);
             *self.encoded_state.lock().expect("never poisoned") =
                 Some((at.offset, encoded.clone()));
             (at.offset, encoded)

@@ -70,7 +70,7 @@ pub async fn job_state_until(
             Err(error) => return Err(error.to_string()),
         };
         match client.state(applied).await {
-            Ok(at) if condition(&at.state) => Ok(at.state),
+            Ok(at) if condition(&at.state) => Ok(std::sync::Arc::unwrap_or_clone(at.state)),
             Ok(at) => Err(format!("the state was\n{}", state_text(&at))),
             Err(error) => Err(error.to_string()),
         }
