@@ -559,19 +559,7 @@ async fn wrong_tokens_on_the_status_port_are_throttled_and_its_connections_cappe
     for _ in 0..HTTP_CONNECTIONS_MAX + 44 {
         idle.push(tokio::net::TcpStream::connect(http).await.unwrap());
     }
-    let looks = idle.iter_mut().map(|stream| async move {
-        let mut byte = [0u8; 1];
-        let read = tokio::time::timeout(
-            Duration::from_millis(200),
-            tokio::io::AsyncReadExt::read(stream, &mut byte),
-        );
-        matches!(read.await, Ok(Ok(0) | Err(_)))
-    });
-    let closed = futures::future::join_all(looks)
-        .await
-        .into_iter()
-        .filter(|&closed| closed)
-        .count();
+    let closed = common::count_closed(&mut idle, Duration::from_millis(200)).await;
     assert_eq!(
         closed, 44,
         "the port holds {HTTP_CONNECTIONS_MAX} connections"

@@ -1446,15 +1446,6 @@ async fn silent_connection(source: std::net::Ipv4Addr, addr: SocketAddr) -> toki
     socket.connect(addr).await.unwrap()
 }
 
-/// Whether the replica closed `stream` within `within` (it reads end of file or a reset).
-async fn closed_within(stream: &mut tokio::net::TcpStream, within: Duration) -> bool {
-    let mut byte = [0u8; 1];
-    matches!(
-        tokio::time::timeout(within, stream.read(&mut byte)).await,
-        Ok(Ok(0) | Err(_))
-    )
-}
-
 /// Goal (issue 32): connections that never authenticate cannot lock anyone out of the client
 /// port. They are held to a pool of their own (1,024 here, the default, and 256 per source
 /// address): when it is full the oldest is closed, one source beyond its share is closed at
@@ -1490,14 +1481,7 @@ async fn connections_that_never_authenticate_lock_nobody_out() {
         from_one.push(silent_connection(one_source, addr).await);
     }
     // All at once: the ones admitted are closed too once their TLS handshake times out (5 s).
-    let looks = from_one
-        .iter_mut()
-        .map(|stream| closed_within(stream, Duration::from_millis(200)));
-    let closed = futures::future::join_all(looks)
-        .await
-        .into_iter()
-        .filter(|&closed| closed)
-        .count();
+    let closed = count_closed(&mut from_one, Duration::from_millis(200)).await;
     assert_eq!(
         closed, 44,
         "one source holds 256 unauthenticated connections"
