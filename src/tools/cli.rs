@@ -585,6 +585,8 @@ pub fn chaos_text(figures: &Value) -> String {
     format!(
         "chaos seed {seed}: {rounds} rounds ({faults})\n\
          acknowledged appends {acked} (log reached offset {last}); lost {lost}; duplicated {dup}; violations {v}\n\
+         log ids holding different entries {forks} (of {compared} WAL entries compared); tasks run twice {double}\n\
+         power losses in the window {in_window}; back on the peer port {back}\n\
          failover (fault → first commit under a new leader): {all}\n  {kinds}\n\
          subscribers caught up {catch} ms after the load stopped",
         seed = figures["seed"],
@@ -595,6 +597,11 @@ pub fn chaos_text(figures: &Value) -> String {
         lost = figures["lost"],
         dup = figures["duplicates"],
         v = figures["violations"],
+        forks = figures["forked_log_ids"],
+        compared = figures["log_entries_compared"],
+        double = figures["double_runs"],
+        in_window = figures["power_losses_in_window"],
+        back = quantiles(&figures["power_loss_back_ms"]),
         all = quantiles(&figures["failover_all_ms"]),
         kinds = counts(&figures["failover_ms"], &|k, q| format!("{k}: {}", quantiles(q))),
         catch = figures["subscriber_catch_up_ms"],
