@@ -314,29 +314,32 @@ impl ReplicaConfig {
                 "must exceed election_timeout_min_ms",
             )?;
         }
-        if self.snapshot_logs_since_last == 0 {
-            refuse("snapshot_logs_since_last", "must be at least 1")?;
-        }
-        if self.command_bytes_max == 0 {
-            refuse("command_bytes_max", "must be at least 1")?;
-        }
-        if self.client_connections_max == 0 {
-            refuse("client_connections_max", "must be at least 1")?;
-        }
-        if self.client_unauthenticated_connections_max == 0 {
-            refuse(
+        let at_least_one = [
+            ("snapshot_logs_since_last", self.snapshot_logs_since_last),
+            ("command_bytes_max", self.command_bytes_max as u64),
+            ("client_connections_max", self.client_connections_max as u64),
+            (
                 "client_unauthenticated_connections_max",
-                "must be at least 1",
-            )?;
-        }
-        if self.client_unauthenticated_per_source_max == 0 {
-            refuse(
+                self.client_unauthenticated_connections_max as u64,
+            ),
+            (
                 "client_unauthenticated_per_source_max",
-                "must be at least 1",
-            )?;
-        }
-        if self.client_authenticate_timeout_ms == 0 {
-            refuse("client_authenticate_timeout_ms", "must be at least 1")?;
+                self.client_unauthenticated_per_source_max as u64,
+            ),
+            (
+                "client_authenticate_timeout_ms",
+                self.client_authenticate_timeout_ms,
+            ),
+            ("client_idle_timeout_ms", self.client_idle_timeout_ms),
+            (
+                "client_frame_read_timeout_ms",
+                self.client_frame_read_timeout_ms,
+            ),
+        ];
+        for (field, value) in at_least_one {
+            if value == 0 {
+                refuse(field, "must be at least 1")?;
+            }
         }
         let one_command_answer =
             self.command_bytes_max + LOG_ENTRY_OVERHEAD_BYTES_MAX + ANSWER_ENVELOPE_BYTES_MAX;
@@ -391,12 +394,6 @@ impl ReplicaConfig {
                 "must be at least client_frame_bytes_max, or a frame of the full size is always \
                  refused",
             )?;
-        }
-        if self.client_idle_timeout_ms == 0 {
-            refuse("client_idle_timeout_ms", "must be at least 1")?;
-        }
-        if self.client_frame_read_timeout_ms == 0 {
-            refuse("client_frame_read_timeout_ms", "must be at least 1")?;
         }
         if self.client_frame_bytes_max < 2 * APPEND_MANY_BYTES_MAX {
             refuse(

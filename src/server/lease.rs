@@ -2,10 +2,11 @@
 //!
 //! openraft 0.9 does not step a leader down when it loses its quorum (no check-quorum), and a
 //! leader removed from the membership keeps its vote, so "my metrics say I lead" is not
-//! leadership (ARCHITECTURE.md, "Invariants"). Each metrics report carries `millis_since_quorum_ack`, the age
-//! of the latest quorum acknowledgement at the time of the report; [`track`] turns that into the
-//! instant of the acknowledgement. A partitioned leader hears nothing, reports nothing new, and
-//! the instant stays where it was: its age grows, as it should.
+//! leadership (ARCHITECTURE.md, "Invariants"). Each metrics report carries
+//! `millis_since_quorum_ack`, the age of the latest quorum acknowledgement at the time of the
+//! report; [`track`] turns that into the instant of the acknowledgement. A partitioned leader
+//! hears nothing, reports nothing new, and the instant stays where it was: its age grows, as it
+//! should.
 //!
 //! Two uses, two bounds:
 //! * [`QuorumLease::holds`] within `election_timeout_min`: no follower can have started an
