@@ -489,21 +489,21 @@ async fn status_json_from(
     token: &str,
 ) -> (u16, bool) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.bind((source, 0).into()).unwrap();
-    let mut stream = socket.connect(http).await.unwrap();
-    let request = format!(
-        "GET /status.json HTTP/1.1\r\nHost: {http}\r\nAuthorization: Bearer {token}\r\n\r\n"
-    );
-    // Two requests on one keep-alive connection; a refused token must close it after the first.
-    stream
-        .write_all(format!("{request}{request}").as_bytes())
-        .await
-        .unwrap();
+    let mut stream = common::connect_from(source, http).await.unwrap();
+    let request = |connection: &str| {
+        format!(
+            "GET /status.json HTTP/1.1\r\nHost: {http}\r\nAuthorization: Bearer {token}\r\n\
+             Connection: {connection}\r\n\r\n"
+        )
+    };
+    // Two requests on one connection, the second asking to close it after its answer: a
+    // refused token must close it after the first.
+    let requests = request("keep-alive") + &request("close");
+    stream.write_all(requests.as_bytes()).await.unwrap();
     let mut answer = Vec::new();
     tokio::time::timeout(WAIT, stream.read_to_end(&mut answer))
         .await
-        .expect("the replica answers and closes (a refusal) or keeps the connection (200)")
+        .expect("the replica answers and closes the connection")
         .ok();
     let text = String::from_utf8_lossy(&answer);
     let code = text

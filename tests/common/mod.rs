@@ -154,3 +154,14 @@ pub async fn count_closed(streams: &mut [tokio::net::TcpStream], within: Duratio
         .filter(|&closed| closed)
         .count()
 }
+
+/// A TCP connection to `addr` from `source`: any 127.0.0.0/8 address is this host, so a test
+/// can be many clients at once.
+pub async fn connect_from(
+    source: std::net::Ipv4Addr,
+    addr: SocketAddr,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind((source, 0).into())?;
+    socket.connect(addr).await
+}
