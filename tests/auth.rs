@@ -518,6 +518,7 @@ async fn status_json_from(
 /// nor filled with connections. A wrong token is answered 401 and closes its connection; a
 /// source that sent 5 wrong tokens within a second is answered 429 until the second is over;
 /// another source's right token is served meanwhile; at most 256 connections are held. Steps:
+/// three `ctrlog serve` processes with TLS, authentication and their observability ports;
 /// 2,000 wrong tokens from 127.0.0.1, each on a fresh connection (a second request on the
 /// same connection goes unanswered): no more than 5 a started second are looked at (401),
 /// the rest are 429; an operator's token from 127.0.0.2 reads the page; 300 idle connections:
@@ -527,12 +528,22 @@ async fn status_json_from(
 async fn wrong_tokens_on_the_status_port_are_throttled_and_its_connections_capped() {
     use ctrlog::server::http::HTTP_CONNECTIONS_MAX;
     use ctrlog::server::page_access::FAILED_TOKENS_PER_SECOND;
+    use ctrlog::tools::bench::ProcessCluster;
     use std::net::Ipv4Addr;
 
     const GUESSES: usize = 2_000;
-    let setup = Setup::start().await;
-    let leader = setup.cluster.wait_for_leader(WAIT).await.unwrap();
-    let http = setup.cluster.replica(leader).http_addr().unwrap();
+    let cluster = ProcessCluster::start_secure(common::replica_exe(), 3, "", true, &[])
+        .await
+        .unwrap();
+    let leader = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
+        .await
+        .unwrap()
+        .leader_status()
+        .await
+        .unwrap()
+        .id;
+    let http = cluster.http_addr(leader as usize - 1).unwrap();
+    let operator_token = cluster.token("operator").unwrap();
     let guesser = Ipv4Addr::new(127, 0, 0, 1);
 
     let started = std::time::Instant::now();
@@ -552,7 +563,7 @@ async fn wrong_tokens_on_the_status_port_are_throttled_and_its_connections_cappe
         "{looked_at} wrong tokens looked at in {seconds} started seconds"
     );
     assert_eq!(looked_at + throttled, GUESSES as u64);
-    let (code, closed) = status_json_from(Ipv4Addr::new(127, 0, 0, 2), http, OPERATOR_TOKEN).await;
+    let (code, closed) = status_json_from(Ipv4Addr::new(127, 0, 0, 2), http, operator_token).await;
     assert_eq!((code, closed), (200, false), "another source is served");
 
     let mut idle = Vec::new();
@@ -565,5 +576,4 @@ async fn wrong_tokens_on_the_status_port_are_throttled_and_its_connections_cappe
         "the port holds {HTTP_CONNECTIONS_MAX} connections"
     );
     drop(idle);
-    setup.cluster.shutdown().await;
 }

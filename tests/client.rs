@@ -1323,9 +1323,10 @@ async fn a_per_call_deadline_gives_up_naming_the_pair_to_retry() {
 /// the job (now it shares the state machine's), and the slot a request held was given back
 /// when its handler returned, while
 /// tarpc queued the unwritten answers (up to 2,048 a connection): 1,000 unread `state` calls
-/// took a replica from 70 MB to 1.8 GB. Steps: three `ctrlog serve` processes; a job of 3,000
-/// registered containers (a `state` answer of about 1 MB); one connection to replica 1 sends
-/// 1,000 `state`, 1,000 `state_chunk` and 1,000 `status` requests and reads nothing; for 3 s
+/// took a replica from 70 MB to 1.8 GB. Steps: three `ctrlog serve` processes with TLS and
+/// authentication; a job of 3,000 registered containers (a `state` answer of about 1 MB); one
+/// connection to replica 1 with container `c1`'s certificate sends 1,000 `state`, 1,000
+/// `state_chunk` and 1,000 `status` requests and reads nothing; for 3 s
 /// replica 1's RSS stays within its RSS before plus the connection's answer budget
 /// (`client_unwritten_answer_bytes_max`, 16 MiB) plus 96 MiB for everything else (the
 /// requests' buffers, tarpc's queue of small refusals, the allocator); meanwhile another
@@ -1341,10 +1342,10 @@ async fn answers_a_client_never_reads_pin_only_the_answer_budget() {
     const UNREAD_EACH: u64 = 1_000;
     const ANSWER_BUDGET: u64 = 16 << 20;
     const EVERYTHING_ELSE: u64 = 96 << 20;
-    let cluster = ProcessCluster::start_with(env!("CARGO_BIN_EXE_ctrlog").into(), 3, &[])
+    let cluster = ProcessCluster::start_secure(common::replica_exe(), 3, "", false, &[])
         .await
         .unwrap();
-    let client = ControlClient::connect(&cluster.client_addrs())
+    let client = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
         .await
         .unwrap();
     let registrations: Vec<Proposal> = (0..CONTAINERS)
@@ -1379,7 +1380,18 @@ async fn answers_a_client_never_reads_pin_only_the_answer_budget() {
     let replica_1 = cluster.client_addrs()[0].clone();
     let rss = || cluster.rss_bytes(0).expect("replica 1 runs");
     let before = rss();
+    let pki = cluster.pki().unwrap();
+    let (cert, key) = ctrlog::tools::certs::client_identity(pki, "c1");
+    let as_c1 = ctrlog::client::tls::client_config(
+        &ctrlog::tools::certs::ca_file(pki),
+        Some((&cert, &key)),
+    )
+    .unwrap();
     let tcp = tokio::net::TcpStream::connect(&replica_1).await.unwrap();
+    let tcp = tokio_rustls::TlsConnector::from(as_c1)
+        .connect(ctrlog::client::tls::server_name(&replica_1).unwrap(), tcp)
+        .await
+        .unwrap();
     let mut requests = ctrlog::client::tls::framed::<
         _,
         tarpc::Response<ctrlog::client::ControlLogResponse>,
@@ -1428,7 +1440,9 @@ async fn answers_a_client_never_reads_pin_only_the_answer_budget() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let other = ControlClient::connect(&[replica_1]).await.unwrap();
+    let other = ControlClient::connect_with(&[replica_1], cluster.client_options())
+        .await
+        .unwrap();
     other
         .state(last)
         .await
@@ -1441,8 +1455,8 @@ async fn answers_a_client_never_reads_pin_only_the_answer_budget() {
 /// port. They are held to a pool of their own (1,024 here, the default, and 256 per source
 /// address): when it is full the oldest is closed, one source beyond its share is closed at
 /// once, a connection that does not authenticate within the deadline (500 ms here) is
-/// closed, and requests refused before authenticating count toward the hang-up. Steps: a
-/// secure cluster (certificates and authentication); 300 silent connections from 127.0.0.66:
+/// closed, and requests refused before authenticating count toward the hang-up. Steps: three
+/// `ctrlog serve` processes with TLS and authentication; 300 silent connections from 127.0.0.66:
 /// 44 are closed at once, 256 stay; a TLS connection without a client certificate is refused
 /// `Unauthorized` three times and closed at the fourth request, another is closed by the
 /// deadline; then 4,096 silent connections from 127.0.0.2–127.0.0.17, after which an admin
@@ -1453,17 +1467,28 @@ async fn answers_a_client_never_reads_pin_only_the_answer_budget() {
 async fn connections_that_never_authenticate_lock_nobody_out() {
     use ctrlog::client::tls::{client_config, framed, server_name};
     use ctrlog::log::RegisterContainer;
+    use ctrlog::tools::bench::ProcessCluster;
     use ctrlog::tools::certs;
     use std::net::Ipv4Addr;
 
-    let dir = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::start_secure(dir.path(), 3, |c| {
-        c.client_authenticate_timeout_ms = 500;
-    })
+    let cluster = ProcessCluster::start_secure(
+        common::replica_exe(),
+        3,
+        "client_authenticate_timeout_ms = 500",
+        false,
+        &[],
+    )
     .await
     .unwrap();
-    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
-    let addr = cluster.replica(leader).client_addr();
+    let pki = cluster.pki().unwrap();
+    let leader = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
+        .await
+        .unwrap()
+        .leader_status()
+        .await
+        .unwrap()
+        .id;
+    let addr: std::net::SocketAddr = cluster.client_addrs()[leader as usize - 1].parse().unwrap();
 
     // One source beyond its share.
     let one_source = Ipv4Addr::new(127, 0, 0, 66);
@@ -1480,7 +1505,7 @@ async fn connections_that_never_authenticate_lock_nobody_out() {
     drop(from_one);
 
     // No certificate: refusals count toward the hang-up, and the deadline closes the rest.
-    let anonymous = client_config(&certs::ca_file(&dir.path().join("pki")), None).unwrap();
+    let anonymous = client_config(&certs::ca_file(pki), None).unwrap();
     let handshaken = || async {
         let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         tokio_rustls::TlsConnector::from(anonymous.clone())
@@ -1536,12 +1561,8 @@ async fn connections_that_never_authenticate_lock_nobody_out() {
     .await
     .expect("the admin connects");
     let status = admin.status().await.expect("the admin reads the status");
-    let (cert, key) = certs::client_identity(&dir.path().join("pki"), "c1");
-    let container_tls = client_config(
-        &certs::ca_file(&dir.path().join("pki")),
-        Some((&cert, &key)),
-    )
-    .unwrap();
+    let (cert, key) = certs::client_identity(pki, "c1");
+    let container_tls = client_config(&certs::ca_file(pki), Some((&cert, &key))).unwrap();
     let container = ControlClient::connect_with(
         &[addr.to_string()],
         ClientOptions::default()
@@ -1565,5 +1586,4 @@ async fn connections_that_never_authenticate_lock_nobody_out() {
         .expect("the container heartbeats");
     assert!(status.term > 0);
     drop(silent);
-    cluster.shutdown().await;
 }

@@ -7,12 +7,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{eventually, WAIT};
+use common::WAIT;
 use ctrlog::client::tls::{client_config, framed, server_name};
-use ctrlog::client::{ClientError, ClientOptions, ControlClient, SubscriptionItem};
+use ctrlog::client::{ClientError, ClientOptions, ControlClient, Status, SubscriptionItem};
 use ctrlog::log::{Command, Filter, Target};
 use ctrlog::raft::network::{PeerNetwork, RaftRpcClient};
 use ctrlog::server::TlsFiles;
+use ctrlog::tools::bench::ProcessCluster;
 use ctrlog::tools::certs::{Authority, Usage};
 use ctrlog::tools::LocalCluster;
 use futures::StreamExt;
@@ -279,99 +280,139 @@ async fn a_client_certificate_on_the_peer_port_is_refused() {
 }
 
 /// Goal (issue 32): a replica hears on its peer port only nodes that the membership its own
-/// log gives names, whatever a request claims. With node 4's certificate (the CA signed it,
-/// node 4 was never added), a follower is sent an `AppendEntries` with a committed vote of a
-/// higher term naming node 4 and one entry after the follower's last, a vote request of a
-/// higher term with a longer log, and an `InstallSnapshot` chunk: each is refused, and the
-/// follower's vote and log are as they were. Then replica 3 is removed, and its certificate
-/// sends the same to replica 1: refused too. The cluster commits on, and the forged command is
-/// nowhere in the log. On 3d7237e the forged `AppendEntries` was answered `Success` (a
-/// committed vote at least the replica's admitted a non-member) and the vote was granted.
+/// log gives names, whatever a request claims. Steps: three `ctrlog serve` processes with TLS
+/// and authentication, as deployed. With node 4's certificate (the CA signed it, node 4 was
+/// never added), a follower is sent an `AppendEntries` with a committed vote of a higher term
+/// naming node 4 and one entry after the follower's last, a vote request of a higher term with
+/// a longer log, and an `InstallSnapshot` chunk: each is refused, and the follower's term,
+/// leader and log are as they were. Then replica 3 is removed and stopped, and its
+/// certificate sends the same to a remaining member: refused too. The cluster commits on, and
+/// the forged command is in neither member's log. On 3d7237e the forged `AppendEntries` was
+/// answered `Success` (a committed vote at least the replica's admitted a non-member) and the
+/// vote was granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_outside_the_membership_is_refused_whatever_it_claims() {
-    let pki = Pki::new();
-    let data = tempfile::tempdir().unwrap();
-    let mut cluster = start(&pki, data.path()).await;
-    let client = ControlClient::connect_with(
-        &cluster.client_addrs(),
-        options(Some(client_config(&pki.ca(), None).unwrap())),
-    )
-    .await
-    .unwrap();
+    let mut cluster = ProcessCluster::start_secure(common::replica_exe(), 3, "", false, &[])
+        .await
+        .unwrap();
+    let pki = cluster.pki().unwrap().to_path_buf();
+    let client = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
+        .await
+        .unwrap();
     for seq in 0..10 {
         client
             .append_to(Target::All, Command::custom(1, 1, vec![seq]))
             .await
             .unwrap();
     }
-    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
-
-    refuses_every_forgery(&cluster, &pki, leader, 4, cluster.follower_of(leader)).await;
+    let leader = client.leader_status().await.unwrap().id;
+    let follower = if leader == 1 { 2 } else { 1 };
+    refuses_every_forgery(&cluster, &pki, 4, follower).await;
 
     client.remove_member(3).await.unwrap();
-    cluster.stop(3).await;
-    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    cluster.kill(2);
+    let members = [1, 2];
+    for member in members {
+        eventually_status(&cluster, member, "replica 3's removal held", |status| {
+            status.leader_id.is_some() && status.members.iter().all(|m| m.id != 3)
+        })
+        .await;
+    }
+    let leader = client.leader_status().await.unwrap().id;
     let member = if leader == 1 { 2 } else { 1 };
-    eventually("the member to hold replica 3's removal", || {
-        let metrics = cluster.replica(member).metrics();
-        let membership = metrics.membership_config.membership();
-        membership.get_node(&3).is_none().then_some(())
-    })
-    .await;
-    refuses_every_forgery(&cluster, &pki, leader, 3, member).await;
+    refuses_every_forgery(&cluster, &pki, 3, member).await;
 
-    // The cluster commits on, and nothing forged is in the log.
+    // The cluster commits on, and nothing forged is in either member's log.
     let ack = client
         .append_to(Target::All, Command::custom(1, 1, b"after".to_vec()))
         .await
         .unwrap();
-    cluster.wait_for_applied(ack.offset, WAIT).await.unwrap();
-    let entries = client
-        .fetch(ctrlog::client::FetchRequest::from(1))
-        .await
-        .unwrap()
-        .entries;
-    assert!(!entries.is_empty());
     let forged = Command::custom(1, 1, FORGED.to_vec()).into_frame();
-    assert!(
-        entries.iter().all(|e| e.frame != forged),
-        "a forged command reached the log"
-    );
-    cluster.shutdown().await;
+    for member in members {
+        let replica = replica_client(&cluster, member).await;
+        let entries = fetch_until(&replica, ack.offset).await;
+        assert!(
+            entries.iter().all(|e| e.frame != forged),
+            "a forged command reached replica {member}'s log"
+        );
+    }
 }
 
 /// What a forged append carries.
 const FORGED: &[u8] = b"written by a node outside the membership";
 
+/// A client of replica `id` alone (its own status, its own log), as the cluster's admin.
+async fn replica_client(cluster: &ProcessCluster, id: u64) -> ControlClient {
+    let addr = cluster.client_addrs()[id as usize - 1].clone();
+    ControlClient::connect_with(&[addr], cluster.client_options())
+        .await
+        .unwrap()
+}
+
+/// Replica `id`'s status once `condition` holds of it.
+async fn eventually_status(
+    cluster: &ProcessCluster,
+    id: u64,
+    what: &str,
+    condition: impl Fn(&Status) -> bool,
+) -> Status {
+    let replica = replica_client(cluster, id).await;
+    ctrlog::tools::poll_until(what, WAIT, ctrlog::tools::POLL_INTERVAL, || async {
+        match replica.status().await {
+            Ok(status) if condition(&status) => Ok(status),
+            Ok(status) => Err(format!("{status:?}")),
+            Err(error) => Err(error.to_string()),
+        }
+    })
+    .await
+    .unwrap_or_else(|timed_out| panic!("replica {id}: {timed_out}"))
+}
+
+/// Every entry of `replica`'s log up to `offset`, once it holds that far.
+async fn fetch_until(replica: &ControlClient, offset: u64) -> Vec<ctrlog::log::LogEntry> {
+    let mut entries = Vec::new();
+    while entries
+        .last()
+        .map_or(0, |e: &ctrlog::log::LogEntry| e.offset)
+        < offset
+    {
+        let from = entries
+            .last()
+            .map_or(1, |e: &ctrlog::log::LogEntry| e.offset + 1);
+        let mut request = ctrlog::client::FetchRequest::from(from);
+        request.max_wait_ms = 1_000;
+        let answer = tokio::time::timeout(WAIT, replica.fetch(request))
+            .await
+            .expect("the replica answers")
+            .unwrap();
+        entries.extend(answer.entries);
+    }
+    entries
+}
+
 /// Sends replica `target` every forgery node `sender` can: an append of a higher committed
 /// vote with one entry after the replica's last, a vote request of a higher term with a longer
-/// log, a snapshot chunk. Each must be refused, and leave the replica's vote and log as they
-/// were.
-async fn refuses_every_forgery(
-    cluster: &LocalCluster,
-    pki: &Pki,
-    leader: u64,
-    sender: u64,
-    target: u64,
-) {
+/// log, a snapshot chunk. Each must be refused, and leave the replica's term, leader and log
+/// as they were.
+async fn refuses_every_forgery(cluster: &ProcessCluster, pki: &Path, sender: u64, target: u64) {
     use ctrlog::log::{Batch, Proposal};
     use ctrlog::raft::types::{AppendEntriesRequest, Entry, InstallSnapshotRequest, VoteRequest};
     use openraft::{SnapshotMeta, StoredMembership};
 
-    let replica = cluster.replica(target);
-    let before = replica.metrics();
-    let rpc = raw_peer(pki, sender, &replica.peer_addr().to_string()).await;
+    let before =
+        eventually_status(cluster, target, "a leader known", |s| s.leader_id.is_some()).await;
+    let leader = before.leader_id.unwrap();
+    let peer_addr = &cluster.member(target as usize - 1).peer_addr;
+    let rpc = raw_peer(&ctrlog::tools::certs::replica_files(pki, sender), peer_addr).await;
     let last = before.last_log_index.unwrap();
-    let prev = openraft::LogId::new(
-        openraft::CommittedLeaderId::new(before.current_term, leader),
-        last,
+    let prev = openraft::LogId::new(openraft::CommittedLeaderId::new(before.term, leader), last);
+    let higher = openraft::Vote::new_committed(before.term + 1, sender);
+    let forged_id = openraft::LogId::new(
+        openraft::CommittedLeaderId::new(before.term + 1, sender),
+        last + 1,
     );
-    let higher = openraft::Vote::new_committed(before.current_term + 1, sender);
     let entry = Entry {
-        log_id: openraft::LogId::new(
-            openraft::CommittedLeaderId::new(before.current_term + 1, sender),
-            last + 1,
-        ),
+        log_id: forged_id,
         payload: openraft::EntryPayload::Normal(Arc::new(Batch {
             appended_at_ms: 0,
             proposals: vec![Proposal {
@@ -388,10 +429,7 @@ async fn refuses_every_forgery(
                 vote: higher,
                 prev_log_id: Some(prev),
                 entries: vec![entry],
-                leader_commit: Some(openraft::LogId::new(
-                    openraft::CommittedLeaderId::new(before.current_term + 1, sender),
-                    last + 1,
-                )),
+                leader_commit: Some(forged_id),
             },
         )
         .await
@@ -400,9 +438,9 @@ async fn refuses_every_forgery(
         appended.is_err(),
         "node {sender}'s forged append to replica {target} was answered {appended:?}"
     );
-    let candidate = openraft::Vote::new(before.current_term + 1, sender);
+    let candidate = openraft::Vote::new(before.term + 1, sender);
     let longer = openraft::LogId::new(
-        openraft::CommittedLeaderId::new(before.current_term, sender),
+        openraft::CommittedLeaderId::new(before.term, sender),
         last + 1_000,
     );
     let voted = rpc
@@ -437,17 +475,24 @@ async fn refuses_every_forgery(
         snapshot.is_err(),
         "node {sender}'s snapshot to replica {target} was answered {snapshot:?}"
     );
-    let after = replica.metrics();
-    assert_eq!(after.vote, before.vote, "replica {target}'s vote moved");
+    let after = replica_client(cluster, target)
+        .await
+        .status()
+        .await
+        .unwrap();
+    assert_eq!(
+        (after.term, after.leader_id),
+        (before.term, before.leader_id),
+        "replica {target}'s term or leader moved"
+    );
     assert!(
-        after.last_log_index == before.last_log_index || after.current_leader == Some(leader),
+        after.last_log_index == before.last_log_index || after.leader_id == Some(leader),
         "replica {target}'s log moved under no leader it knows"
     );
 }
 
-/// A raw Raft RPC connection to `peer_addr` with replica `id`'s certificate.
-async fn raw_peer(pki: &Pki, id: u64, peer_addr: &str) -> RaftRpcClient {
-    let files = pki.replica_files(id);
+/// A raw Raft RPC connection to `peer_addr` with a replica's certificate.
+async fn raw_peer(files: &TlsFiles, peer_addr: &str) -> RaftRpcClient {
     let config = client_config(&files.ca_file, Some((&files.cert_file, &files.key_file))).unwrap();
     let tcp = tokio::net::TcpStream::connect(peer_addr).await.unwrap();
     let tls = tokio_rustls::TlsConnector::from(config)
@@ -514,7 +559,11 @@ async fn a_removed_replica_is_refused_on_the_peer_port() {
     })
     .await;
     let term = replica.metrics().current_term;
-    let rpc = raw_peer(&pki, removed, &replica.peer_addr().to_string()).await;
+    let rpc = raw_peer(
+        &pki.replica_files(removed),
+        &replica.peer_addr().to_string(),
+    )
+    .await;
 
     let vote =
         ctrlog::raft::types::VoteRequest::new(openraft::Vote::new(term + 100, removed), None);

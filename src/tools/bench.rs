@@ -43,7 +43,46 @@ pub struct ProcessCluster {
     on_spawn: Option<SpawnHook>,
     /// Tokio worker threads per replica (`TOKIO_WORKER_THREADS`), see [`worker_threads_each`].
     worker_threads: usize,
+    /// TLS on both ports and authentication, when started [`secure`](Self::start_secure).
+    secure: Option<Secured>,
     children: Vec<Option<Child>>,
+}
+
+/// What a cluster started with [`ProcessCluster::start_secure`] was given: its certificates,
+/// tokens and the configuration file every replica reads.
+struct Secured {
+    /// The CA and every certificate (`certs::generate`'s layout).
+    pki: PathBuf,
+    /// The file each replica gets as `--config`: the caller's settings and `[auth]`.
+    config: PathBuf,
+    /// Each principal's bearer token, as the tokens file gives it.
+    tokens: std::collections::BTreeMap<String, String>,
+    /// The admin's certificate: what the cluster's own client dials with.
+    client: ClientOptions,
+}
+
+/// Replica ids that [`ProcessCluster::start_secure`] issues certificates for: the founding
+/// members, and room for replicas added later or for a test posing as one that never was.
+pub const SECURE_NODE_IDS_MAX: crate::NodeId = 9;
+
+/// The client certificates (and principals) [`ProcessCluster::start_secure`] issues: each
+/// name's certificate is `certs::client_identity(pki, name)`, and the tokens file gives each
+/// principal a token too ([`token`](ProcessCluster::token)).
+pub const SECURE_CLIENTS: [(&str, &str); 4] = [
+    ("admin", "admin"),
+    ("operator", "operator"),
+    ("c1", "container:c1"),
+    ("c2", "container:c2"),
+];
+
+/// How [`ProcessCluster::launch`] starts the replicas, beyond their number and flags.
+#[derive(Default)]
+struct Launch {
+    uid_base: Option<u32>,
+    http: bool,
+    on_spawn: Option<SpawnHook>,
+    /// The settings every replica reads (TOML), for a secure cluster; `None` for plain TCP.
+    secure_config: Option<String>,
 }
 
 /// A replica process about to start, as a [`SpawnHook`] sees it.
@@ -130,7 +169,7 @@ impl ProcessCluster {
         size: u64,
         extra: &[String],
     ) -> anyhow::Result<ProcessCluster> {
-        ProcessCluster::launch(exe, size, extra, None, false, None).await
+        ProcessCluster::launch(exe, size, extra, Launch::default()).await
     }
 
     /// Starts `size` replicas of the `ctrlog` binary at `exe`, each serving its observability
@@ -140,7 +179,33 @@ impl ProcessCluster {
         size: u64,
         extra: &[String],
     ) -> anyhow::Result<ProcessCluster> {
-        ProcessCluster::launch(exe, size, extra, None, true, None).await
+        let http = Launch {
+            http: true,
+            ..Launch::default()
+        };
+        ProcessCluster::launch(exe, size, extra, http).await
+    }
+
+    /// Starts `size` replicas of the `ctrlog` binary at `exe` as a deployment runs them: TLS
+    /// on both ports with certificates of a CA made here (`node-1` to
+    /// `node-`[`SECURE_NODE_IDS_MAX`]), authentication by certificate or token for each of
+    /// [`SECURE_CLIENTS`], and each replica's observability port on (`http`). `config` is
+    /// TOML every replica reads besides (limits, a `[job]`), as from a shared `--config` file;
+    /// `extra` must not name `--config` again. The cluster's client is the admin
+    /// ([`client_options`](Self::client_options)).
+    pub async fn start_secure(
+        exe: PathBuf,
+        size: u64,
+        config: &str,
+        http: bool,
+        extra: &[String],
+    ) -> anyhow::Result<ProcessCluster> {
+        let secure = Launch {
+            http,
+            secure_config: Some(config.to_string()),
+            ..Launch::default()
+        };
+        ProcessCluster::launch(exe, size, extra, secure).await
     }
 
     /// Starts `size` replicas of the `ctrlog` binary at `exe`, for a fault injector: with a
@@ -154,17 +219,26 @@ impl ProcessCluster {
         uid_base: Option<u32>,
         on_spawn: Option<SpawnHook>,
     ) -> anyhow::Result<ProcessCluster> {
-        ProcessCluster::launch(exe, size, extra, uid_base, false, on_spawn).await
+        let faults = Launch {
+            uid_base,
+            on_spawn,
+            ..Launch::default()
+        };
+        ProcessCluster::launch(exe, size, extra, faults).await
     }
 
     async fn launch(
         exe: PathBuf,
         size: u64,
         extra: &[String],
-        uid_base: Option<u32>,
-        http: bool,
-        on_spawn: Option<SpawnHook>,
+        how: Launch,
     ) -> anyhow::Result<ProcessCluster> {
+        let Launch {
+            uid_base,
+            http,
+            on_spawn,
+            secure_config,
+        } = how;
         let mut addrs = Vec::new();
         let mut http_addrs = Vec::new();
         for _ in 0..size {
@@ -191,6 +265,9 @@ impl ProcessCluster {
                 std::os::unix::fs::PermissionsExt::from_mode(0o711),
             )?;
         }
+        let secure = secure_config
+            .map(|config| Secured::write(dir.path(), &config))
+            .transpose()?;
         let mut cluster = ProcessCluster {
             exe,
             replaced: Default::default(),
@@ -203,6 +280,7 @@ impl ProcessCluster {
             extra: extra.to_vec(),
             on_spawn,
             worker_threads: worker_threads_each(size as usize),
+            secure,
             children: Vec::new(),
         };
         for i in 0..size as usize {
@@ -210,7 +288,9 @@ impl ProcessCluster {
             cluster.children.push(Some(child));
         }
         let led = async {
-            let client = ControlClient::connect(&cluster.client_addrs()).await?;
+            let client =
+                ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
+                    .await?;
             client.leader_status().await
         };
         let led = led.await;
@@ -240,6 +320,26 @@ impl ProcessCluster {
         let i = self.addrs.len() - 1;
         self.children.push(Some(self.spawn(i)?));
         Ok(i)
+    }
+
+    /// How a client reaches this cluster as its admin: with the admin's certificate on a
+    /// secure cluster, plainly otherwise.
+    pub fn client_options(&self) -> ClientOptions {
+        self.secure
+            .as_ref()
+            .map_or_else(ClientOptions::default, |secure| secure.client.clone())
+    }
+
+    /// The CA and certificates of a secure cluster (`certs::generate`'s layout).
+    pub fn pki(&self) -> Option<&Path> {
+        self.secure.as_ref().map(|secure| secure.pki.as_path())
+    }
+
+    /// The bearer token the tokens file of a secure cluster gives `principal` (one of
+    /// [`SECURE_CLIENTS`]' roles).
+    pub fn token(&self, principal: &str) -> Option<&str> {
+        let secure = self.secure.as_ref()?;
+        secure.tokens.get(principal).map(String::as_str)
     }
 
     /// Replica `i`'s addresses, as a member.
@@ -287,6 +387,13 @@ impl ProcessCluster {
         }
         if let Some(http) = self.http_addr(i) {
             process.args(["--http-addr", &http.to_string()]);
+        }
+        if let Some(secure) = &self.secure {
+            let tls = super::certs::replica_files(&secure.pki, i as crate::NodeId + 1);
+            process.arg("--config").arg(&secure.config);
+            process.arg("--tls-ca").arg(&tls.ca_file);
+            process.arg("--tls-cert").arg(&tls.cert_file);
+            process.arg("--tls-key").arg(&tls.key_file);
         }
         if let Some(uid) = self.uid(i) {
             std::fs::create_dir_all(&data)?;
@@ -427,6 +534,57 @@ impl ProcessCluster {
         self.replaced.insert(i, exe);
         self.children[i] = Some(self.spawn(i)?);
         Ok(())
+    }
+}
+
+impl Secured {
+    /// Issues the certificates and tokens of a secure cluster under `dir`, and writes the
+    /// configuration every replica reads: `settings`, then `[auth]`.
+    fn write(dir: &Path, settings: &str) -> anyhow::Result<Secured> {
+        use rand::Rng;
+        let pki = dir.join("pki");
+        let nodes: Vec<crate::NodeId> = (1..=SECURE_NODE_IDS_MAX).collect();
+        let clients: Vec<String> = SECURE_CLIENTS.iter().map(|(n, _)| n.to_string()).collect();
+        super::certs::generate(&pki, &nodes, &["127.0.0.1".into()], &clients, 30, false)?;
+        let mut rng = rand::thread_rng();
+        let tokens: std::collections::BTreeMap<String, String> = SECURE_CLIENTS
+            .iter()
+            .map(|(_, principal)| {
+                let secret: u128 = rng.gen();
+                (principal.to_string(), format!("{secret:032x}"))
+            })
+            .collect();
+        let tokens_file = pki.join("tokens");
+        let lines: String = tokens
+            .iter()
+            .map(|(principal, token)| format!("{token} {principal}\n"))
+            .collect();
+        std::fs::write(&tokens_file, lines)?;
+        std::fs::set_permissions(
+            &tokens_file,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )?;
+        let certificates: String = SECURE_CLIENTS
+            .iter()
+            .map(|(name, principal)| format!("\"client-{name}\" = \"{principal}\"\n"))
+            .collect();
+        let config = dir.join("secure.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "{settings}\n[auth]\ntokens_file = {}\n\n[auth.certificates]\n{certificates}",
+                toml::Value::from(tokens_file.display().to_string())
+            ),
+        )?;
+        let (cert, key) = super::certs::client_identity(&pki, "admin");
+        let tls =
+            crate::client::tls::client_config(&super::certs::ca_file(&pki), Some((&cert, &key)))?;
+        Ok(Secured {
+            pki,
+            config,
+            tokens,
+            client: ClientOptions::default().tls(tls),
+        })
     }
 }
 

@@ -14,6 +14,13 @@ use ctrlog::tools::{poll_until, LocalCluster, POLL_INTERVAL};
 /// Generous: CI machines are shared and slow, and a deadline only bounds a failure.
 pub const WAIT: Duration = Duration::from_secs(30);
 
+/// The `ctrlog` binary the tests' replica processes run: the one cargo built, or the one
+/// `CTRLOG_TEST_REPLICA_BINARY` names (an older build, to see a regression test fail on it).
+pub fn replica_exe() -> std::path::PathBuf {
+    std::env::var_os("CTRLOG_TEST_REPLICA_BINARY")
+        .map_or_else(|| env!("CARGO_BIN_EXE_ctrlog").into(), Into::into)
+}
+
 /// Polls `probe` every 20 ms until it returns `Some`, failing with `what` after `WAIT`. For
 /// conditions nothing signals (replica metrics, the leader's heartbeat table); JobState
 /// conditions wait on applies instead (`LocalJob::wait_for_state`).
