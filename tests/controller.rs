@@ -74,6 +74,7 @@ async fn harness(
         // The containers connect as the cluster's admin: this file tests the controller over
         // TLS and authentication; the container role's limits are tests/auth.rs's.
         client: cluster.client_options(),
+        claimed_lag: Default::default(),
     };
     let launcher = launcher_of(cluster.client_addrs(), options);
     let inputs_path = inputs.clone();

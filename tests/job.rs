@@ -19,8 +19,8 @@ use ctrlog::jobs::{ContainerStatus, JobState, TaskPhase};
 use ctrlog::tools::bench::{processes_mentioning, ProcessCluster};
 use ctrlog::tools::checker::{double_runs, read_reports};
 use ctrlog::tools::cli::state_text;
-use ctrlog::tools::poll_until;
 use ctrlog::tools::wait::job_state_until;
+use ctrlog::tools::{poll_until, POLL_INTERVAL};
 
 /// Each step's deadline: a debug build of four processes on a shared 2-core machine.
 const STEP: Duration = Duration::from_secs(60);
@@ -85,14 +85,22 @@ impl JobFiles {
     /// The replicas' shared configuration file: only the job; identity and addresses come
     /// from the flags, as they would from each host's own file.
     fn write_config(&self, launcher: &str) -> PathBuf {
-        let config = format!(
+        let path = self.path("job.toml");
+        std::fs::write(&path, self.job_config(launcher, 1)).unwrap();
+        path
+    }
+
+    /// The `[job]` section: this job's inputs, its launcher, and 1,000 offsets of lag per
+    /// container to scale out, from `min` containers up to 3.
+    fn job_config(&self, launcher: &str, min: u32) -> String {
+        format!(
             r#"# What every replica of this job is started with (see deploy/replica-1.toml).
 [job]
 inputs_file = "{inputs}"
 session_timeout_ms = 3000
 
 [job.scaling]
-min = 1
+min = {min}
 max = 3
 scale_out_lag = 1000
 scale_in_lag = 100
@@ -102,10 +110,7 @@ cooldown_ms = 1000
 {launcher}
 "#,
             inputs = self.path("inputs").display(),
-        );
-        let path = self.path("job.toml");
-        std::fs::write(&path, config).unwrap();
-        path
+        )
     }
 
     fn reports_hold_no_double_run(&self) {
@@ -490,4 +495,114 @@ async fn a_container_stops_work_when_its_lease_lapses_while_it_waits_on_an_answe
         let _ = child.wait();
     }
     files.reports_hold_no_double_run();
+}
+
+/// Goal (issue 32): the lag a container reports counts only for the tasks it owns, so that
+/// one container's credentials cannot steer the scaling. Steps: three `ctrlog serve`
+/// processes with TLS and authentication and an external job of 4 inputs on at least 2
+/// containers; containers `c1` and `c2` (this process's, with their own certificates) run
+/// it, 2 tasks each, each reporting 7 for each task it runs. Then `c1` reports 8 for its own
+/// and claims 2^62 for each of `c2`'s tasks and for one there is none of. Once the leader has
+/// heard that, it holds 8 for each of `c1`'s tasks and nothing more, still 7 for `c2`'s, and
+/// the count stays 2. On 3d7237e the claims were summed into `c1`'s lag (3 * 2^62 + 16).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lag_reported_for_another_containers_tasks_is_ignored() {
+    use ctrlog::client::tls::client_config;
+    use ctrlog::client::ClientOptions;
+    use ctrlog::log::{ContainerId, TaskId};
+    use ctrlog::tools::certs;
+    use ctrlog::tools::container::{run_simulated_container, SimOptions};
+
+    const CLAIMED: u64 = 1 << 62;
+    let files = JobFiles::new();
+    files.set_partitions(0..4);
+    let config = files.job_config("kind = \"external\"", 2);
+    let cluster = ProcessCluster::start_secure(common::replica_exe(), 3, &config, true, &[])
+        .await
+        .unwrap();
+    let admin = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
+        .await
+        .unwrap();
+    let pki = cluster.pki().unwrap();
+    let lag_file = |name: &str| files.path(&format!("lag-{name}"));
+    let c1_claims = std::sync::Arc::default();
+    let mut containers = Vec::new();
+    for name in ["c1", "c2"] {
+        std::fs::write(lag_file(name), "7").unwrap();
+        let (cert, key) = certs::client_identity(pki, name);
+        let tls = client_config(&certs::ca_file(pki), Some((&cert, &key))).unwrap();
+        let options = SimOptions {
+            heartbeat_interval: Duration::from_millis(100),
+            lease: Duration::from_millis(1500),
+            lag_file: Some(lag_file(name)),
+            client: ClientOptions::default().tls(tls),
+            claimed_lag: match name {
+                "c1" => std::sync::Arc::clone(&c1_claims),
+                _ => Default::default(),
+            },
+            ..SimOptions::default()
+        };
+        let container = ContainerId::new(name).unwrap();
+        containers.push(tokio::spawn(run_simulated_container(
+            cluster.client_addrs(),
+            container,
+            options,
+            std::future::pending(),
+        )));
+    }
+    let state = wait_for_state(&admin, &cluster, "4 tasks on c1 and c2", |s| {
+        settled(s, 4, 2) && desired(s) == Some(2)
+    })
+    .await;
+    let tasks_of = |name: &str| -> Vec<TaskId> {
+        let tasks = state.tasks().iter();
+        tasks
+            .filter(|(_, t)| {
+                t.phase
+                    .owner()
+                    .is_some_and(|o| o.container.as_str() == name)
+            })
+            .map(|(task, _)| task.clone())
+            .collect()
+    };
+    // Only now: a task c1 owns, even one on its way to c2, is c1's to report.
+    let claims = tasks_of("c2")
+        .into_iter()
+        .chain([TaskId::new("partition-99").unwrap()]);
+    *c1_claims.lock().unwrap() = claims.map(|task| (task, CLAIMED)).collect();
+    std::fs::write(lag_file("c1"), "8").unwrap();
+
+    let leader = leader_index(&admin.leader_status().await.unwrap());
+    let http = cluster.http_addr(leader).unwrap();
+    let token = cluster.token("operator").unwrap();
+    let headers = format!("Host: {http}\r\nAuthorization: Bearer {token}\r\n");
+    let own = |name: &str, per_task: u64| per_task * tasks_of(name).len() as u64;
+    let heard = poll_until(
+        "the leader to hear c1's new report",
+        STEP,
+        POLL_INTERVAL,
+        || async {
+            let (code, body) = common::http_get_with(http, "/status.json", &headers).await;
+            let page: serde_json::Value =
+                serde_json::from_str(&body).map_err(|e| format!("{code}: {e}"))?;
+            let lag = |name: &str| page["lag"][name].as_u64();
+            match (lag("c1"), lag("c2")) {
+                // Above anything c1 reported before, and c2 heard on each of its tasks.
+                (Some(c1), Some(c2)) if c1 > own("c1", 7) && c2 >= own("c2", 7) => Ok((c1, c2)),
+                _ => Err(format!("{code}: {}", page["lag"])),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        heard,
+        (own("c1", 8), own("c2", 7)),
+        "the leader's view of (c1, c2)'s lag"
+    );
+    let state = admin.state(0).await.unwrap().state;
+    assert_eq!(desired(&state), Some(2), "no scaling on claimed lag");
+    for container in containers {
+        container.abort();
+    }
 }

@@ -37,8 +37,23 @@ pub struct ReportedLag {
 
 /// A container's lag over its tasks, saturating: reports are a container's word, and a sum
 /// that wrapped would read as no lag at all.
-fn total(lag: &BTreeMap<TaskId, u64>) -> u64 {
-    lag.values().fold(0, |sum, lag| sum.saturating_add(*lag))
+/// Whether `state` gives `task` to the session of `container` at `epoch`.
+fn owns(state: &JobState, container: &ContainerId, epoch: Epoch, task: &TaskId) -> bool {
+    let owner = state
+        .tasks()
+        .get(task)
+        .and_then(|record| record.phase.owner());
+    owner.is_some_and(|owner| owner.epoch == epoch && owner.container == *container)
+}
+
+/// The sum of a heartbeat's lag over the tasks its session owns in `state` now (saturating):
+/// a report made while a task was still its own (stopping, on its way to another container)
+/// stops counting once the task is the other's, which reports it itself.
+fn owned_total(state: &JobState, container: &ContainerId, beat: &Heartbeat) -> u64 {
+    beat.lag
+        .iter()
+        .filter(|(task, _)| owns(state, container, beat.epoch, task))
+        .fold(0, |sum, (_, lag)| sum.saturating_add(*lag))
 }
 
 /// Who was heard from, and when, during one leadership term. Times are passed in, so the
@@ -79,8 +94,9 @@ impl Liveness {
     }
 
     /// Records a heartbeat from a session the caller checked is live in `state`. Its lag
-    /// counts only for the tasks `state` gives that session: a container's word about tasks
-    /// it does not own (another container's, or none at all) would steer the scaling policy.
+    /// counts only for the tasks `state` gives that session, now and when it is read: a
+    /// container's word about tasks it does not own (another container's, or none at all)
+    /// would steer the scaling policy.
     pub fn record(
         &mut self,
         state: &JobState,
@@ -88,13 +104,7 @@ impl Liveness {
         mut lag: BTreeMap<TaskId, u64>,
         now: Instant,
     ) {
-        lag.retain(|task, _| {
-            state
-                .tasks()
-                .get(task)
-                .and_then(|record| record.phase.owner())
-                == Some(session)
-        });
+        lag.retain(|task, _| owns(state, &session.container, session.epoch, task));
         self.beats.insert(
             session.container.clone(),
             Heartbeat {
@@ -176,19 +186,23 @@ impl Liveness {
         for (container, epoch) in state.live_epochs() {
             if let Some(beat) = self.beats.get(container).filter(|b| b.epoch == epoch) {
                 reported.containers += 1;
-                reported.total = reported.total.saturating_add(total(&beat.lag));
+                reported.total = reported
+                    .total
+                    .saturating_add(owned_total(state, container, beat));
             }
         }
         reported
     }
 
-    /// The lag each live session reported last (sessions without a heartbeat are absent).
+    /// The lag each live session reported last, over the tasks it owns now (sessions
+    /// without a heartbeat are absent).
     pub fn lag(&self, state: &JobState) -> BTreeMap<ContainerId, u64> {
         state
             .live_sessions()
             .filter_map(|session| {
                 let beat = self.beats.get(&session.container)?;
-                (beat.epoch == session.epoch).then(|| (session.container, total(&beat.lag)))
+                let total = owned_total(state, &session.container, beat);
+                (beat.epoch == session.epoch).then_some((session.container, total))
             })
             .collect()
     }

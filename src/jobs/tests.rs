@@ -751,7 +751,8 @@ fn a_session_registered_during_a_term_counts_its_silence_from_when_it_was_first_
 /// Regression (issue 32: a container steered scaling by the lag it reported for tasks it does
 /// not own, and a sum that wrapped read as no lag). Steps: containers a and b, task t1 on a;
 /// b reports lag for t1 and for a task nobody has: neither counts; a reports `u64::MAX` and 5
-/// for t1 and a task it does not own: its total is t1's, and the totals saturate.
+/// for t1 and a task it does not own: its total is t1's, and the totals saturate; t1 moves to
+/// b, and a's report for it no longer counts.
 #[test]
 fn lag_counts_only_for_the_reporters_own_tasks_and_saturates() {
     let now = std::time::Instant::now();
@@ -780,4 +781,12 @@ fn lag_counts_only_for_the_reporters_own_tasks_and_saturates() {
     );
     assert_eq!(table.lag(&job.state).get(&c("a")), Some(&u64::MAX));
     assert_eq!(table.reported(&job.state).total, u64::MAX);
+
+    // t1 moves to b: a's report, made while t1 was a's, stops counting.
+    let b = session_b.epoch;
+    job.ok(stop("t1", "a", a));
+    job.ok(stopped("t1", "a", a, None));
+    job.ok(assign("t1", "b", b, &[]));
+    assert_eq!(table.lag(&job.state).get(&c("a")), Some(&0));
+    assert_eq!(table.reported(&job.state).total, 0);
 }

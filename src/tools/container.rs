@@ -38,6 +38,10 @@ pub struct SimOptions {
     pub stop_delay: Duration,
     /// How it connects: TLS and credentials.
     pub client: ClientOptions,
+    /// Lag it reports besides its own tasks', for tasks it does not own (another
+    /// container's, or none at all): a container that lies, which the leader must not
+    /// believe. Empty for an honest one; shared, so that a test can start lying mid-run.
+    pub claimed_lag: Arc<Mutex<BTreeMap<TaskId, u64>>>,
 }
 
 impl Default for SimOptions {
@@ -49,6 +53,7 @@ impl Default for SimOptions {
             report_file: None,
             stop_delay: Duration::ZERO,
             client: ClientOptions::default(),
+            claimed_lag: Arc::default(),
         }
     }
 }
@@ -136,13 +141,15 @@ pub async fn run_simulated_container(
     let owned_now: Arc<Mutex<BTreeSet<TaskId>>> = Arc::default();
     let lag = {
         let (owned_now, lag_file) = (owned_now.clone(), options.lag_file.clone());
+        let claimed = options.claimed_lag.clone();
         move || {
             let per_task = read_lag(&lag_file);
             let owned = owned_now.lock().expect("never poisoned");
-            owned
-                .iter()
-                .map(|t| (t.clone(), per_task))
-                .collect::<BTreeMap<_, _>>()
+            let mut lag: BTreeMap<_, _> = owned.iter().map(|t| (t.clone(), per_task)).collect();
+            for (task, claimed) in claimed.lock().expect("never poisoned").iter() {
+                lag.entry(task.clone()).or_insert(*claimed);
+            }
+            lag
         }
     };
     let session_options = SessionOptions {

@@ -293,6 +293,7 @@ pub async fn container(args: ContainerArgs, flags: ClientFlags) -> anyhow::Resul
         report_file: args.report_file,
         stop_delay: Duration::from_millis(args.stop_delay_ms),
         client: flags.options()?,
+        claimed_lag: Default::default(),
     };
     let id = ContainerId::new(args.id)?;
     let seeds = flags.seeds()?.to_vec();
