@@ -1587,3 +1587,62 @@ async fn connections_that_never_authenticate_lock_nobody_out() {
     assert!(status.term > 0);
     drop(silent);
 }
+
+/// Goal: a replica started at a soft limit of 1,024 open files (many systems' default) raises
+/// it as far as its hard limit allows toward what its connection caps need, so that
+/// `accept` does not fail long before the client port's cap of 4,096. Steps: three `ctrlog
+/// serve` processes started with a soft limit of 1,024; each one's `/proc/PID/limits` shows
+/// the soft limit at the client cap plus the status port's plus 1,024, or the hard limit if
+/// lower. Before, it stayed at 1,024.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_raises_its_open_files_limit_for_its_connection_caps() {
+    use ctrlog::server::http::HTTP_CONNECTIONS_MAX;
+    use ctrlog::server::OPEN_FILES_BESIDES_CONNECTIONS;
+    use ctrlog::tools::bench::{ProcessCluster, SpawnHook};
+    use std::os::unix::process::CommandExt;
+
+    const SOFT_AT_START: libc::rlim_t = 1024;
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the struct passed.
+    assert_eq!(
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+        0
+    );
+    let hard = limit.rlim_max;
+    let at_start: SpawnHook = Box::new(move |_, process| {
+        // SAFETY: between fork and exec only setrlimit runs, which is async-signal-safe.
+        unsafe {
+            process.pre_exec(move || {
+                let low = libc::rlimit {
+                    rlim_cur: SOFT_AT_START.min(hard),
+                    rlim_max: hard,
+                };
+                match libc::setrlimit(libc::RLIMIT_NOFILE, &low) {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                }
+            });
+        }
+        Ok(())
+    });
+    let cluster = ProcessCluster::for_faults(common::replica_exe(), 3, &[], None, Some(at_start))
+        .await
+        .unwrap();
+    let wanted = ctrlog::server::ReplicaConfig::default().client_connections_max as u64
+        + HTTP_CONNECTIONS_MAX as u64
+        + OPEN_FILES_BESIDES_CONNECTIONS;
+    let expected = wanted.min(hard);
+    for i in 0..3 {
+        let pid = cluster.pid(i).unwrap();
+        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+        let soft: u64 = limits
+            .lines()
+            .find_map(|line| line.strip_prefix("Max open files"))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .expect("a soft limit on open files");
+        assert_eq!(soft, expected, "replica {}'s soft limit", i + 1);
+    }
+}

@@ -264,3 +264,44 @@ async fn handshake(
         }
     }
 }
+
+/// Open files a replica needs besides its client and status-port connections: the peer port's
+/// connections and dials, WAL segments, sled's files, the launcher's containers' pipes.
+pub const OPEN_FILES_BESIDES_CONNECTIONS: u64 = 1024;
+
+/// Raises this process's soft limit on open files to `wanted`, as far as its hard limit
+/// allows, and returns the soft limit now in force. Many systems start a process at a soft
+/// limit of 1,024: `accept` would then fail (EMFILE) long before the client port's connection
+/// cap, and the cap that keeps room for authenticated principals would never be reached. The
+/// hard limit is the operator's to raise (`LimitNOFILE=` in a systemd unit); short of
+/// `wanted`, this warns and serves with what there is.
+pub fn raise_open_files_limit(wanted: u64) -> std::io::Result<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the struct passed, which lives for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // rlim_t is u64 on Linux, the one platform ctrlog runs on.
+    let (soft, hard) = (limit.rlim_cur, limit.rlim_max);
+    let raised = wanted.min(hard).max(soft);
+    if raised > soft {
+        limit.rlim_cur = raised;
+        // SAFETY: setrlimit reads one rlimit from the struct passed, which lives for the call.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    if raised < wanted {
+        tracing::warn!(
+            open_files_max = raised,
+            wanted,
+            "the hard limit on open files is below what the configured connection caps need; \
+             raise it (LimitNOFILE= in the service unit, or ulimit -Hn) or lower \
+             client_connections_max"
+        );
+    }
+    Ok(raised)
+}

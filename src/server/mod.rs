@@ -44,6 +44,7 @@ pub mod tls;
 pub use config::{
     parse_members, AuthConfig, ConfigError, LoadError, ReplicaConfig, ServeFlags, TlsFiles,
 };
+pub use connections::OPEN_FILES_BESIDES_CONNECTIONS;
 pub use handle::ReplicaHandle;
 pub use job_config::{JobConfig, LauncherConfig, ScalingConfig};
 pub use replica::{force_new_cluster, serve, Replica, StartError};

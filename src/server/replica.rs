@@ -341,6 +341,13 @@ pub async fn serve(
     config: ReplicaConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), StartError> {
+    let wanted = config.client_connections_max as u64
+        + super::http::HTTP_CONNECTIONS_MAX as u64
+        + super::connections::OPEN_FILES_BESIDES_CONNECTIONS;
+    match super::connections::raise_open_files_limit(wanted) {
+        Ok(open_files_max) => tracing::info!(open_files_max, "open files"),
+        Err(error) => tracing::warn!(%error, "could not read or raise the open files limit"),
+    }
     let job = config.job.clone();
     let controller_config = config.clone();
     let replica = Replica::start(config).await?;
