@@ -535,14 +535,8 @@ async fn wrong_tokens_on_the_status_port_are_throttled_and_its_connections_cappe
     let cluster = ProcessCluster::start_secure(common::replica_exe(), 3, "", true, &[])
         .await
         .unwrap();
-    let leader = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
-        .await
-        .unwrap()
-        .leader_status()
-        .await
-        .unwrap()
-        .id;
-    let http = cluster.http_addr(leader as usize - 1).unwrap();
+    let leader = cluster.leader_index().await.unwrap();
+    let http = cluster.http_addr(leader).unwrap();
     let operator_token = cluster.token("operator").unwrap();
     let guesser = Ipv4Addr::new(127, 0, 0, 1);
 

@@ -1481,14 +1481,8 @@ async fn connections_that_never_authenticate_lock_nobody_out() {
     .await
     .unwrap();
     let pki = cluster.pki().unwrap();
-    let leader = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
-        .await
-        .unwrap()
-        .leader_status()
-        .await
-        .unwrap()
-        .id;
-    let addr: std::net::SocketAddr = cluster.client_addrs()[leader as usize - 1].parse().unwrap();
+    let leader = cluster.leader_index().await.unwrap();
+    let addr: std::net::SocketAddr = cluster.client_addrs()[leader].parse().unwrap();
 
     // One source beyond its share.
     let one_source = Ipv4Addr::new(127, 0, 0, 66);

@@ -330,6 +330,14 @@ impl ProcessCluster {
             .map_or_else(ClientOptions::default, |secure| secure.client.clone())
     }
 
+    /// The index (0-based) of the replica that leads now.
+    pub async fn leader_index(&self) -> anyhow::Result<usize> {
+        let client =
+            ControlClient::connect_with(&self.client_addrs(), self.client_options()).await?;
+        let leader = client.leader_status().await?.id;
+        Ok(leader as usize - 1)
+    }
+
     /// The CA and certificates of a secure cluster (`certs::generate`'s layout).
     pub fn pki(&self) -> Option<&Path> {
         self.secure.as_ref().map(|secure| secure.pki.as_path())
