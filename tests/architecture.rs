@@ -15,18 +15,30 @@ use std::path::{Path, PathBuf};
 const ALLOWED: &[(&str, &[&str])] = &[
     ("log", &[]),
     ("jobs", &["log"]),
-    ("client", &["log", "jobs"]),
-    ("controller", &["log", "jobs", "client"]),
-    ("raft", &["log", "jobs", "client"]),
-    ("server", &["log", "jobs", "client", "raft", "controller"]),
+    ("wire", &["log", "jobs"]),
+    ("client", &["log", "jobs", "wire"]),
+    ("controller", &["log", "jobs", "wire", "client"]),
+    ("raft", &["log", "jobs", "wire"]),
+    (
+        "server",
+        &["log", "jobs", "wire", "client", "raft", "controller"],
+    ),
     (
         "tools",
-        &["log", "jobs", "client", "raft", "server", "controller"],
+        &[
+            "log",
+            "jobs",
+            "wire",
+            "client",
+            "raft",
+            "server",
+            "controller",
+        ],
     ),
 ];
 
 /// Rooms that must stay free of the storage and consensus crates.
-const NO_OPENRAFT_OR_SLED: &[&str] = &["log", "jobs", "client", "controller"];
+const NO_OPENRAFT_OR_SLED: &[&str] = &["log", "jobs", "wire", "client", "controller"];
 
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")

@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 use tarpc::{client, context};
 use tokio::sync::{mpsc, oneshot, Mutex, Semaphore};
 
-use super::protocol::*;
 use super::sequences::Sequences;
-use super::tls::{dial, framed};
-use super::version::{Hello, ProtocolOffer};
 use crate::log::{
     Command, ContainerId, Epoch, Offset, ProducerId, ProducerSeq, Proposal, Target, TaskId,
 };
+use crate::wire::protocol::*;
+use crate::wire::tls::{dial, framed};
+use crate::wire::version::{Hello, ProtocolOffer};
 use crate::NodeId;
 
 /// How long one call keeps retrying (failover, reconnects) before giving up. An election on
@@ -204,7 +204,7 @@ impl ClientOptions {
         self
     }
 
-    /// Speak TLS to the replicas with this configuration ([`tls::client_config`](super::tls::client_config)): the CA
+    /// Speak TLS to the replicas with this configuration ([`tls::client_config`](crate::wire::tls::client_config)): the CA
     /// that signed their certificates and, where the cluster asks for it, this client's own.
     pub fn tls(mut self, config: Arc<rustls::ClientConfig>) -> Self {
         self.tls = Some(config);

@@ -5,18 +5,13 @@
 //! and tarpc only, never on openraft or sled. See [`ControlClient`] for a container's loop.
 
 mod connection;
-mod protocol;
 mod sequences;
 mod session;
 mod subscription;
-pub mod tls;
-pub mod version;
 
-pub use connection::{
-    ClientError, ClientOptions, ControlClient, CLIENT_FRAME_BYTES_MAX, CONNECT_TIMEOUT,
-    OPTION_DURATION_MAX, REQUEST_TIMEOUT, RETRY_DEADLINE,
-};
-pub use protocol::{
+pub use crate::wire::{tls, version};
+
+pub use crate::wire::protocol::{
     ApiError, AppendAck, FetchRequest, FetchResponse, HeartbeatAck, Member, MemberStatus, StateAt,
     StateChunk, Status, ANSWER_ENVELOPE_BYTES_MAX, APPEND_MANY_BYTES_MAX,
     APPEND_MANY_PROPOSALS_MAX,
@@ -24,8 +19,12 @@ pub use protocol::{
 /// The wire service and tarpc's generated stubs, for the replica that serves it and for
 /// tests that speak the raw protocol; not part of the client's API.
 #[doc(hidden)]
-pub use protocol::{
+pub use crate::wire::protocol::{
     ControlLog, ControlLogClient, ControlLogRequest, ControlLogResponse, ServeControlLog,
+};
+pub use connection::{
+    ClientError, ClientOptions, ControlClient, CLIENT_FRAME_BYTES_MAX, CONNECT_TIMEOUT,
+    OPTION_DURATION_MAX, REQUEST_TIMEOUT, RETRY_DEADLINE,
 };
 pub use session::{ContainerSession, SessionOptions};
 pub use subscription::{Subscription, SubscriptionItem, LONG_POLL_WAIT};

@@ -7,12 +7,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::connection::{ClientError, ControlClient};
-use super::protocol::{ApiError, AppendAck};
 use super::subscription::Subscription;
 use crate::log::{
     Ack, Command, ContainerId, DeregisterContainer, Epoch, Filter, Offset, RegisterContainer,
     TaskId, TaskStarted, TaskStopped,
 };
+use crate::wire::protocol::{ApiError, AppendAck};
 
 /// How a session registers and heartbeats.
 #[derive(Clone, Debug)]

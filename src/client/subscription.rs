@@ -11,9 +11,9 @@ use futures::stream::BoxStream;
 use futures::Stream;
 
 use super::connection::{state_at, ClientError, Connector, ControlClient};
-use super::protocol::{ApiError, FetchRequest, FetchResponse};
 use crate::jobs::JobState;
 use crate::log::{Filter, LogEntry, Offset};
+use crate::wire::protocol::{ApiError, FetchRequest, FetchResponse};
 
 /// How long one long poll waits for a new command before the replica answers empty.
 pub const LONG_POLL_WAIT: Duration = Duration::from_secs(5);

@@ -34,7 +34,6 @@ use tokio::time::Instant;
 pub use inputs::{InputSource, StaticInputs, WatchedFile};
 pub use launcher::{ContainerLauncher, LaunchSettings, ProcessLauncher, SettingsFn, STOP_GRACE};
 
-use crate::client::{ApiError, AppendAck};
 use crate::jobs::plan::{owed_acks, plan, Action, Grouper, Observed, ScalingPolicy};
 use crate::jobs::{ContainerStatus, JobState, ReportedLag, Session};
 use crate::log::vocabulary::{kinds, LEVEL_LAUNCHES_RECORDED};
@@ -42,6 +41,7 @@ use crate::log::{
     CancelLaunch, Command, ContainerId, DesiredContainers, DesiredContainersV1, LaunchContainer,
     Offset,
 };
+use crate::wire::{ApiError, AppendAck};
 
 /// What the controller needs from the replica it runs on. `server` implements it for its
 /// `ReplicaHandle`; the unit tests below and the deterministic simulation implement it over

@@ -23,10 +23,10 @@ use super::log_store::{hold_to_durable, Durable};
 use super::proposer::BATCH_BYTES_MAX;
 use super::stages::{CommitStages, Stage};
 use super::types::*;
-use crate::client::tls::{dial_expecting, framed, node_name};
-use crate::client::version::{Hello, ProtocolOffer};
-use crate::client::{ApiError, Member};
 use crate::log::Level;
+use crate::wire::tls::{dial_expecting, framed, node_name};
+use crate::wire::version::{Hello, ProtocolOffer};
+use crate::wire::{ApiError, Member};
 use crate::NodeId;
 
 /// The largest frame on the peer port. It must exceed the biggest AppendEntries message
@@ -81,7 +81,7 @@ pub trait RaftRpc {
     async fn install_snapshot(
         request: InstallSnapshotRequest,
     ) -> Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>>;
-    /// The version handshake ([`version`](crate::client::version)), sent first on every
+    /// The version handshake ([`version`](crate::wire::version)), sent first on every
     /// connection a replica dials; its answer also says the highest vocabulary level the
     /// peer's build knows, which a leader asks before adding a replica or raising the level
     /// (a build that does not know the recorded level stops applying). Not a Raft request.
@@ -107,7 +107,7 @@ pub struct PeerNetwork {
 impl PeerNetwork {
     /// Asks the replica `id` at `member`'s peer port for the highest vocabulary level its
     /// build knows, within `timeout` (its `hello` says; a v0.1.0 replica, which has none,
-    /// knows [`V010_LEVEL_MAX`](crate::client::version::V010_LEVEL_MAX)). The error says
+    /// knows [`V010_LEVEL_MAX`](crate::wire::version::V010_LEVEL_MAX)). The error says
     /// why there was no answer.
     pub async fn vocabulary_level_max(
         &self,

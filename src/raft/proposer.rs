@@ -33,9 +33,9 @@ use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
 use super::stages::{CommitStages, Stage};
 use super::types::{Raft, RaftServerMetrics};
-use crate::client::ApiError;
 use crate::jobs::Outcome;
 use crate::log::{Batch, Proposal};
+use crate::wire::ApiError;
 
 /// What the state machine decided for one proposal, or why Raft did not decide it.
 pub type ProposalResult = Result<Outcome, ApiError>;

@@ -13,8 +13,8 @@
 
 use super::log_store::LogStore;
 use super::state_machine::{entry_commands, log_entry, StateMachineStore};
-use crate::client::{ApiError, FetchRequest, FetchResponse};
 use crate::log::Offset;
+use crate::wire::{ApiError, FetchRequest, FetchResponse};
 
 /// Raft entries one fetch reads at most, whatever its filter skips: bounds the work of one
 /// request (a container filtering for itself may skip thousands of commands per entry read).

@@ -19,7 +19,7 @@ use openraft::{CommittedLeaderId, EntryPayload, Membership};
 
 use super::storage::{meta_dir, open_log};
 use super::types::{Entry, LogId, Vote};
-use crate::client::Member;
+use crate::wire::Member;
 use crate::NodeId;
 
 /// What [`force_new_cluster`] wrote.

@@ -4,9 +4,9 @@
 use std::io::Cursor;
 use std::sync::Arc;
 
-use crate::client::{ApiError, Member};
 use crate::jobs::Outcome;
 use crate::log::Batch;
+use crate::wire::{ApiError, Member};
 use crate::NodeId;
 
 openraft::declare_raft_types!(

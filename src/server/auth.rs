@@ -20,9 +20,9 @@ use rustls::pki_types::CertificateDer;
 
 use super::config::AuthConfig;
 use super::tls::certificate_names;
-use crate::client::{ApiError, FetchRequest};
 use crate::log::vocabulary::kinds;
 use crate::log::{Command, ContainerId, Filter, ProducerId, Proposal};
+use crate::wire::{ApiError, FetchRequest};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Role {

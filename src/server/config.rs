@@ -9,10 +9,10 @@ use serde::{Deserialize, Serialize};
 use super::config_error::refuse;
 pub use super::config_error::ConfigError;
 use super::job_config::{JobConfig, JobFlags};
-use crate::client::{Member, ANSWER_ENVELOPE_BYTES_MAX, APPEND_MANY_BYTES_MAX};
 use crate::log::{COMMAND_BYTES_MAX_DEFAULT, LOG_ENTRY_OVERHEAD_BYTES_MAX};
 use crate::raft::network::{PEER_FRAME_BYTES_MAX, RAFT_PAYLOAD_ENTRIES_MAX};
 use crate::raft::proposer::BATCH_BYTES_MAX;
+use crate::wire::{Member, ANSWER_ENVELOPE_BYTES_MAX, APPEND_MANY_BYTES_MAX};
 use crate::NodeId;
 
 /// Everything a replica needs to start. Every field has a default except the identity and the
@@ -543,7 +543,7 @@ mod members_by_id {
     use serde::de::Error;
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-    use crate::client::Member;
+    use crate::wire::Member;
     use crate::NodeId;
 
     pub fn serialize<S: Serializer>(

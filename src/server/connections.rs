@@ -30,7 +30,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::guarded::PortGuard;
 pub use super::guarded::PortLimits;
-use crate::client::tls::Io;
+use crate::wire::tls::Io;
 
 /// How long a TLS handshake may take before the connection is dropped.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);

@@ -26,7 +26,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 
-use crate::client::tls::Io;
+use crate::wire::tls::Io;
 
 /// Frames up to this size are received without reserving from the port's byte budget.
 pub const UNBUDGETED_FRAME_BYTES: usize = 64 << 10;

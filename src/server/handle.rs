@@ -15,10 +15,6 @@ use super::history::History;
 use super::lease::{self, QuorumLease};
 use super::telemetry::Telemetry;
 use super::tls::CertificateExpiry;
-use crate::client::{
-    ApiError, AppendAck, FetchRequest, FetchResponse, HeartbeatAck, Member, MemberStatus, StateAt,
-    Status,
-};
 use crate::controller::ControlPlane;
 use crate::jobs::{JobState, Liveness, Outcome, Rejection, ReportedLag, Session};
 use crate::log::vocabulary::{LEVEL_KNOWN_TO_EVERY_RELEASE, LEVEL_MAX};
@@ -31,6 +27,10 @@ use crate::raft::proposer::{Proposer, BATCH_BYTES_MAX};
 use crate::raft::reader::read_committed;
 use crate::raft::state_machine::{Applied, SnapshotStats, StateMachineStore};
 use crate::raft::types::{not_leader, not_leader_from, Raft, RaftMetrics};
+use crate::wire::{
+    ApiError, AppendAck, FetchRequest, FetchResponse, HeartbeatAck, Member, MemberStatus, StateAt,
+    Status,
+};
 use crate::NodeId;
 
 /// How long `snapshot` waits for the snapshot it triggered.

@@ -44,9 +44,9 @@ use super::handle::ReplicaHandle;
 use super::history::{Sample, SAMPLE_INTERVAL};
 use super::json;
 use super::page_access::PageAccess;
-use crate::client::FetchRequest;
 use crate::jobs::{ContainerStatus, TaskPhase};
 use crate::log::{ContainerId, Filter, TaskId};
+use crate::wire::FetchRequest;
 
 /// Entries the status page shows from the end of the log.
 const TAIL_ENTRIES: u32 = 20;

@@ -5,9 +5,9 @@
 use base64::Engine;
 use serde_json::{json, Value};
 
-use crate::client::{StateAt, Status};
 use crate::jobs::{Awaiting, ContainerStatus, Session, TaskPhase};
 use crate::log::{LogEntry, Offset, TaskId};
+use crate::wire::{StateAt, Status};
 
 /// One entry as `ctrlog tail --json` prints it. The payload is UTF-8 text in `payload` when
 /// it is valid UTF-8, else base64 in `payload_b64`.

@@ -11,14 +11,14 @@ use tokio_rustls::TlsAcceptor;
 
 use super::connections::{serve_each_connection, PortLimits};
 use super::tls::named_nodes;
-use crate::client::tls::framed;
-use crate::client::version::{Hello, ProtocolOffer, PEER_REQUESTS_AFTER_V010};
-use crate::client::ApiError;
 use crate::raft::elector::ElectionTimer;
 use crate::raft::log_matching::stop_on_divergence;
 use crate::raft::log_store::LogStore;
 use crate::raft::network::{RaftRpc, RaftRpcRequest, RaftRpcResponse, PEER_FRAME_BYTES_MAX};
 use crate::raft::types::*;
+use crate::wire::tls::framed;
+use crate::wire::version::{Hello, ProtocolOffer, PEER_REQUESTS_AFTER_V010};
+use crate::wire::ApiError;
 use crate::NodeId;
 use openraft::error::SnapshotMismatch;
 

@@ -20,7 +20,6 @@ use super::peers::{bind_peers, serve_peers};
 use super::service::{bind_clients, serve_clients, ConnectionBudget};
 use super::telemetry::Telemetry;
 use super::tls::ReplicaTls;
-use crate::client::{Member, ANSWER_ENVELOPE_BYTES_MAX};
 use crate::jobs::Liveness;
 use crate::raft::elector::{self, ElectionTimer, ElectionTiming};
 use crate::raft::meta_store::Closed;
@@ -29,6 +28,7 @@ use crate::raft::proposer::Proposer;
 use crate::raft::recover::ForcedMembership;
 use crate::raft::storage::{open_storage, Storage};
 use crate::raft::types::{Raft, RaftError};
+use crate::wire::{Member, ANSWER_ENVELOPE_BYTES_MAX};
 use crate::NodeId;
 
 /// How long `Replica::shutdown` lets its listeners end their connections before aborting them.

@@ -26,16 +26,16 @@ use tokio_rustls::TlsAcceptor;
 use super::auth::{authorize, Action, Authenticator, Principal};
 use super::connections::{serve_each_connection, Admission, PortLimits};
 use super::handle::ReplicaHandle;
-use crate::client::tls::framed;
-use crate::client::version::{
-    error_for_protocol, Hello, ProtocolOffer, CLIENT_REQUESTS_AFTER_V010, PROTOCOL_V010,
-};
-use crate::client::{
+use crate::log::{ContainerId, Epoch, Offset, Proposal, TaskId};
+use crate::wire::protocol::{
     ApiError, AppendAck, ControlLog, ControlLogRequest, ControlLogResponse, FetchRequest,
     FetchResponse, HeartbeatAck, Member, StateAt, StateChunk, Status, ANSWER_ENVELOPE_BYTES_MAX,
     APPEND_MANY_PROPOSALS_MAX,
 };
-use crate::log::{ContainerId, Epoch, Offset, Proposal, TaskId};
+use crate::wire::tls::framed;
+use crate::wire::version::{
+    error_for_protocol, Hello, ProtocolOffer, CLIENT_REQUESTS_AFTER_V010, PROTOCOL_V010,
+};
 use crate::NodeId;
 
 type Request = ClientMessage<ControlLogRequest>;

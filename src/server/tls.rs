@@ -12,7 +12,7 @@ use tokio_rustls::TlsAcceptor;
 use x509_parser::extensions::GeneralName;
 
 use super::config::TlsFiles;
-use crate::client::tls::{client_config, load_certs, load_key, load_roots, provider, TlsError};
+use crate::wire::tls::{client_config, load_certs, load_key, load_roots, provider, TlsError};
 use crate::NodeId;
 
 pub struct ReplicaTls {

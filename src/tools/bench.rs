@@ -586,7 +586,7 @@ impl Secured {
         )?;
         let (cert, key) = super::certs::client_identity(&pki, "admin");
         let tls =
-            crate::client::tls::client_config(&super::certs::ca_file(&pki), Some((&cert, &key)))?;
+            crate::wire::tls::client_config(&super::certs::ca_file(&pki), Some((&cert, &key)))?;
         Ok(Secured {
             pki,
             config,

@@ -27,7 +27,7 @@ pub fn ca_file(dir: &Path) -> PathBuf {
 
 /// The TLS files of replica `id` among those `generate` wrote into `dir`.
 pub fn replica_files(dir: &Path, id: NodeId) -> crate::server::TlsFiles {
-    let name = crate::client::tls::node_name(id);
+    let name = crate::wire::tls::node_name(id);
     crate::server::TlsFiles {
         ca_file: ca_file(dir),
         cert_file: dir.join(format!("{name}.pem")),
@@ -168,7 +168,7 @@ pub fn generate(
     let now = OffsetDateTime::now_utc();
     let (from, until) = (now - Duration::days(1), now + Duration::days(days));
     for id in nodes {
-        let name = crate::client::tls::node_name(*id);
+        let name = crate::wire::tls::node_name(*id);
         let mut sans = vec![name.clone()];
         sans.extend(hosts.iter().cloned());
         written.push(authority.issue(out, &name, &name, sans, Usage::Replica, from, until)?);
@@ -184,7 +184,7 @@ pub fn generate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::tls::{client_config, load_certs, load_key, provider};
+    use crate::wire::tls::{client_config, load_certs, load_key, provider};
 
     fn mode(path: &Path) -> u32 {
         std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(path).unwrap().permissions())

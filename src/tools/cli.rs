@@ -127,7 +127,7 @@ impl ClientFlags {
         let tls = match &self.ca {
             Some(ca) => {
                 let identity = self.cert.as_deref().zip(self.key.as_deref());
-                Some(crate::client::tls::client_config(ca, identity)?)
+                Some(crate::wire::tls::client_config(ca, identity)?)
             }
             None => None,
         };

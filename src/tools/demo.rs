@@ -115,7 +115,7 @@ impl Security {
     fn operator(&self) -> anyhow::Result<ClientOptions> {
         let (cert, key) = super::certs::client_identity(&self.dir, "demo");
         Ok(ClientOptions {
-            tls: Some(crate::client::tls::client_config(
+            tls: Some(crate::wire::tls::client_config(
                 &self.ca,
                 Some((&cert, &key)),
             )?),

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::wait::{poll_until, WaitError, POLL_INTERVAL};
-use crate::client::tls::client_config;
 use crate::client::{ClientOptions, Member};
 use crate::server::{AuthConfig, Replica, ReplicaConfig, StartError};
+use crate::wire::tls::client_config;
 use crate::NodeId;
 
 pub struct LocalCluster {
