@@ -471,7 +471,7 @@ pub mod faults {
     use std::io;
     use std::path::{Path, PathBuf};
 
-    use super::SEGMENT_SUFFIX;
+    use super::{Wal, SEGMENT_SUFFIX};
 
     /// The log's segment files in `dir`, oldest first.
     fn segments(dir: &Path) -> io::Result<Vec<PathBuf>> {
@@ -513,6 +513,55 @@ pub mod faults {
             }
         }
         Ok(dropped)
+    }
+
+    /// A power loss measured in entries: drops every entry after `synced`, the last one a
+    /// sync covered (`None`: none was), as a disk that kept only what was synced would.
+    pub fn lose_entries_after(dir: &Path, synced: Option<u64>) -> io::Result<()> {
+        let mut wal = Wal::open(dir, None, u64::MAX)?;
+        let first_lost = synced.map_or(0, |index| index + 1);
+        if wal.next_index() > first_lost {
+            wal.truncate_from(first_lost)?;
+        }
+        Ok(())
+    }
+
+    /// A store that lied about durability: drops the last `entries` of the log, acknowledged or
+    /// not (never below its first entry).
+    pub fn lose_last_entries(dir: &Path, entries: u64) -> io::Result<()> {
+        let mut wal = Wal::open(dir, None, u64::MAX)?;
+        let from = wal
+            .next_index()
+            .saturating_sub(entries)
+            .max(wal.first_index());
+        wal.truncate_from(from)
+    }
+
+    /// One flipped byte: inverts the byte at `at` of the log's bytes counted over its segments
+    /// oldest first, `at` taken modulo their total size. Returns the segment's file name and
+    /// the offset in it, or `None` for an empty log.
+    pub fn flip_byte(dir: &Path, at: u64) -> io::Result<Option<(String, u64)>> {
+        let sizes = segment_sizes(dir)?;
+        let total: u64 = sizes.values().sum();
+        if total == 0 {
+            return Ok(None);
+        }
+        let mut left = at % total;
+        for (name, size) in sizes {
+            if left < size {
+                use std::os::unix::fs::FileExt;
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(dir.join(&name))?;
+                let mut byte = [0u8];
+                file.read_exact_at(&mut byte, left)?;
+                file.write_all_at(&[!byte[0]], left)?;
+                return Ok(Some((name, left)));
+            }
+            left -= size;
+        }
+        unreachable!("the offset is below the total size")
     }
 
     /// A torn write: `bytes` of zeros (`zeros`) or garbage after the last record of the last
@@ -559,6 +608,46 @@ mod tests {
         assert_eq!(wal.next_index(), 21);
         for i in 1..=20 {
             assert_eq!(wal.read(i).unwrap(), Some(payload(i)));
+        }
+    }
+
+    /// The fault model's flipped byte inverts exactly one byte, at the offset it names, of the
+    /// segment it names, counting over the segments oldest first and wrapping at their end.
+    #[test]
+    fn a_flipped_byte_is_one_byte_where_it_says() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut wal = Wal::open(dir.path(), None, 64).unwrap();
+        fill(&mut wal, 0, 20);
+        drop(wal);
+        let sizes: Vec<(String, u64)> = faults::segment_sizes(dir.path())
+            .unwrap()
+            .into_iter()
+            .collect();
+        assert!(sizes.len() > 2 && sizes[0].1 > 3);
+        let total: u64 = sizes.iter().map(|(_, size)| size).sum();
+        let (first, second, last) = (&sizes[0], &sizes[1], &sizes[sizes.len() - 1]);
+        let read = |name: &str| std::fs::read(dir.path().join(name)).unwrap();
+        for (at, (name, offset)) in [
+            (0, (&first.0, 0)),
+            (first.1, (&second.0, 0)),
+            (total - 1, (&last.0, last.1 - 1)),
+            (total + 3, (&first.0, 3)),
+        ] {
+            let before: Vec<Vec<u8>> = sizes.iter().map(|(name, _)| read(name)).collect();
+            let flipped = faults::flip_byte(dir.path(), at).unwrap();
+            assert_eq!(flipped, Some((name.clone(), offset)), "flip at {at}");
+            for ((segment, _), bytes) in sizes.iter().zip(before) {
+                let after = read(segment);
+                let changed: Vec<u64> = (0..after.len() as u64)
+                    .filter(|&i| after[i as usize] != bytes[i as usize])
+                    .collect();
+                let expected = if segment == name {
+                    vec![offset]
+                } else {
+                    vec![]
+                };
+                assert_eq!(changed, expected, "flip at {at}: {segment}");
+            }
         }
     }
 

@@ -11,7 +11,7 @@
 //! recovery must cut it; the test that checks that the simulation catches a careless store
 //! makes a crash lose acknowledged entries too ([`Disk::lose_acknowledged_tail`]).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -23,7 +23,7 @@ use ctrlog::raft::meta_store::Closed;
 use ctrlog::raft::reader::read_committed;
 use ctrlog::raft::state_machine::StateMachineStore;
 use ctrlog::raft::storage::{log_dir, open_storage_with};
-use ctrlog::raft::wal::Wal;
+use ctrlog::raft::wal::faults;
 
 /// One replica's data directory, which outlives each of its incarnations.
 pub struct Disk {
@@ -96,51 +96,31 @@ impl Disk {
 
     /// Writes `tail` after the last record of the last segment, as a torn write would.
     pub fn tear(&self, tail: Tail) {
-        let bytes = match tail {
+        let (bytes, zeros) = match tail {
             Tail::Clean => return,
-            Tail::Zeros(n) => vec![0; n],
-            Tail::Garbage(n) => (0..n).map(|i| (i * 131 % 251) as u8 | 1).collect(),
+            Tail::Zeros(n) => (n, true),
+            Tail::Garbage(n) => (n, false),
         };
-        let last = last_segment(&log_dir(&self.dir));
-        let mut file = std::fs::OpenOptions::new().append(true).open(last).unwrap();
-        std::io::Write::write_all(&mut file, &bytes).unwrap();
+        faults::tear_tail(&log_dir(&self.dir), bytes, zeros).unwrap();
     }
 
     /// Drops what the crashed incarnation had written after its durable mark, entry `synced`
     /// (`None`: nothing), as a power loss would: a leader's own appends, which the log
     /// acknowledges to openraft before their `fdatasync` (`raft::log_store`).
     pub fn lose_unsynced(&self, synced: Option<u64>) {
-        let mut wal = Wal::open(&log_dir(&self.dir), None, u64::MAX).unwrap();
-        let first_lost = synced.map_or(0, |index| index + 1);
-        if wal.next_index() > first_lost {
-            wal.truncate_from(first_lost).unwrap();
-        }
+        faults::lose_entries_after(&log_dir(&self.dir), synced).unwrap();
     }
 
     /// Drops the last `entries` of the log, as a crash would if appends were acknowledged
     /// before they were durable. Only the test that shows the simulation catches such a store
     /// calls this.
     pub fn lose_acknowledged_tail(&self, entries: u64) {
-        let mut wal = Wal::open(&log_dir(&self.dir), None, u64::MAX).unwrap();
-        let from = wal
-            .next_index()
-            .saturating_sub(entries)
-            .max(wal.first_index());
-        wal.truncate_from(from).unwrap();
+        faults::lose_last_entries(&log_dir(&self.dir), entries).unwrap();
     }
 
     pub fn snapshots_built(&self) -> u64 {
         self.snapshots_built.load(Ordering::Relaxed)
     }
-}
-
-fn last_segment(dir: &Path) -> PathBuf {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "wal"))
-        .max()
-        .expect("a wal has a segment")
 }
 
 impl Storage {
