@@ -203,7 +203,10 @@ impl<P: ControlPlane> Controller<P> {
         let mut ticker = tokio::time::interval(self.config.tick);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            // Biased: shutdown first when both are ready, the same way every run (a seeded
+            // simulation stops its controller on the tick's own schedule).
             tokio::select! {
+                biased;
                 _ = &mut shutdown => return,
                 _ = ticker.tick() => {}
             }

@@ -247,7 +247,11 @@ pub async fn drive(
 ) {
     let metrics = raft.metrics();
     loop {
+        // Biased, as every select on the request paths: an unbiased one draws its order from a
+        // generator outside any seed, and the order futures are polled in is the order their
+        // wakers queue, which a deterministic simulation must not leave to chance.
         tokio::select! {
+            biased;
             _ = tokio::time::sleep_until(timer.stand_at()) => {}
             _ = timer.hastened.notified() => {}
             _ = stop.wait_for(|stopped| *stopped) => return,

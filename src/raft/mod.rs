@@ -31,10 +31,12 @@
 #![allow(clippy::result_large_err)]
 
 pub mod elector;
+pub mod lease;
 pub mod log_matching;
 pub mod log_store;
 pub mod meta_store;
 pub mod network;
+pub mod node;
 pub mod proposer;
 pub mod reader;
 mod recent;

@@ -124,6 +124,17 @@ impl PeerNetwork {
     }
 }
 
+impl super::node::MemberLevels for PeerNetwork {
+    fn level_max<'a>(
+        &'a self,
+        id: NodeId,
+        member: &'a Member,
+        within: Duration,
+    ) -> futures::future::BoxFuture<'a, Result<Level, String>> {
+        Box::pin(self.vocabulary_level_max(id, member, within))
+    }
+}
+
 impl PeerNetwork {
     fn client_for(&self, target: NodeId, node: &Member) -> PeerClient {
         PeerClient {

@@ -214,6 +214,7 @@ async fn run(raft: Raft, mut incoming: mpsc::Receiver<Pending>, stages: Arc<Comm
         tokio::spawn(async move {
             let _permit = permit;
             let outcome = tokio::select! {
+                biased;
                 outcome = receiver => outcome.ok(),
                 () = term_over => None,
             };

@@ -33,7 +33,6 @@ pub mod http;
 pub mod job;
 pub mod job_config;
 pub mod json;
-pub mod lease;
 pub mod page_access;
 pub mod peers;
 pub mod replica;

@@ -14,20 +14,18 @@ use super::config::{ConfigError, ReplicaConfig};
 use super::connections::PortLimits;
 use super::handle::{Inner, ReplicaHandle};
 use super::http::{bind_http, serve_http};
-use super::lease::{self, QuorumLease};
 use super::page_access::PageAccess;
 use super::peers::{bind_peers, serve_peers};
 use super::service::{bind_clients, serve_clients, ConnectionBudget};
 use super::telemetry::Telemetry;
 use super::tls::ReplicaTls;
-use crate::jobs::Liveness;
-use crate::raft::elector::{self, ElectionTimer, ElectionTiming};
+use crate::raft::elector::{ElectionTimer, ElectionTiming};
 use crate::raft::meta_store::Closed;
 use crate::raft::network::{PeerNetwork, RAFT_PAYLOAD_ENTRIES_MAX};
-use crate::raft::proposer::Proposer;
+use crate::raft::node::{Node, NodeConfig};
 use crate::raft::recover::ForcedMembership;
 use crate::raft::storage::{open_storage, Storage};
-use crate::raft::types::{Raft, RaftError};
+use crate::raft::types::RaftError;
 use crate::wire::{Member, ANSWER_ENVELOPE_BYTES_MAX};
 use crate::NodeId;
 
@@ -83,7 +81,7 @@ impl Drop for Replica {
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let raft = self.handle.inner.raft.clone();
+            let raft = self.handle.inner.node.raft().clone();
             runtime.spawn(async move {
                 let _ = raft.shutdown().await;
             });
@@ -154,15 +152,25 @@ impl Replica {
             stages: Some(stages.clone()),
             durable: Some(log.durable()),
         };
-        let raft = Raft::new(
-            config.id,
-            Arc::new(raft_config(&config)?),
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let node_config = NodeConfig {
+            id: config.id,
+            raft: raft_config(&config)?,
+            command_bytes_max: config.command_bytes_max,
+            fetch_answer_bytes_max: config.client_frame_bytes_max - ANSWER_ENVELOPE_BYTES_MAX,
+        };
+        let (node, node_tasks) = Node::start(
+            node_config,
             peers.clone(),
-            log.clone(),
-            state_machine.clone(),
+            log,
+            state_machine,
+            elections.clone(),
+            Arc::new(peers),
+            stopping.clone(),
         )
         .await
         .map_err(|e| StartError::Raft(e.to_string()))?;
+        let raft = node.raft().clone();
 
         let peer_listener = bind_peers(config.peer_addr).await?;
         let client_listener =
@@ -173,38 +181,24 @@ impl Replica {
             None => None,
         };
         let http_addr = http_listener.as_ref().map(|l| l.local_addr()).transpose()?;
-        let lease = Arc::new(QuorumLease::new(
-            Duration::from_millis(config.election_timeout_min_ms),
-            Duration::from_millis(config.election_timeout_max_ms),
-        ));
         let handle = ReplicaHandle {
             inner: Arc::new(Inner {
-                id: config.id,
-                raft: raft.clone(),
-                log,
-                state_machine,
-                proposer: Proposer::start(raft.clone(), stages),
+                node,
                 peer_addr,
                 client_addr,
-                command_bytes_max: config.command_bytes_max,
-                fetch_answer_bytes_max: config.client_frame_bytes_max - ANSWER_ENVELOPE_BYTES_MAX,
-                liveness: std::sync::Mutex::new(Liveness::new(0, std::time::Instant::now())),
-                lease: lease.clone(),
-                membership_changes: tokio::sync::Mutex::new(()),
-                peers,
                 telemetry: Telemetry::default(),
                 http_addr,
                 history: Default::default(),
                 certificate_expiries: tls.as_ref().map(|t| t.expiries.clone()).unwrap_or_default(),
             }),
         };
-        let (stop, stopping) = tokio::sync::watch::channel(false);
-        let mut tasks = vec![
+        let mut tasks = node_tasks;
+        tasks.extend([
             tokio::spawn(serve_peers(
                 peer_listener,
                 raft.clone(),
-                handle.inner.log.clone(),
-                elections.clone(),
+                handle.node().log().clone(),
+                elections,
                 tls.as_ref().map(|t| t.peers.clone()),
                 stopping.clone(),
             )),
@@ -237,18 +231,7 @@ impl Replica {
                 authenticator.clone(),
                 stopping.clone(),
             )),
-        ];
-        tasks.push(tokio::spawn(elector::drive(
-            raft.clone(),
-            config.id,
-            elections,
-            stopping.clone(),
-        )));
-        tasks.push(tokio::spawn(lease::track(
-            lease,
-            raft.metrics(),
-            stopping.clone(),
-        )));
+        ]);
         if let Some(listener) = http_listener {
             let access = PageAccess::new(authenticator, &config.http_allowed_hosts);
             tasks.push(tokio::spawn(serve_http(
@@ -300,7 +283,7 @@ impl Replica {
             }
         }
         self.stopped = true;
-        if let Err(error) = self.handle.inner.raft.shutdown().await {
+        if let Err(error) = self.handle.inner.node.raft().shutdown().await {
             tracing::warn!(%error, "raft did not shut down cleanly");
         }
         // Handles held elsewhere keep the storage open for as long as their holders like; only

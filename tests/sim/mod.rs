@@ -1,20 +1,23 @@
-//! Deterministic simulation of a ctrlog cluster: 3 or 5 openraft replicas on the product's real
+//! Deterministic simulation of a ctrlog cluster: 3 or 5 replicas, each the product's own
+//! `raft::node::Node` (Raft, the proposer, the quorum lease, the elector, the heartbeat table
+//! and the rules of every request path, as `ctrlog serve` runs them) on the product's real
 //! storage (the WAL, sled and the state machine over temporary directories, see [`store`]),
 //! producers, subscribers, containers and the product's controller, all on one thread with
-//! tokio's paused clock and a simulated network.
+//! tokio's paused clock and a simulated network. Only the sockets are simulated: a call
+//! crosses [`network`] and runs the node's own method on the other side.
 //!
 //! A fault schedule drawn from the seed crashes and restarts replicas (the leader among them),
 //! isolates the leader (its containers can still reach it), cuts links one way, partitions a
 //! minority, cuts a container off from every replica, and loses and delays messages.
 //! Containers hold leases: they heartbeat to whichever replica claims to lead, which accepts
-//! only by the product's rule (`lease::leads`), and stop their tasks when no heartbeat was
+//! only by the product's rule (`Node::heartbeat`), and stop their tasks when no heartbeat was
 //! accepted for a lease shorter than the controller's session timeout; the product's
 //! controller expires them through the product's heartbeat table. A crash may leave zeros or garbage after the last record of the WAL, as a power
 //! loss does. Every run first stops a follower until the leader has purged past it, lets it
 //! catch up by snapshot install, and restarts it twice right after. At the end the network
 //! heals, everything catches up, and the history goes through the same checker as
 //! `ctrlog chaos`. A monitor also checks, every 10 ms of simulated time, that no two replicas
-//! act as leader at once (`lease::leads`) and log matching across the replicas.
+//! act as leader at once (`Node::is_leader`) and log matching across the replicas.
 //!
 //! Reproducibility: every random choice (faults, network, election timeouts, client pauses)
 //! comes from the seed, the clock is virtual, the runtime is single-threaded with its own
@@ -37,20 +40,21 @@ use ctrlog::controller::{
     StaticInputs,
 };
 use ctrlog::jobs::plan::{GroupByPartition, ScalingPolicy};
-use ctrlog::jobs::{JobState, Liveness, Outcome, ReportedLag, Session, TaskPhase};
+use ctrlog::jobs::{JobState, ReportedLag, Session, TaskPhase};
 use ctrlog::log::{
-    Batch, Command, ContainerId, Epoch, Filter, Input, LogEntry, Offset, ProducerSeq, Proposal,
+    Command, ContainerId, Epoch, Filter, Input, LogEntry, Offset, ProducerSeq, Proposal,
     RegisterContainer, Target, TaskId, TaskStarted, TaskStopped,
 };
-use ctrlog::raft::elector::{self, ElectionTimer, ElectionTiming};
+use ctrlog::raft::elector::{ElectionTimer, ElectionTiming};
+use ctrlog::raft::node::{MemberLevels, Node, NodeConfig};
 use ctrlog::raft::types::LogId;
-use ctrlog::raft::types::{ClientWriteError, Raft};
-use ctrlog::server::lease::{self, QuorumLease};
+use ctrlog::raft::types::Raft;
+use ctrlog::server::ReplicaConfig;
 use ctrlog::tools::checker::{
     self, Acked, Delivery, History, LogMatching, SubscriptionRecord, TaskEvent, Violation,
 };
+use ctrlog::wire::ANSWER_ENVELOPE_BYTES_MAX;
 use ctrlog::NodeId;
-use openraft::error::RaftError;
 use openraft::{ServerState, SnapshotPolicy};
 use rand::Rng;
 use tokio::time::Instant;
@@ -186,8 +190,9 @@ struct Sim {
     final_offset: AtomicU64,
     /// Containers told to stop (by a plan's `Stop` action).
     stopped_containers: Mutex<BTreeSet<ContainerId>>,
-    /// What each running replica keeps beside Raft to act as leader, per incarnation.
-    authorities: Mutex<BTreeMap<NodeId, Arc<Authority>>>,
+    /// Each running replica's node (the product's `raft::node::Node`: its proposer, lease,
+    /// heartbeat table and request rules), and what stops its election and lease tasks.
+    nodes: Mutex<BTreeMap<NodeId, (Node, tokio::sync::watch::Sender<bool>)>>,
     /// Log matching across the replicas, checked at every step of the monitor.
     log_matching: Mutex<LogMatchingWatch>,
 }
@@ -207,15 +212,6 @@ struct LogMatchingWatch {
 /// heard it, at the earliest), which is the window in which openraft 0.9 restored it as
 /// leader of its old term.
 const POWER_BACK_MS: std::ops::Range<u64> = 20..250;
-
-/// What a real replica keeps beside Raft to act as leader (`server::handle`): its quorum
-/// lease, kept up to date by the product's `lease::track`, and its heartbeat table.
-struct Authority {
-    lease: Arc<QuorumLease>,
-    liveness: Mutex<Liveness>,
-    /// Stops the lease's tracking task when this incarnation goes.
-    _tracking: tokio::sync::watch::Sender<bool>,
-}
 
 impl Sim {
     fn new(config: SimConfig) -> Arc<Sim> {
@@ -243,7 +239,7 @@ impl Sim {
             stopping: AtomicBool::new(false),
             final_offset: AtomicU64::new(u64::MAX),
             stopped_containers: Mutex::default(),
-            authorities: Mutex::default(),
+            nodes: Mutex::default(),
             log_matching: Mutex::default(),
         })
     }
@@ -284,7 +280,7 @@ impl Sim {
             heartbeat: Duration::from_millis(HEARTBEAT_INTERVAL_MS),
         };
         let elections = Arc::new(ElectionTimer::new(timing, self.net.random(|rng| rng.gen())));
-        let config = openraft::Config {
+        let raft = openraft::Config {
             cluster_name: "sim".into(),
             heartbeat_interval: HEARTBEAT_INTERVAL_MS,
             election_timeout_min: ELECTION_TIMEOUT_MIN_MS,
@@ -308,37 +304,38 @@ impl Sim {
                 return;
             }
         };
-        let started = Raft::new(
+        let defaults = ReplicaConfig::default();
+        let config = NodeConfig {
             id,
-            Arc::new(config),
-            SimNetwork {
-                net: self.net.clone(),
-                from: id,
-                elections: elections.clone(),
-                durable: storage.log.durable(),
-            },
+            raft,
+            command_bytes_max: defaults.command_bytes_max,
+            fetch_answer_bytes_max: defaults.client_frame_bytes_max - ANSWER_ENVELOPE_BYTES_MAX,
+        };
+        let network = SimNetwork {
+            net: self.net.clone(),
+            from: id,
+            elections: elections.clone(),
+            durable: storage.log.durable(),
+        };
+        let levels = Arc::new(SimLevels {
+            net: self.net.clone(),
+            from: id,
+        });
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let started = Node::start(
+            config,
+            network,
             storage.log.clone(),
             storage.state_machine.clone(),
+            elections.clone(),
+            levels,
+            stopping,
         )
         .await;
         match started {
-            Ok(raft) => {
-                let lease = Arc::new(QuorumLease::new(
-                    Duration::from_millis(ELECTION_TIMEOUT_MIN_MS),
-                    Duration::from_millis(ELECTION_TIMEOUT_MAX_MS),
-                ));
-                let (tracking, stop) = tokio::sync::watch::channel(false);
-                tokio::task::spawn_local(lease::track(lease.clone(), raft.metrics(), stop.clone()));
-                tokio::task::spawn_local(elector::drive(raft.clone(), id, elections.clone(), stop));
-                let authority = Authority {
-                    lease,
-                    liveness: Mutex::new(Liveness::new(0, now_std())),
-                    _tracking: tracking,
-                };
-                self.authorities
-                    .lock()
-                    .unwrap()
-                    .insert(id, Arc::new(authority));
+            Ok((node, _tasks)) => {
+                let raft = node.raft().clone();
+                self.nodes.lock().unwrap().insert(id, (node, stop));
                 self.net.bring_up(id, raft, storage, elections)
             }
             // openraft refuses storage that lost what it had acknowledged.
@@ -351,6 +348,8 @@ impl Sim {
 
     async fn crash(&self, id: NodeId) {
         if let Some((raft, storage)) = self.net.take_down(id) {
+            // Its election and lease tasks stop with it.
+            self.nodes.lock().unwrap().remove(&id);
             self.fault(format!("crash {id}"));
             let _ = raft.shutdown().await;
             let built = storage.snapshots_built();
@@ -388,95 +387,54 @@ impl Sim {
             .max_by_key(|(_, raft, _)| raft.metrics().borrow().current_term)
     }
 
-    /// The replica that may act as leader by the product's rule (`lease::leads`: it leads in
-    /// its own view, holds its quorum lease, and applied an entry of its term), if one does.
-    /// Unlike [`Sim::leader`], an isolated leader that still believes it leads is not it.
-    fn leading(&self) -> Option<(NodeId, Raft, Storage, Arc<Authority>)> {
+    /// The replica that may act as leader by the product's rule (`Node::is_leader`: it leads
+    /// in its own view, holds its quorum lease, and applied an entry of its term), if one
+    /// does. Unlike [`Sim::leader`], an isolated leader that still believes it leads is not it.
+    fn leading(&self) -> Option<Node> {
         self.net
             .running()
             .into_iter()
-            .find_map(|(id, raft, storage)| {
-                let authority = self.authority(id)?;
-                let leads = lease::leads(&raft.metrics().borrow(), id, &authority.lease);
-                leads.then_some((id, raft, storage, authority))
-            })
+            .find_map(|(id, _, _)| self.node(id).filter(Node::is_leader))
     }
 
-    fn authority(&self, id: NodeId) -> Option<Arc<Authority>> {
-        self.authorities.lock().unwrap().get(&id).cloned()
-    }
-
-    /// A replica's answer to a container's heartbeat, as `ReplicaHandle::heartbeat` gives it:
-    /// `NotLeader` unless it may act as leader, then `Fenced` unless the session is live.
-    fn accept_heartbeat(
-        &self,
-        id: NodeId,
-        raft: &Raft,
-        storage: &Storage,
-        container: &ContainerId,
-        epoch: Epoch,
-    ) -> Result<(), ApiError> {
-        let metrics = raft.metrics().borrow().clone();
-        let authority = self
-            .authority(id)
-            .ok_or(ApiError::Unavailable("restarting".into()))?;
-        if !lease::leads(&metrics, id, &authority.lease) {
-            return Err(ApiError::NotLeader {
-                leader_id: None,
-                leader_client_addr: None,
-            });
-        }
-        match storage.job_state().live_session(container) {
-            Some(session) if session.epoch == epoch => {
-                let mut liveness = authority.liveness.lock().unwrap();
-                liveness.follow_term(metrics.current_term, now_std());
-                liveness.record(&storage.job_state(), &session, BTreeMap::new(), now_std());
-                Ok(())
-            }
-            live => Err(ApiError::Fenced {
-                container: container.clone(),
-                epoch,
-                current_epoch: live.map(|s| s.epoch),
-            }),
-        }
+    /// Replica `id`'s running node.
+    fn node(&self, id: NodeId) -> Option<Node> {
+        let nodes = self.nodes.lock().unwrap();
+        nodes.get(&id).map(|(node, _)| node.clone())
     }
 
     // ---- clients -----------------------------------------------------------------------------
 
-    /// Appends one proposal, following redirects and retrying its unknown fate with the same
-    /// `(producer, seq)` until the log decides it.
-    async fn append(&self, me: Party, proposal: Proposal) -> Outcome {
+    /// Appends one proposal through a replica's own append path ([`Node::append`]: its checks
+    /// and its proposer), following redirects and retrying its unknown fate with the same
+    /// `(producer, seq)` until the log decides it: acknowledged, or refused for good.
+    async fn append(&self, me: Party, proposal: Proposal) -> Result<AppendAck, ApiError> {
         if let Some(pair) = proposal.producer {
             self.record().attempted.insert(pair);
         }
-        let mut node = self.random_replica();
+        let mut to = self.random_replica();
         loop {
-            let batch = Batch {
-                appended_at_ms: self.started.elapsed().as_millis() as u64,
-                proposals: vec![proposal.clone()],
-            };
+            let proposal = proposal.clone();
             let answer = self
                 .net
-                .call(me, node, CLIENT_TIMEOUT, |callee| async move {
-                    callee.raft.client_write(Arc::new(batch)).await
+                .call(me, to, CLIENT_TIMEOUT, |_| async move {
+                    let node = self.node(to).ok_or(ApiError::ShuttingDown)?;
+                    node.append(proposal).await
                 })
                 .await;
             match answer {
-                Ok(Ok(mut response)) => {
-                    return response.data.pop().expect("one outcome per proposal");
-                }
-                Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward)))) => {
-                    match forward.leader_id {
-                        Some(leader) => node = leader,
-                        None => {
-                            self.pause(20..60).await;
-                            node = self.random_replica();
-                        }
-                    }
-                }
-                Ok(Err(_)) | Err(Failure::Refused | Failure::TimedOut) => {
+                Ok(Err(ApiError::NotLeader {
+                    leader_id: Some(leader),
+                    ..
+                })) => to = leader,
+                Ok(Err(error)) if error.is_retriable() => {
                     self.pause(20..60).await;
-                    node = self.random_replica();
+                    to = self.random_replica();
+                }
+                Ok(decided) => return decided,
+                Err(Failure::Refused | Failure::TimedOut) => {
+                    self.pause(20..60).await;
+                    to = self.random_replica();
                 }
             }
         }
@@ -496,13 +454,11 @@ impl Sim {
                 frame: frame.clone(),
             };
             match self.append(me, proposal).await {
-                Outcome::Appended { offset } | Outcome::Duplicate { offset } => {
-                    self.record().acked.push(Acked {
-                        pair,
-                        offset,
-                        frame,
-                    })
-                }
+                Ok(AppendAck { offset, .. }) => self.record().acked.push(Acked {
+                    pair,
+                    offset,
+                    frame,
+                }),
                 other => self
                     .record()
                     .anomalies
@@ -639,7 +595,7 @@ impl Sim {
         // The lease counts from before the registration: the leader cannot have seen the
         // session live any earlier.
         let joined = Instant::now();
-        let (Outcome::Appended { offset: epoch } | Outcome::Duplicate { offset: epoch }) =
+        let Ok(AppendAck { offset: epoch, .. }) =
             self.append(me, proposal(next_pair(), register)).await
         else {
             self.record()
@@ -667,15 +623,18 @@ impl Sim {
                     let answer = match claimant {
                         Some(to) => self
                             .net
-                            .call(me, to, CLIENT_TIMEOUT, |callee| async move {
-                                self.accept_heartbeat(to, &callee.raft, &callee.storage, id, epoch)
+                            .call(me, to, CLIENT_TIMEOUT, |_| async move {
+                                // The replica's own rule: `NotLeader` unless it may act as
+                                // leader, then `Fenced` unless the session is live.
+                                let node = self.node(to).ok_or(ApiError::ShuttingDown)?;
+                                node.heartbeat(id.clone(), epoch, BTreeMap::new())
                             })
                             .await
                             .ok(),
                         None => None,
                     };
                     match answer {
-                        Some(Ok(())) => {
+                        Some(Ok(_)) => {
                             last_accepted.set(sent);
                             talking_to.set(claimant);
                         }
@@ -717,10 +676,13 @@ impl Sim {
                 for answer in answers {
                     let pair = next_pair();
                     match self.append(me, proposal(pair, answer)).await {
-                        Outcome::Appended { offset } | Outcome::Duplicate { offset } => {
+                        Ok(AppendAck { offset, .. }) => {
                             own_writes.fetch_max(offset, Ordering::AcqRel);
                         }
-                        Outcome::Rejected(_) if lapsed() => return false,
+                        // Refused by the job model (a fenced session's answer, most often).
+                        Err(ApiError::Refused(_) | ApiError::Fenced { .. }) if lapsed() => {
+                            return false
+                        }
                         refused => self
                             .record()
                             .anomalies
@@ -805,10 +767,7 @@ impl Sim {
             let mut acting = BTreeSet::new();
             for (id, raft, _) in self.net.running() {
                 let metrics = raft.metrics().borrow().clone();
-                if self
-                    .authority(id)
-                    .is_some_and(|authority| lease::leads(&metrics, id, &authority.lease))
-                {
+                if self.node(id).is_some_and(|node| node.is_leader()) {
                     acting.insert(id);
                 }
                 if let Err(fatal) = &metrics.running_state {
@@ -1478,11 +1437,10 @@ impl Container<'_> {
     }
 }
 
-/// The controller's view of the simulated cluster: it leads while some replica may act as
-/// leader by the product's rule (`lease::leads`), reads that replica's JobState and heartbeat
-/// table, and appends straight into its Raft (in process, beside the leader:
-/// no network hop), each append with the coordinator's own producer pair so that the
-/// checker accounts for it.
+/// The controller's view of the simulated cluster: it leads while some replica's node may act
+/// as leader (`Node::is_leader`), and reads and appends through that node as a replica's
+/// `ControlPlane` does (in process, beside the leader: no network hop), each append with the
+/// coordinator's own producer pair so that the checker accounts for it.
 struct SimPlane {
     sim: Arc<Sim>,
     seq: AtomicU64,
@@ -1499,19 +1457,16 @@ impl ControlPlane for SimPlane {
     fn job_state(&self) -> Arc<JobState> {
         self.sim
             .leading()
-            .map(|(_, _, storage, _)| storage.job_state())
+            .map(|node| node.job_state())
             .unwrap_or_default()
     }
 
-    /// From the leading replica's heartbeat table, as `ReplicaHandle::overdue_sessions`.
+    /// From the leading replica's heartbeat table, by the replica's own rule.
     fn overdue_sessions(&self, timeout: Duration) -> Vec<Session> {
-        let Some((_, raft, storage, authority)) = self.sim.leading() else {
+        let Some(node) = self.sim.leading() else {
             return Vec::new();
         };
-        let term = raft.metrics().borrow().current_term;
-        let mut liveness = authority.liveness.lock().unwrap();
-        liveness.follow_term(term, now_std());
-        liveness.overdue(&storage.job_state(), now_std(), timeout)
+        node.overdue_sessions(timeout).unwrap_or_default()
     }
 
     /// Every live container reports no lag: the scaling policy decides by the clock.
@@ -1522,8 +1477,9 @@ impl ControlPlane for SimPlane {
         }
     }
 
+    /// Through the leading replica's own append path (its checks and its proposer).
     async fn append(&self, command: Command) -> Result<AppendAck, ApiError> {
-        let Some((_, raft, _, _)) = self.sim.leading() else {
+        let Some(node) = self.sim.leading() else {
             return Err(ApiError::Unavailable("no leader".into()));
         };
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
@@ -1532,25 +1488,10 @@ impl ControlPlane for SimPlane {
             seq,
         };
         self.sim.record().attempted.insert(pair);
-        let batch = Batch {
-            appended_at_ms: self.sim.started.elapsed().as_millis() as u64,
-            proposals: vec![proposal(Some(pair), command)],
-        };
-        let written =
-            tokio::time::timeout(CLIENT_TIMEOUT, raft.client_write(Arc::new(batch))).await;
-        let outcome = match written {
-            Ok(Ok(mut response)) => response.data.pop(),
-            Ok(Err(error)) => return Err(ApiError::Unavailable(error.to_string())),
-            Err(_) => return Err(ApiError::Unavailable("timed out".into())),
-        };
-        match outcome {
-            Some(Outcome::Appended { offset }) => Ok(AppendAck {
-                offset,
-                duplicate: false,
-            }),
-            Some(Outcome::Rejected(rejection)) => Err(rejection.into()),
-            other => Err(ApiError::Unavailable(format!("{other:?}"))),
-        }
+        let appended = node.append(proposal(Some(pair), command));
+        tokio::time::timeout(CLIENT_TIMEOUT, appended)
+            .await
+            .unwrap_or_else(|_| Err(ApiError::Unavailable("timed out".into())))
     }
 }
 
@@ -1587,7 +1528,25 @@ impl ContainerLauncher for SimLauncher {
     }
 }
 
-/// Now on the simulation's clock, for the product's tables that take `std` instants.
-fn now_std() -> std::time::Instant {
-    Instant::now().into_std()
+/// How a simulated replica asks another which vocabulary levels its build knows: over the
+/// simulated network, answered by the replica reached (every replica here runs this build).
+struct SimLevels {
+    net: Arc<Net>,
+    from: NodeId,
+}
+
+impl MemberLevels for SimLevels {
+    fn level_max<'a>(
+        &'a self,
+        id: NodeId,
+        _member: &'a Member,
+        within: Duration,
+    ) -> futures::future::BoxFuture<'a, Result<ctrlog::log::Level, String>> {
+        Box::pin(async move {
+            let answer = self.net.call(self.from, id, within, |_| async {
+                ctrlog::log::vocabulary::LEVEL_MAX
+            });
+            answer.await.map_err(|failure| format!("{failure:?}"))
+        })
+    }
 }

@@ -20,14 +20,14 @@
 //! within a few percent over an election timeout; the lease is shorter than the shortest
 //! election timeout by design, and containers keep a further margin (`SessionOptions`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 // tokio's clock, so that a simulation's paused clock drives the lease as it drives Raft.
 use tokio::time::Instant;
 
-use crate::raft::types::RaftMetrics;
+use super::types::RaftMetrics;
 use crate::NodeId;
 
 /// How often [`track`] re-checks the lease while nothing is reported, so that [`QuorumLease`]'s
@@ -51,8 +51,13 @@ pub struct QuorumLease {
     hold: Duration,
     /// Past this without one the lease is lost.
     lose: Duration,
-    /// Fires (becomes `true`) when the lease is lost; `false` again once a quorum acknowledges.
-    lost: watch::Sender<bool>,
+    /// Whether the lease is lost: set when it is, cleared once a quorum acknowledges again.
+    lost: AtomicBool,
+    /// Wakes every [`wait_lost`](QuorumLease::wait_lost) when `lost` is set. A `Notify`, not a
+    /// `watch`: every append waits here, and tokio's `watch` spreads its waiters over shards
+    /// chosen at random, so their wake-up order (and with it a seeded simulation's schedule)
+    /// would change from run to run; a `Notify` wakes them in the order they began to wait.
+    lost_notify: Notify,
 }
 
 impl QuorumLease {
@@ -64,7 +69,8 @@ impl QuorumLease {
             term: AtomicU64::new(0),
             hold,
             lose,
-            lost: watch::Sender::new(false),
+            lost: AtomicBool::new(false),
+            lost_notify: Notify::new(),
         }
     }
 
@@ -98,8 +104,20 @@ impl QuorumLease {
 
     /// Resolves once the lease is lost (at once if it is).
     pub async fn wait_lost(&self) {
-        let mut lost = self.lost.subscribe();
-        let _ = lost.wait_for(|lost| *lost).await;
+        let notified = self.lost_notify.notified();
+        tokio::pin!(notified);
+        // Registered before the flag is read, so that a loss in between still wakes it.
+        notified.as_mut().enable();
+        if self.lost.load(Ordering::Acquire) {
+            return;
+        }
+        notified.await;
+    }
+
+    /// Whether the lease was found lost at the last metrics report (or check).
+    #[cfg(test)]
+    fn found_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
     }
 
     /// Records one metrics report, observed at `now`.
@@ -120,8 +138,9 @@ impl QuorumLease {
                 .store(at.saturating_sub(since), Ordering::Release);
         }
         let lost = leading && self.lost(metrics.current_term);
-        self.lost
-            .send_if_modified(|was| std::mem::replace(was, lost) != lost);
+        if self.lost.swap(lost, Ordering::AcqRel) != lost && lost {
+            self.lost_notify.notify_waiters();
+        }
     }
 }
 
@@ -210,7 +229,7 @@ mod tests {
             lease.lost(3),
             "leading 1.2 s without one is past the lose bound"
         );
-        assert!(*lease.lost.borrow());
+        assert!(lease.found_lost());
         lease.observe(&report(3, true, None), Instant::now());
         assert!(
             lease.lost(3),
@@ -220,7 +239,7 @@ mod tests {
         lease.observe(&report(3, true, Some(100)), Instant::now());
         assert!(lease.holds(3) && !lease.lost(3));
         assert!(!lease.holds(4), "another term's lease is not this one");
-        assert!(!*lease.lost.borrow());
+        assert!(!lease.found_lost());
 
         // The same acknowledgement, seen in a report 700 ms older than it: 800 ms old now.
         let now = Instant::now();
@@ -229,7 +248,7 @@ mod tests {
         assert!(!lease.lost(3), "not yet past the lose bound");
         lease.observe(&report(3, true, Some(1_200)), Instant::now());
         assert!(lease.lost(3));
-        assert!(*lease.lost.borrow());
+        assert!(lease.found_lost());
 
         // A new term starts with nothing acknowledged, whatever the last term had.
         lease.observe(&report(4, true, None), Instant::now());
@@ -239,6 +258,6 @@ mod tests {
 
         // A follower's reports leave the lease alone and never say it was lost.
         lease.observe(&report(3, false, None), Instant::now());
-        assert!(!*lease.lost.borrow());
+        assert!(!lease.found_lost());
     }
 }

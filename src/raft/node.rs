@@ -1,0 +1,796 @@
+//! [`Node`]: one replica's Raft node without its sockets. The rules every request path
+//! follows live here, spelled once, and the replica process (`server`) and the deterministic
+//! simulation run the same code: who leads ([`Node::is_leader`], by the quorum lease), what
+//! an append is refused for and how it reaches the log (through the [`proposer`](super::proposer),
+//! whose batches are given up when their term ends), what a fetch or a state read waits for and
+//! when a replica must not answer one, the heartbeat table and the rule that accepts a
+//! heartbeat, membership changes, and snapshots.
+//!
+//! What a node needs of its network is given to it: openraft's [`RaftNetworkFactory`] (the
+//! tarpc peer port, or the simulation's network) and [`MemberLevels`], the one question it
+//! asks its peers outside Raft (which vocabulary levels a member's build knows). Addresses,
+//! telemetry, the listeners and the controller's [`ControlPlane`](crate::controller) stay
+//! with the replica (`server::ReplicaHandle`), which delegates here.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use openraft::network::RaftNetworkFactory;
+use openraft::{ChangeMembers, ServerState};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::elector::{self, ElectionTimer};
+use super::lease::{self, QuorumLease};
+use super::log_store::LogStore;
+use super::proposer::{Proposer, BATCH_BYTES_MAX};
+use super::reader::read_committed;
+use super::state_machine::{Applied, StateMachineStore};
+use super::types::{not_leader, not_leader_from, Raft, RaftMetrics};
+use super::TypeConfig;
+use crate::jobs::{JobState, Liveness, Outcome, Rejection, ReportedLag, Session};
+use crate::log::vocabulary::{LEVEL_KNOWN_TO_EVERY_RELEASE, LEVEL_MAX};
+use crate::log::{
+    Command, ContainerId, Epoch, Filter, Level, Offset, Proposal, Target, TaskId, CUSTOM_KIND_MIN,
+};
+use crate::wire::{
+    ApiError, AppendAck, FetchRequest, FetchResponse, HeartbeatAck, Member, MemberStatus, StateAt,
+    Status,
+};
+use crate::NodeId;
+
+/// How long `snapshot` waits for the snapshot it triggered.
+const SNAPSHOT_WAIT_MAX: Duration = Duration::from_secs(30);
+
+/// How long a new learner may take to catch up before `add_member` gives up on promoting it.
+pub const MEMBER_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a new learner may stay silent (no entry replicated to it) before `add_member`
+/// takes it for unreachable and removes it again.
+pub const LEARNER_FIRST_CONTACT_MAX: Duration = Duration::from_secs(10);
+
+/// How long a membership change waits for the membership in effect to be committed (a new
+/// leader commits it with its first entry) before it is refused `Unavailable`.
+pub const MEMBERSHIP_COMMIT_WAIT: Duration = Duration::from_secs(5);
+
+/// How soon a membership change refused as in progress is asked again, within
+/// [`MEMBERSHIP_COMMIT_WAIT`]: a leader's first commit takes a round trip or two.
+const MEMBERSHIP_RETRY: Duration = Duration::from_millis(50);
+
+/// How long a replica about to be added may take to say which vocabulary levels it knows.
+const MEMBER_LEVEL_ANSWER_MAX: Duration = Duration::from_secs(5);
+
+/// A learner this close to the leader's last entry counts as caught up. Under traffic the
+/// leader keeps appending, so demanding exact equality could wait forever.
+const MEMBER_CATCH_UP_ENTRIES_MAX: u64 = 64;
+
+/// The question a node asks its peers outside Raft: the highest vocabulary level the build of
+/// replica `id` (at `member`) knows, answered within `within`; the error says why there was
+/// no answer. The peer port asks with its `hello` (`PeerNetwork`); the simulation asks the
+/// replica over its network.
+pub trait MemberLevels: Send + Sync {
+    fn level_max<'a>(
+        &'a self,
+        id: NodeId,
+        member: &'a Member,
+        within: Duration,
+    ) -> BoxFuture<'a, Result<Level, String>>;
+}
+
+/// What a node is started with, besides its network and storage.
+pub struct NodeConfig {
+    pub id: NodeId,
+    /// openraft's configuration (`enable_elect` off: the elector stands for election).
+    pub raft: openraft::Config,
+    /// The largest command body an append may carry.
+    pub command_bytes_max: usize,
+    /// The encoded bytes a fetch answer's entries may take, so that every answer can be sent.
+    pub fetch_answer_bytes_max: usize,
+}
+
+struct NodeInner {
+    id: NodeId,
+    raft: Raft,
+    log: LogStore,
+    state_machine: StateMachineStore,
+    proposer: Proposer,
+    command_bytes_max: usize,
+    fetch_answer_bytes_max: usize,
+    /// Heartbeats heard while this node leads (reset when a new term begins).
+    liveness: std::sync::Mutex<Liveness>,
+    /// When a quorum last acknowledged this node as leader (check-quorum and the lease).
+    lease: Arc<QuorumLease>,
+    /// Held through each membership change, so that changes run one at a time here.
+    membership_changes: tokio::sync::Mutex<()>,
+    levels: Arc<dyn MemberLevels>,
+}
+
+/// A cheap, cloneable handle to a running Raft node.
+#[derive(Clone)]
+pub struct Node {
+    inner: Arc<NodeInner>,
+}
+
+impl Node {
+    /// Starts Raft on `log` and `state_machine` over `network`, with its proposer, and the
+    /// tasks that stand for election ([`elector::drive`], timed by `elections`, which the
+    /// network's traffic moves too) and keep the quorum lease ([`lease::track`]) until `stop`
+    /// says so. Returns the node and those two tasks.
+    pub async fn start<N: RaftNetworkFactory<TypeConfig>>(
+        config: NodeConfig,
+        network: N,
+        log: LogStore,
+        state_machine: StateMachineStore,
+        elections: Arc<ElectionTimer>,
+        levels: Arc<dyn MemberLevels>,
+        stop: watch::Receiver<bool>,
+    ) -> Result<(Node, Vec<JoinHandle<()>>), openraft::error::Fatal<NodeId>> {
+        let lease = Arc::new(QuorumLease::new(
+            Duration::from_millis(config.raft.election_timeout_min),
+            Duration::from_millis(config.raft.election_timeout_max),
+        ));
+        let raft = Raft::new(
+            config.id,
+            Arc::new(config.raft),
+            network,
+            log.clone(),
+            state_machine.clone(),
+        )
+        .await?;
+        let tasks = vec![
+            tokio::spawn(elector::drive(
+                raft.clone(),
+                config.id,
+                elections,
+                stop.clone(),
+            )),
+            tokio::spawn(lease::track(lease.clone(), raft.metrics(), stop)),
+        ];
+        let node = Node {
+            inner: Arc::new(NodeInner {
+                id: config.id,
+                proposer: Proposer::start(raft.clone(), log.stages()),
+                raft,
+                log,
+                state_machine,
+                command_bytes_max: config.command_bytes_max,
+                fetch_answer_bytes_max: config.fetch_answer_bytes_max,
+                liveness: std::sync::Mutex::new(Liveness::new(0, std::time::Instant::now())),
+                lease,
+                membership_changes: tokio::sync::Mutex::new(()),
+                levels,
+            }),
+        };
+        Ok((node, tasks))
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.inner.id
+    }
+
+    /// The underlying Raft handle, for tests and tools that wait on its metrics.
+    pub fn raft(&self) -> &Raft {
+        &self.inner.raft
+    }
+
+    pub fn log(&self) -> &LogStore {
+        &self.inner.log
+    }
+
+    pub fn state_machine(&self) -> &StateMachineStore {
+        &self.inner.state_machine
+    }
+
+    pub fn metrics(&self) -> RaftMetrics {
+        self.inner.raft.metrics().borrow().clone()
+    }
+
+    /// The JobState as of the applied offset, shared with the state machine.
+    pub fn job_state(&self) -> Arc<JobState> {
+        self.inner.state_machine.read(|state| state.job.clone())
+    }
+
+    /// How many live sessions reported their lag to this leader, and its sum: what the
+    /// scaling policy reads. Nothing when this node does not lead.
+    pub fn reported(&self) -> ReportedLag {
+        self.with_liveness(|table| {
+            self.inner
+                .state_machine
+                .read(|state| table.reported(&state.job))
+        })
+        .unwrap_or_default()
+    }
+
+    /// Whether this replica leads now: its Raft core runs, it is in the leader state and names
+    /// itself leader, a quorum acknowledged it within the lease ([`QuorumLease::holds`]: no
+    /// other leader can exist), and it has applied an entry of its own term (so its JobState
+    /// holds everything the previous leaders committed). The one answer to "am I the leader"
+    /// that heartbeats, the controller, the observability port and the tools all use.
+    pub fn is_leader(&self) -> bool {
+        let metrics = self.inner.raft.metrics();
+        let metrics = metrics.borrow();
+        lease::leads(&metrics, self.inner.id, &self.inner.lease)
+    }
+
+    /// Whether this replica believes it leads but has not heard from a quorum for longer than
+    /// an election timeout (check-quorum: openraft does not step down by itself). Such a
+    /// replica answers appends and fetches at once with a retriable error.
+    pub fn leads_without_quorum(&self) -> bool {
+        let metrics = self.inner.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics.current_leader == Some(self.inner.id) && self.inner.lease.lost(metrics.current_term)
+    }
+
+    /// Appends one command through the proposer; answered once committed and applied. Refused
+    /// before it is proposed: a command over the size limit, a malformed one, a vocabulary
+    /// level this build or a member does not know, and any while this node leads without
+    /// a quorum.
+    pub async fn append(&self, proposal: Proposal) -> Result<AppendAck, ApiError> {
+        let size = proposal.frame.body.len();
+        if size > self.inner.command_bytes_max {
+            return Err(ApiError::TooLarge {
+                size: size as u64,
+                limit: self.inner.command_bytes_max as u64,
+            });
+        }
+        if let Target::Container(id) = &proposal.target {
+            id.validate()
+                .map_err(|e| ApiError::Invalid(e.to_string()))?;
+        }
+        debug_assert!(self.inner.command_bytes_max <= BATCH_BYTES_MAX * 16);
+        // Checked here, before the command enters the log, and never on apply: the state
+        // machine must stay deterministic across builds, and a log written before a check
+        // existed must replay as it did. Whether *this* build supports a level is one such
+        // check; the size of what the job's state would keep of a command is another.
+        if proposal.frame.kind < CUSTOM_KIND_MIN {
+            let command = Command::from_frame(proposal.frame.clone());
+            command.check_limits().map_err(ApiError::Invalid)?;
+            if let Command::SetVocabularyLevel(c) = &command {
+                if c.level > LEVEL_MAX {
+                    return Err(Rejection::LevelUnsupported {
+                        requested: c.level,
+                        supported: LEVEL_MAX,
+                    }
+                    .into());
+                }
+                // Boxed: this rare path's future (calls to every member) would otherwise make
+                // every append's several KiB, moved for each of an `append_many`'s appends.
+                Box::pin(self.check_members_know_level(c.level)).await?;
+            }
+        }
+        if self.leads_without_quorum() {
+            return Err(not_leader(None, None));
+        }
+        let producer = proposal.producer;
+        // An append waiting for a leader that loses its quorum meanwhile is answered then: its
+        // fate is unknown, and the client retries it (with its producer pair) elsewhere.
+        let decided = tokio::select! {
+            biased;
+            decided = self.inner.proposer.propose(proposal) => decided?,
+            _ = self.inner.lease.wait_lost() => return Err(not_leader(None, None)),
+        };
+        match decided {
+            Outcome::Appended { offset } => Ok(AppendAck {
+                offset,
+                duplicate: false,
+            }),
+            Outcome::Duplicate { offset } => Ok(AppendAck {
+                offset,
+                duplicate: true,
+            }),
+            Outcome::OutOfWindow { lowest } => {
+                let pair = producer.expect("only producer appends are refused by sequence");
+                Err(ApiError::SequenceOutOfWindow {
+                    producer: pair.producer,
+                    seq: pair.seq,
+                    lowest,
+                })
+            }
+            Outcome::Rejected(rejection) => Err(rejection.into()),
+            Outcome::ProducerForgotten => {
+                let pair = producer.expect("only producer appends can be forgotten");
+                Err(ApiError::ProducerForgotten {
+                    producer: pair.producer,
+                    seq: pair.seq,
+                })
+            }
+        }
+    }
+
+    /// Reads committed entries matching `request.filter` from `request.from`, from the Raft
+    /// log itself, waiting up to `max_wait` for one to be applied if there is none yet.
+    ///
+    /// An empty answer after the wait means "nothing new" only while this replica knows a
+    /// leader; a replica that lost its leader (partitioned, or mid-election) answers
+    /// `Unavailable` instead, so that a subscriber moves to a replica that hears the cluster
+    /// rather than waiting silently on a stale one.
+    pub async fn fetch(
+        &self,
+        request: &FetchRequest,
+        max_wait: Duration,
+    ) -> Result<FetchResponse, ApiError> {
+        if request.entries_max == 0 || request.bytes_max == 0 {
+            return Err(ApiError::Invalid(
+                "entries_max and bytes_max must be positive".into(),
+            ));
+        }
+        if let Filter::Container(id) = &request.filter {
+            id.validate()
+                .map_err(|e| ApiError::Invalid(e.to_string()))?;
+        }
+        self.refuse_stale_reads()?;
+        let deadline = tokio::time::Instant::now() + max_wait;
+        let mut applied = self.applied();
+        // Offsets start at 1; a fetch from 0 means "from the beginning".
+        let mut from = request.from.max(1);
+        loop {
+            let response = read_committed(
+                &self.inner.log,
+                &self.inner.state_machine,
+                from,
+                request,
+                self.inner.fetch_answer_bytes_max,
+            )?;
+            if !response.entries.is_empty() || response.next_offset <= response.applied_offset {
+                // Entries, or a scan that stopped at its bound: the caller continues.
+                return Ok(response);
+            }
+            from = response.next_offset;
+            // `Some(woke)`: the wait ended (`woke` false if the state machine closed).
+            let waited =
+                tokio::time::timeout_at(deadline, applied.wait_for(|a| a.last_offset >= from))
+                    .await
+                    .ok()
+                    .map(|woke| woke.is_ok());
+            match waited {
+                Some(true) => {
+                    let linger = Duration::from_millis(request.linger_ms.into());
+                    let until = (tokio::time::Instant::now() + linger).min(deadline);
+                    tokio::time::sleep_until(until).await;
+                }
+                Some(false) => return Err(ApiError::ShuttingDown),
+                None if self.metrics().current_leader.is_none() => {
+                    return Err(ApiError::Unavailable(format!(
+                        "replica {} knows no leader; its log may be stale",
+                        self.id()
+                    )))
+                }
+                None => return Ok(response),
+            }
+        }
+    }
+
+    /// Runs `f` on the heartbeat table of the current term. Only the leader keeps one.
+    fn with_liveness<T>(&self, f: impl FnOnce(&mut Liveness) -> T) -> Result<T, ApiError> {
+        let metrics = self.metrics();
+        if !self.is_leader() {
+            return Err(not_leader_from(&metrics));
+        }
+        let mut table = self
+            .inner
+            .liveness
+            .lock()
+            .expect("a panic while holding the liveness lock is a bug");
+        table.follow_term(metrics.current_term, tokio::time::Instant::now().into_std());
+        Ok(f(&mut table))
+    }
+
+    /// Records a container's heartbeat (leader only). `Fenced` unless `(container, epoch)` is
+    /// the container's live session.
+    pub fn heartbeat(
+        &self,
+        container: ContainerId,
+        epoch: Epoch,
+        lag: BTreeMap<TaskId, u64>,
+    ) -> Result<HeartbeatAck, ApiError> {
+        // Leadership first: only the leader's state is sure to hold the container's latest
+        // session; a lagging replica that has not applied its registration must answer
+        // `NotLeader` (retried elsewhere), not the terminal `Fenced`.
+        self.with_liveness(|table| {
+            self.inner.state_machine.read(|state| {
+                let job = &state.job;
+                match job.live_session(&container) {
+                    Some(session) if session.epoch == epoch => {
+                        let now = tokio::time::Instant::now().into_std();
+                        table.record(job, &session, lag, now);
+                        Ok(HeartbeatAck {
+                            applied_offset: job.last_offset(),
+                        })
+                    }
+                    live => Err(ApiError::Fenced {
+                        container,
+                        epoch,
+                        current_epoch: live.map(|s| s.epoch),
+                    }),
+                }
+            })
+        })?
+    }
+
+    /// Live sessions this leader has not heard from for longer than `timeout` (counting from
+    /// when it became leader for sessions it never heard). Leader only.
+    pub fn overdue_sessions(&self, timeout: Duration) -> Result<Vec<Session>, ApiError> {
+        self.with_liveness(|table| {
+            self.inner.state_machine.read(|state| {
+                table.overdue(&state.job, tokio::time::Instant::now().into_std(), timeout)
+            })
+        })
+    }
+
+    /// The consumer lag each live container last reported to this leader. Leader only.
+    pub fn reported_lag(&self) -> Result<BTreeMap<ContainerId, u64>, ApiError> {
+        self.with_liveness(|table| self.inner.state_machine.read(|state| table.lag(&state.job)))
+    }
+
+    /// `Unavailable` where what this replica holds may have stopped moving: it leads without
+    /// a quorum, or it is not a member (not yet added, or removed), so nothing new reaches it.
+    /// A reader then moves to another replica instead of waiting here for nothing, or taking
+    /// a frozen state for the job's (a removed replica answered `state` with the state it had
+    /// at its removal, for good; seen in `ctrlog chaos`, seed 2049).
+    fn refuse_stale_reads(&self) -> Result<(), ApiError> {
+        if self.leads_without_quorum() {
+            return Err(ApiError::Unavailable(format!(
+                "replica {} leads without a quorum; its log may be stale",
+                self.id()
+            )));
+        }
+        let member = self
+            .metrics()
+            .membership_config
+            .membership()
+            .get_node(&self.id())
+            .is_some();
+        if !member {
+            return Err(ApiError::Unavailable(format!(
+                "replica {} is not a member of the cluster; read from a member",
+                self.id()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The JobState as of this replica's applied offset, once that reaches `min_offset`.
+    /// `Unavailable` from a replica whose state may have stopped moving
+    /// ([`refuse_stale_reads`](Self::refuse_stale_reads)).
+    pub async fn state(&self, min_offset: Offset, max_wait: Duration) -> Result<StateAt, ApiError> {
+        self.refuse_stale_reads()?;
+        let mut applied = self.applied();
+        match tokio::time::timeout(max_wait, applied.wait_for(|a| a.last_offset >= min_offset))
+            .await
+        {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => return Err(ApiError::ShuttingDown),
+            Err(_) => {
+                return Err(ApiError::Unavailable(format!(
+                    "replica {} has not applied offset {min_offset} yet",
+                    self.id()
+                )))
+            }
+        }
+        // Shared with the state machine, which copies on its next write if this answer is
+        // still held then: the answer costs a reference, however many readers ask.
+        let (job, rejections) = self
+            .inner
+            .state_machine
+            .read(|state| (state.job.clone(), state.rejections.clone()));
+        Ok(StateAt {
+            offset: job.last_offset(),
+            state: job,
+            rejections,
+        })
+    }
+
+    /// This replica's view of the cluster.
+    pub fn status(&self) -> Status {
+        let metrics = self.metrics();
+        let membership = metrics.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let first_log_index = self.inner.log.first_index();
+        let (applied_offset, first_offset, vocabulary_level) =
+            self.inner.state_machine.read(|state| {
+                (
+                    state.job.last_offset(),
+                    state.first_retained_offset(first_log_index),
+                    state.job.level(),
+                )
+            });
+        let without_quorum = metrics.state == ServerState::Leader && self.leads_without_quorum();
+        let role = match metrics.state {
+            ServerState::Leader if without_quorum => "Leader without quorum",
+            ServerState::Leader => "Leader",
+            ServerState::Follower => "Follower",
+            ServerState::Candidate => "Candidate",
+            ServerState::Learner => "Learner",
+            ServerState::Shutdown => "Shutdown",
+        };
+        Status {
+            id: self.inner.id,
+            role: role.to_string(),
+            term: metrics.current_term,
+            // A leader cut off from its quorum, or one that stepped down when it removed
+            // itself from the membership (openraft then leaves `current_leader` naming it),
+            // does not know who leads now; naming itself would send clients (`leader_status`,
+            // redirects) back to it.
+            leader_id: metrics.current_leader.filter(|&leader| {
+                leader != self.inner.id || (metrics.state == ServerState::Leader && !without_quorum)
+            }),
+            members: membership
+                .nodes()
+                .map(|(id, member)| MemberStatus {
+                    id: *id,
+                    member: member.clone(),
+                    voter: voters.contains(id),
+                })
+                .collect(),
+            last_log_index: metrics.last_log_index,
+            applied_index: metrics.last_applied.map(|l| l.index),
+            applied_offset,
+            first_offset,
+            snapshot_offset: self.inner.state_machine.snapshot_offset(),
+            vocabulary_level,
+            vocabulary_level_max: LEVEL_MAX,
+            snapshot_index: metrics.snapshot.map(|l| l.index),
+            purged_index: metrics.purged.map(|l| l.index),
+        }
+    }
+
+    /// Watches the applied position (log index and offset).
+    pub fn applied(&self) -> tokio::sync::watch::Receiver<Applied> {
+        self.inner.state_machine.applied()
+    }
+
+    /// Reads the JobState as of the applied offset.
+    pub fn read_state<T>(&self, f: impl FnOnce(&JobState) -> T) -> T {
+        self.inner.state_machine.read(|state| f(&state.job))
+    }
+
+    /// The last offset applied on this replica.
+    pub fn applied_offset(&self) -> Offset {
+        self.inner.state_machine.read(|s| s.job.last_offset())
+    }
+
+    /// Waits, up to [`MEMBERSHIP_COMMIT_WAIT`], until this replica has applied the membership
+    /// in effect, so that it is committed. openraft refuses a change before then ("already
+    /// undergoing a configuration change"), which a leader just elected in a new cluster is
+    /// until its first entry commits: a script adding a replica right after the first start
+    /// met that refusal.
+    async fn membership_committed(&self) -> Result<(), ApiError> {
+        let mut metrics = self.inner.raft.metrics();
+        // A leader commits nothing of an earlier term before an entry of its own, so the
+        // membership is committed once an entry of the leader's term is applied. (A follower
+        // refuses the change with a redirect anyway: it does not wait.)
+        let committed = metrics.wait_for(|m| {
+            m.current_leader != Some(m.id)
+                || (m
+                    .last_applied
+                    .is_some_and(|l| l.leader_id.term == m.current_term)
+                    && m.membership_config.log_id().map(|l| l.index)
+                        <= m.last_applied.map(|l| l.index))
+        });
+        let waited = tokio::time::timeout(MEMBERSHIP_COMMIT_WAIT, committed)
+            .await
+            .map(|seen| seen.is_ok());
+        match waited {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(ApiError::ShuttingDown),
+            Err(_) => Err(ApiError::Unavailable(format!(
+                "the membership in effect is not committed after {MEMBERSHIP_COMMIT_WAIT:?} \
+                 (no quorum?); nothing was changed"
+            ))),
+        }
+    }
+
+    /// Adds a replica as a learner, waits until it has caught up, then promotes it to voter.
+    ///
+    /// A learner that never answers (nobody runs it at that address) is removed again after
+    /// [`LEARNER_FIRST_CONTACT_MAX`] and the call fails saying so, so nothing is left behind;
+    /// one that answers but does not catch up within [`MEMBER_CATCH_UP_TIMEOUT`] stays a
+    /// learner, and the error says how to remove it. Membership changes are serialised at
+    /// this replica and incremental (openraft's `AddVoterIds`), so two changes never undo
+    /// each other.
+    pub async fn add_member(&self, id: NodeId, member: Member) -> Result<(), ApiError> {
+        let _serialised = self.inner.membership_changes.lock().await;
+        self.membership_committed().await?;
+        self.check_member_level(id, &member).await?;
+        let raft = &self.inner.raft;
+        // openraft may still refuse the change as "undergoing a configuration change" for a
+        // moment after the membership was seen applied (seen in CI right after a new cluster's
+        // first election): ask again within the same bound.
+        let asked = tokio::time::Instant::now();
+        loop {
+            match raft.add_learner(id, member.clone(), false).await {
+                Err(openraft::error::RaftError::APIError(
+                    crate::raft::types::ClientWriteError::ChangeMembershipError(
+                        openraft::error::ChangeMembershipError::InProgress(_),
+                    ),
+                )) if asked.elapsed() < MEMBERSHIP_COMMIT_WAIT => {
+                    tokio::time::sleep(MEMBERSHIP_RETRY).await;
+                }
+                answer => {
+                    answer.map_err(ApiError::from)?;
+                    break;
+                }
+            }
+        }
+        let mut metrics = raft.metrics();
+        let started = tokio::time::Instant::now();
+        loop {
+            let matched = {
+                let m = metrics.borrow_and_update();
+                let matched = m
+                    .replication
+                    .as_ref()
+                    .and_then(|r| r.get(&id).copied().flatten())
+                    .map(|l| l.index);
+                match (matched, m.last_log_index) {
+                    (Some(matched), Some(last))
+                        if matched + MEMBER_CATCH_UP_ENTRIES_MAX >= last =>
+                    {
+                        break
+                    }
+                    (matched, _) => matched,
+                }
+            };
+            let deadline = started
+                + if matched.is_some() {
+                    MEMBER_CATCH_UP_TIMEOUT
+                } else {
+                    LEARNER_FIRST_CONTACT_MAX
+                };
+            match tokio::time::timeout_at(deadline, metrics.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(ApiError::ShuttingDown),
+                Err(_) if matched.is_none() => {
+                    raft.change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
+                        .await
+                        .map_err(ApiError::from)?;
+                    // Refused, not `Unavailable`: the change is over, and a client retrying a
+                    // retriable error would add and remove the replica again until its deadline.
+                    return Err(ApiError::Rejected(format!(
+                        "replica {id} did not answer within {LEARNER_FIRST_CONTACT_MAX:?}; \
+                         it was removed again"
+                    )));
+                }
+                Err(_) => {
+                    return Err(ApiError::Rejected(format!(
+                        "learner {id} did not catch up within {MEMBER_CATCH_UP_TIMEOUT:?}; it \
+                         stays a learner (`ctrlog members remove --id {id}` removes it)"
+                    )))
+                }
+            }
+        }
+        raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
+            .await
+            .map_err(ApiError::from)?;
+        tracing::info!(member = id, "promoted to voter");
+        Ok(())
+    }
+
+    /// Refuses, before anything is added, a replica whose build does not know the recorded
+    /// vocabulary level: it would stop applying once it caught up (or, built before that
+    /// stop existed, decide commands differently). Every release knows up to
+    /// [`LEVEL_KNOWN_TO_EVERY_RELEASE`], so the replica is asked only above it; asked, it
+    /// must answer (a build from before the question, like one not running, does not).
+    async fn check_member_level(&self, id: NodeId, member: &Member) -> Result<(), ApiError> {
+        let recorded = self.inner.state_machine.read(|state| state.job.level());
+        if recorded <= LEVEL_KNOWN_TO_EVERY_RELEASE {
+            return Ok(());
+        }
+        let consequence = format!(
+            "the log records level {recorded}, which builds too old to answer do not know; \
+             nothing was added"
+        );
+        let supported = self.member_level_max(id, member, &consequence).await?;
+        if supported < recorded {
+            return Err(ApiError::MemberLevelUnsupported {
+                member: id,
+                supported,
+                recorded,
+            });
+        }
+        Ok(())
+    }
+
+    /// The highest vocabulary level replica `id`'s build knows, asked over the peer port; a
+    /// replica that does not answer is refused with `consequence` (what was not done).
+    async fn member_level_max(
+        &self,
+        id: NodeId,
+        member: &Member,
+        consequence: &str,
+    ) -> Result<Level, ApiError> {
+        self.inner
+            .levels
+            .level_max(id, member, MEMBER_LEVEL_ANSWER_MAX)
+            .await
+            .map_err(|why| {
+                ApiError::Rejected(format!(
+                    "replica {id} did not say which vocabulary levels it knows ({why}); \
+                     {consequence}"
+                ))
+            })
+    }
+
+    /// Refuses to raise the vocabulary level to `level` unless every other member's build says
+    /// it knows it: one that did not would stop applying (or decide commands differently)
+    /// once the level is recorded. The leader asks over the peer port, with its own
+    /// credentials, so the caller needs none beyond the right to append the raise.
+    async fn check_members_know_level(&self, level: Level) -> Result<(), ApiError> {
+        let membership = self.metrics().membership_config.membership().clone();
+        for (id, member) in membership.nodes() {
+            if *id == self.inner.id {
+                continue;
+            }
+            let supported = self
+                .member_level_max(*id, member, "the level was not raised")
+                .await?;
+            if supported < level {
+                tracing::warn!(member = id, supported, level, "vocabulary raise refused");
+                return Err(Rejection::LevelUnsupported {
+                    requested: level,
+                    supported,
+                }
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes a replica from the cluster: a voter (which leaves the membership entirely) or a
+    /// learner. Serialised with the other membership changes at this replica.
+    pub async fn remove_member(&self, id: NodeId) -> Result<(), ApiError> {
+        let _serialised = self.inner.membership_changes.lock().await;
+        self.membership_committed().await?;
+        let membership = self.metrics().membership_config.membership().clone();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let change = if voters.contains(&id) {
+            if voters.len() == 1 {
+                return Err(ApiError::Rejected("cannot remove the last voter".into()));
+            }
+            ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+        } else if membership.get_node(&id).is_some() {
+            ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+        } else {
+            return Err(ApiError::Rejected(format!("{id} is not a member")));
+        };
+        // `retain: false`: a removed voter leaves the membership instead of staying a learner.
+        self.inner
+            .raft
+            .change_membership(change, false)
+            .await
+            .map_err(ApiError::from)?;
+        tracing::info!(member = id, "removed");
+        Ok(())
+    }
+
+    /// Forces a snapshot now (and the purge that follows it) without waiting for it.
+    pub async fn snapshot_now(&self) -> Result<(), ApiError> {
+        self.inner
+            .raft
+            .trigger()
+            .snapshot()
+            .await
+            .map_err(|e| ApiError::Unavailable(e.to_string()))
+    }
+
+    /// Takes a snapshot of everything applied so far and waits until it is stored; returns
+    /// the last offset it covers.
+    pub async fn snapshot(&self) -> Result<Offset, ApiError> {
+        let Some(applied) = self.metrics().last_applied else {
+            return Err(ApiError::Rejected("nothing applied yet to snapshot".into()));
+        };
+        self.snapshot_now().await?;
+        let mut metrics = self.inner.raft.metrics();
+        let built = metrics.wait_for(|m| m.snapshot.is_some_and(|s| s.index >= applied.index));
+        let stored = match tokio::time::timeout(SNAPSHOT_WAIT_MAX, built).await {
+            Ok(Ok(_)) => Ok(self.inner.state_machine.snapshot_offset()),
+            Ok(Err(_)) => Err(ApiError::ShuttingDown),
+            Err(_) => Err(ApiError::Unavailable(format!(
+                "the snapshot was not stored within {SNAPSHOT_WAIT_MAX:?}"
+            ))),
+        };
+        stored
+    }
+}
