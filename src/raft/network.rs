@@ -141,9 +141,6 @@ impl PeerNetwork {
             target,
             addr: node.peer_addr.clone(),
             tls: self.tls.clone(),
-            elections: self.elections.clone(),
-            stages: self.stages.clone(),
-            durable: self.durable.clone(),
             client: None,
             unanswered_since: None,
         }
@@ -151,21 +148,65 @@ impl PeerNetwork {
 }
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
-    type Network = PeerClient;
+    type Network = PeerLayer<PeerClient>;
 
-    async fn new_client(&mut self, target: NodeId, node: &Member) -> PeerClient {
-        self.client_for(target, node)
+    async fn new_client(&mut self, target: NodeId, node: &Member) -> PeerLayer<PeerClient> {
+        PeerLayer {
+            target,
+            transport: self.client_for(target, node),
+            elections: self.elections.clone(),
+            stages: self.stages.clone(),
+            durable: self.durable.clone(),
+        }
     }
 }
 
-/// A connection to one peer, dialled lazily and re-dialled after it breaks.
+/// What carries the peer protocol's Raft requests to one peer and brings its answers back:
+/// the peer port's tarpc connection ([`PeerClient`]), or the simulation's network. Below
+/// [`PeerLayer`], which holds every rule an outgoing request follows, so that both run them.
+pub trait PeerTransport: Send + Sync + 'static {
+    fn append_entries(
+        &mut self,
+        request: AppendEntriesRequest,
+        option: &RPCOption,
+    ) -> impl std::future::Future<Output = Result<AppendEntriesResponse, RpcError>> + Send;
+
+    fn install_snapshot(
+        &mut self,
+        request: InstallSnapshotRequest,
+        option: &RPCOption,
+    ) -> impl std::future::Future<
+        Output = Result<InstallSnapshotResponse, RpcError<InstallSnapshotError>>,
+    > + Send;
+
+    fn vote(
+        &mut self,
+        request: VoteRequest,
+        option: &RPCOption,
+    ) -> impl std::future::Future<Output = Result<VoteResponse, RpcError>> + Send;
+}
+
+/// openraft's network to one peer over a [`PeerTransport`], with the rules every outgoing
+/// Raft request follows whatever carries it: a leader tells of no commit beyond its own
+/// durable log (`hold_to_durable`), an AppendEntries message is cut to
+/// [`APPEND_ENTRIES_BYTES_MAX`] and the part sent answered as `PartialSuccess`, the
+/// `replicated` stage is timed, and the election timer hears how votes were answered.
+pub struct PeerLayer<T> {
+    pub target: NodeId,
+    pub transport: T,
+    /// The sender's election timer, told when a voter refuses it for a shorter log.
+    pub elections: Option<Arc<ElectionTimer>>,
+    /// Where the `replicated` stage is timed (see [`stages`](super::stages)).
+    pub stages: Option<Arc<CommitStages>>,
+    /// How far the sender's own log is on disk.
+    pub durable: Option<watch::Receiver<Durable>>,
+}
+
+/// A tarpc connection to one peer's port, dialled lazily and re-dialled after it breaks.
 pub struct PeerClient {
     target: NodeId,
     addr: String,
     tls: Option<Arc<rustls::ClientConfig>>,
-    elections: Option<Arc<ElectionTimer>>,
-    stages: Option<Arc<CommitStages>>,
-    durable: Option<watch::Receiver<Durable>>,
     /// The connection, and what its `hello` agreed.
     client: Option<(RaftRpcClient, Arc<Hello>)>,
     /// When the oldest call not answered on this connection was sent, if any is; calls that
@@ -334,7 +375,42 @@ fn cut_to_bytes(request: &mut AppendEntriesRequest, bytes_max: usize) -> Option<
     Some(request.entries[keep - 1].log_id)
 }
 
-impl RaftNetwork<TypeConfig> for PeerClient {
+impl PeerTransport for PeerClient {
+    async fn append_entries(
+        &mut self,
+        request: AppendEntriesRequest,
+        option: &RPCOption,
+    ) -> Result<AppendEntriesResponse, RpcError> {
+        self.call(option, |client, ctx| async move {
+            client.append_entries(ctx, request).await
+        })
+        .await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        request: InstallSnapshotRequest,
+        option: &RPCOption,
+    ) -> Result<InstallSnapshotResponse, RpcError<InstallSnapshotError>> {
+        self.call(option, |client, ctx| async move {
+            client.install_snapshot(ctx, request).await
+        })
+        .await
+    }
+
+    async fn vote(
+        &mut self,
+        request: VoteRequest,
+        option: &RPCOption,
+    ) -> Result<VoteResponse, RpcError> {
+        self.call(option, |client, ctx| async move {
+            client.vote(ctx, request).await
+        })
+        .await
+    }
+}
+
+impl<T: PeerTransport> RaftNetwork<TypeConfig> for PeerLayer<T> {
     fn backoff(&self) -> openraft::network::Backoff {
         unreachable_backoff()
     }
@@ -349,11 +425,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         }
         let cut_after = cut_to_bytes(&mut request, APPEND_ENTRIES_BYTES_MAX);
         let (sent, carries_entries) = (Instant::now(), !request.entries.is_empty());
-        let answer = self
-            .call(&option, |client, ctx| async move {
-                client.append_entries(ctx, request).await
-            })
-            .await?;
+        let answer = self.transport.append_entries(request, &option).await?;
         if let (Some(stages), true) = (&self.stages, carries_entries) {
             stages.observe(Stage::replicated, sent.elapsed());
         }
@@ -370,10 +442,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         request: InstallSnapshotRequest,
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse, RpcError<InstallSnapshotError>> {
-        self.call(&option, |client, ctx| async move {
-            client.install_snapshot(ctx, request).await
-        })
-        .await
+        self.transport.install_snapshot(request, &option).await
     }
 
     async fn vote(
@@ -382,11 +451,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<VoteResponse, RpcError> {
         let sent = request.clone();
-        let answer = self
-            .call(&option, |client, ctx| async move {
-                client.vote(ctx, request).await
-            })
-            .await;
+        let answer = self.transport.vote(request, &option).await;
         if let (Some(elections), Ok(answer)) = (&self.elections, &answer) {
             elections.received_vote(self.target, &sent, answer);
         }
@@ -574,7 +639,7 @@ mod tests {
             durable: Some(durable),
             ..PeerNetwork::default()
         };
-        let mut client = network.client_for(2, &member);
+        let mut client = network.clone().new_client(2, &member).await;
         let committing_up_to_5 = || {
             let mut request = request_of(&[10; 5]);
             request.leader_commit = id(5);

@@ -316,6 +316,7 @@ impl Sim {
             from: id,
             elections: elections.clone(),
             durable: storage.log.durable(),
+            stages: storage.log.stages(),
         };
         let levels = Arc::new(SimLevels {
             net: self.net.clone(),

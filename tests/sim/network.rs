@@ -13,12 +13,14 @@ use std::time::Duration;
 use ctrlog::client::Member;
 use ctrlog::raft::elector::ElectionTimer;
 use ctrlog::raft::log_matching::stop_on_divergence;
-use ctrlog::raft::log_store::{hold_to_durable, Durable};
+use ctrlog::raft::log_store::Durable;
+use ctrlog::raft::network::{PeerLayer, PeerTransport};
+use ctrlog::raft::stages::CommitStages;
 use ctrlog::raft::types::*;
 use ctrlog::raft::TypeConfig;
 use ctrlog::NodeId;
 use openraft::error::{NetworkError, RPCError, RemoteError, Unreachable};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::network::{RPCOption, RaftNetworkFactory};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::watch;
@@ -227,7 +229,9 @@ impl Net {
     }
 }
 
-/// openraft's network factory for replica `from`.
+/// openraft's network factory for replica `from`: the product's [`PeerLayer`] (every rule an
+/// outgoing peer request follows, the 1 MiB AppendEntries cut among them) over the simulated
+/// network instead of a tarpc connection.
 pub struct SimNetwork {
     pub net: Arc<Net>,
     pub from: NodeId,
@@ -235,26 +239,31 @@ pub struct SimNetwork {
     pub elections: Arc<ElectionTimer>,
     /// How far the sender's log is on disk: as a leader it tells of no commit beyond it.
     pub durable: watch::Receiver<Durable>,
+    /// Where the sender's `replicated` stage is timed.
+    pub stages: Arc<CommitStages>,
 }
 
+/// The simulated network's carriage of the peer protocol to one replica.
 pub struct SimPeer {
     net: Arc<Net>,
     from: NodeId,
     to: NodeId,
-    elections: Arc<ElectionTimer>,
-    durable: watch::Receiver<Durable>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for SimNetwork {
-    type Network = SimPeer;
+    type Network = PeerLayer<SimPeer>;
 
-    async fn new_client(&mut self, target: NodeId, _: &Member) -> SimPeer {
-        SimPeer {
-            net: self.net.clone(),
-            from: self.from,
-            to: target,
-            elections: self.elections.clone(),
-            durable: self.durable.clone(),
+    async fn new_client(&mut self, target: NodeId, _: &Member) -> PeerLayer<SimPeer> {
+        PeerLayer {
+            target,
+            transport: SimPeer {
+                net: self.net.clone(),
+                from: self.from,
+                to: target,
+            },
+            elections: Some(self.elections.clone()),
+            stages: Some(self.stages.clone()),
+            durable: Some(self.durable.clone()),
         }
     }
 }
@@ -287,19 +296,14 @@ impl SimPeer {
     }
 }
 
-impl RaftNetwork<TypeConfig> for SimPeer {
-    fn backoff(&self) -> openraft::network::Backoff {
-        ctrlog::raft::network::unreachable_backoff()
-    }
-
+impl PeerTransport for SimPeer {
     async fn append_entries(
         &mut self,
-        mut request: AppendEntriesRequest,
-        option: RPCOption,
+        request: AppendEntriesRequest,
+        option: &RPCOption,
     ) -> Result<AppendEntriesResponse, RpcError> {
-        hold_to_durable(&mut request, &mut self.durable, option.soft_ttl() / 2).await;
         let (net, from, to) = (self.net.clone(), self.from, self.to);
-        self.rpc(&option, |callee| async move {
+        self.rpc(option, |callee| async move {
             // As the peer port does: a replica sent a different entry under a log id it holds
             // stops rather than answer.
             let log = &callee.storage.log;
@@ -323,9 +327,9 @@ impl RaftNetwork<TypeConfig> for SimPeer {
     async fn install_snapshot(
         &mut self,
         request: InstallSnapshotRequest,
-        option: RPCOption,
+        option: &RPCOption,
     ) -> Result<InstallSnapshotResponse, RpcError<InstallSnapshotError>> {
-        self.rpc(&option, |callee| async move {
+        self.rpc(option, |callee| async move {
             let sender_vote = request.vote;
             let answer = callee.raft.install_snapshot(request).await?;
             callee
@@ -339,19 +343,13 @@ impl RaftNetwork<TypeConfig> for SimPeer {
     async fn vote(
         &mut self,
         request: VoteRequest,
-        option: RPCOption,
+        option: &RPCOption,
     ) -> Result<VoteResponse, RpcError> {
-        let sent = request.clone();
-        let answer = self
-            .rpc(&option, |callee| async move {
-                let answer = callee.raft.vote(request).await?;
-                callee.elections.answered_vote(&answer);
-                Ok(answer)
-            })
-            .await;
-        if let Ok(answer) = &answer {
-            self.elections.received_vote(self.to, &sent, answer);
-        }
-        answer
+        self.rpc(option, |callee| async move {
+            let answer = callee.raft.vote(request).await?;
+            callee.elections.answered_vote(&answer);
+            Ok(answer)
+        })
+        .await
     }
 }
