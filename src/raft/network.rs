@@ -19,7 +19,8 @@ use tarpc::{client, context};
 use tokio::sync::watch;
 
 use super::elector::ElectionTimer;
-use super::log_store::{hold_to_durable, Durable};
+use super::log_matching::{stop_on_divergence, Divergence};
+use super::log_store::{hold_to_durable, Durable, LogStore};
 use super::proposer::BATCH_BYTES_MAX;
 use super::stages::{CommitStages, Stage};
 use super::types::*;
@@ -88,6 +89,54 @@ pub trait RaftRpc {
     /// Added after v0.1.0 and last, so that the requests before it keep their wire form; a
     /// replica of v0.1.0 closes the connection on it, and is then spoken to as v0.1.0 spoke.
     async fn hello(offer: ProtocolOffer) -> Result<Hello, ApiError>;
+}
+
+/// The rules every incoming Raft request follows, whatever carried it (the peer port's tarpc
+/// service, `server::peers`, which first admits the sender by identity and membership, or the
+/// simulation's network): an AppendEntries is checked against the entries this replica holds
+/// under the same log ids before openraft sees it, and a different one stops this replica
+/// ([`log_matching`](super::log_matching)); the election timer hears every answer given.
+#[derive(Clone)]
+pub struct PeerAnswers {
+    pub raft: Raft,
+    /// This replica's log, which every AppendEntries is checked against.
+    pub log: LogStore,
+    /// Told of every leader this replica accepts and every vote it grants.
+    pub elections: Arc<ElectionTimer>,
+}
+
+impl PeerAnswers {
+    /// openraft's answer to `sender`'s AppendEntries, or the divergence it carried: this
+    /// replica then stops, and the sender is answered that it did.
+    pub async fn append_entries(
+        &self,
+        sender: NodeId,
+        request: AppendEntriesRequest,
+    ) -> Result<Result<AppendEntriesResponse, RaftError>, Divergence> {
+        stop_on_divergence(&self.raft, &self.log, sender, &request.entries)?;
+        let answer = self.raft.append_entries(request).await;
+        if let Ok(answer) = &answer {
+            self.elections.answered_append_entries(answer);
+        }
+        Ok(answer)
+    }
+
+    pub async fn vote(&self, request: VoteRequest) -> Result<VoteResponse, RaftError> {
+        let answer = self.raft.vote(request).await?;
+        self.elections.answered_vote(&answer);
+        Ok(answer)
+    }
+
+    pub async fn install_snapshot(
+        &self,
+        request: InstallSnapshotRequest,
+    ) -> Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>> {
+        let sender_vote = request.vote;
+        let answer = self.raft.install_snapshot(request).await?;
+        self.elections
+            .answered_install_snapshot(&sender_vote, &answer);
+        Ok(answer)
+    }
 }
 
 /// Creates one [`PeerClient`] per target; openraft asks for a new one when it needs to.

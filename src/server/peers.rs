@@ -12,9 +12,10 @@ use tokio_rustls::TlsAcceptor;
 use super::connections::{serve_each_connection, PortLimits};
 use super::tls::named_nodes;
 use crate::raft::elector::ElectionTimer;
-use crate::raft::log_matching::stop_on_divergence;
 use crate::raft::log_store::LogStore;
-use crate::raft::network::{RaftRpc, RaftRpcRequest, RaftRpcResponse, PEER_FRAME_BYTES_MAX};
+use crate::raft::network::{
+    PeerAnswers, RaftRpc, RaftRpcRequest, RaftRpcResponse, PEER_FRAME_BYTES_MAX,
+};
 use crate::raft::types::*;
 use crate::wire::tls::framed;
 use crate::wire::version::{Hello, ProtocolOffer, PEER_REQUESTS_AFTER_V010};
@@ -24,12 +25,9 @@ use openraft::error::SnapshotMismatch;
 
 #[derive(Clone)]
 struct RaftRpcServer {
-    raft: Raft,
-    /// This replica's log, which every `AppendEntries` is checked against before openraft
-    /// sees it (`raft::log_matching`).
-    log: LogStore,
-    /// Told of every leader this replica accepts and every vote it grants.
-    elections: Arc<ElectionTimer>,
+    /// The rules every incoming Raft request follows once admitted (shared with the
+    /// simulation's network).
+    answers: PeerAnswers,
     /// The nodes the calling peer's certificate names (TLS only): each request must claim
     /// to come from one of them.
     peer_nodes: Option<Arc<[NodeId]>>,
@@ -119,7 +117,7 @@ impl RaftRpcServer {
                 return Err(RaftError::Fatal(openraft::error::Fatal::Stopped));
             }
         }
-        let metrics = self.raft.metrics();
+        let metrics = self.answers.raft.metrics();
         let metrics = metrics.borrow();
         let membership = metrics.membership_config.membership();
         let admitted = membership.nodes().next().is_none() || membership.get_node(&node).is_some();
@@ -144,12 +142,10 @@ impl RaftRpc for RaftRpcServer {
     ) -> Result<AppendEntriesResponse, RaftError> {
         self.admit(&request.vote)?;
         let sender = request.vote.leader_id().voted_for().unwrap_or_default();
-        if stop_on_divergence(&self.raft, &self.log, sender, &request.entries).is_err() {
-            return Err(RaftError::Fatal(openraft::error::Fatal::Stopped));
+        match self.answers.append_entries(sender, request).await {
+            Ok(answer) => answer,
+            Err(_divergence) => Err(RaftError::Fatal(openraft::error::Fatal::Stopped)),
         }
-        let answer = self.raft.append_entries(request).await?;
-        self.elections.answered_append_entries(&answer);
-        Ok(answer)
     }
 
     async fn vote(
@@ -158,9 +154,7 @@ impl RaftRpc for RaftRpcServer {
         request: VoteRequest,
     ) -> Result<VoteResponse, RaftError> {
         self.admit(&request.vote)?;
-        let answer = self.raft.vote(request).await?;
-        self.elections.answered_vote(&answer);
-        Ok(answer)
+        self.answers.vote(request).await
     }
 
     async fn install_snapshot(
@@ -179,11 +173,7 @@ impl RaftRpc for RaftRpcServer {
                 mismatch,
             )));
         }
-        let sender_vote = request.vote;
-        let answer = self.raft.install_snapshot(request).await?;
-        self.elections
-            .answered_install_snapshot(&sender_vote, &answer);
-        Ok(answer)
+        self.answers.install_snapshot(request).await
     }
 
     /// Names no sender to check: with TLS on, only the cluster's CA's certificates get here.
@@ -217,6 +207,11 @@ pub async fn serve_peers(
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let snapshot_chunks = Arc::new(SnapshotChunks::default());
+    let answers = PeerAnswers {
+        raft,
+        log,
+        elections,
+    };
     serve_each_connection(
         "peer",
         listener,
@@ -231,9 +226,7 @@ pub async fn serve_peers(
                 .as_ref()
                 .map(|der| named_nodes(der).into());
             let server = RaftRpcServer {
-                raft: raft.clone(),
-                log: log.clone(),
-                elections: elections.clone(),
+                answers: answers.clone(),
                 snapshot_chunks: snapshot_chunks.clone(),
                 peer_nodes,
             };

@@ -12,9 +12,8 @@ use std::time::Duration;
 
 use ctrlog::client::Member;
 use ctrlog::raft::elector::ElectionTimer;
-use ctrlog::raft::log_matching::stop_on_divergence;
 use ctrlog::raft::log_store::Durable;
-use ctrlog::raft::network::{PeerLayer, PeerTransport};
+use ctrlog::raft::network::{PeerAnswers, PeerLayer, PeerTransport};
 use ctrlog::raft::stages::CommitStages;
 use ctrlog::raft::types::*;
 use ctrlog::raft::TypeConfig;
@@ -48,6 +47,17 @@ pub struct Incarnation {
     /// Its election timer, which the peer traffic it answers moves (as the real peer port's).
     pub elections: Arc<ElectionTimer>,
     generation: u64,
+}
+
+impl Incarnation {
+    /// What answers the peer requests that reach it: the peer port's own rules.
+    fn answers(&self) -> PeerAnswers {
+        PeerAnswers {
+            raft: self.raft.clone(),
+            log: self.storage.log.clone(),
+            elections: self.elections.clone(),
+        }
+    }
 }
 
 struct NetState {
@@ -304,22 +314,20 @@ impl PeerTransport for SimPeer {
     ) -> Result<AppendEntriesResponse, RpcError> {
         let (net, from, to) = (self.net.clone(), self.from, self.to);
         self.rpc(option, |callee| async move {
-            // As the peer port does: a replica sent a different entry under a log id it holds
-            // stops rather than answer.
-            let log = &callee.storage.log;
-            if let Err(divergence) = stop_on_divergence(&callee.raft, log, from, &request.entries) {
-                let found = format!("replica {to}: {divergence}");
-                let mut state = net.lock();
-                if !state.divergences.contains(&found) {
-                    state.divergences.push(found);
+            match callee.answers().append_entries(from, request).await {
+                Ok(answer) => answer,
+                // It stopped, as the peer port's replica does; the finding is the run's.
+                Err(divergence) => {
+                    let found = format!("replica {to}: {divergence}");
+                    let mut state = net.lock();
+                    if !state.divergences.contains(&found) {
+                        state.divergences.push(found);
+                    }
+                    Err(openraft::error::RaftError::Fatal(
+                        openraft::error::Fatal::Stopped,
+                    ))
                 }
-                return Err(openraft::error::RaftError::Fatal(
-                    openraft::error::Fatal::Stopped,
-                ));
             }
-            let answer = callee.raft.append_entries(request).await?;
-            callee.elections.answered_append_entries(&answer);
-            Ok(answer)
         })
         .await
     }
@@ -330,12 +338,7 @@ impl PeerTransport for SimPeer {
         option: &RPCOption,
     ) -> Result<InstallSnapshotResponse, RpcError<InstallSnapshotError>> {
         self.rpc(option, |callee| async move {
-            let sender_vote = request.vote;
-            let answer = callee.raft.install_snapshot(request).await?;
-            callee
-                .elections
-                .answered_install_snapshot(&sender_vote, &answer);
-            Ok(answer)
+            callee.answers().install_snapshot(request).await
         })
         .await
     }
@@ -346,9 +349,7 @@ impl PeerTransport for SimPeer {
         option: &RPCOption,
     ) -> Result<VoteResponse, RpcError> {
         self.rpc(option, |callee| async move {
-            let answer = callee.raft.vote(request).await?;
-            callee.elections.answered_vote(&answer);
-            Ok(answer)
+            callee.answers().vote(request).await
         })
         .await
     }
