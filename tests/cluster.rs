@@ -657,7 +657,12 @@ async fn membership_grows_to_four_and_shrinks_to_three_under_traffic() {
     };
 
     add_fourth_replica(&mut cluster, &client).await;
-    assert_eq!(voters(&cluster, 4), BTreeSet::from([1, 2, 3, 4]));
+    // The promotion is committed when `add_member` returns; replica 4 applies it a moment
+    // later (seen in CI: its view still {1, 2, 3}).
+    eventually("replica 4 to see itself a voter", || {
+        (voters(&cluster, 4) == BTreeSet::from([1, 2, 3, 4])).then_some(())
+    })
+    .await;
     client.remove_member(1).await.unwrap();
     eventually("replica 4 to see the removal", || {
         (voters(&cluster, 4) == BTreeSet::from([2, 3, 4])).then_some(())

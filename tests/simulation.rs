@@ -160,3 +160,20 @@ fn a_leader_cut_off_from_its_peers_does_not_keep_a_container_alive() {
     assert!(report.lease_lapses > 0);
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
 }
+
+/// Goal (issue 33): the simulation hosts a peer that lies, and the replicas refuse it by the
+/// product's own rules, since the simulation runs the product's peer layer: a node outside the
+/// membership sends every replica, every half second through the faults, a forged
+/// AppendEntries under a committed vote of a higher term (as itself, then claiming to be the
+/// leader) and a vote request of a higher term with a longer log. Every one is refused (the
+/// run counts them), none is answered, and the forged command is in no replica's log, while
+/// the run stays clean. With the membership check taken out of `PeerAnswers::admit`, the run
+/// reports the answered appends and the forged command in the logs.
+#[test]
+fn a_lying_peer_is_refused_by_every_replica() {
+    let mut config = SimConfig::new(3, 3);
+    config.lying_peer = true;
+    let report = run(&config);
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    assert!(report.lies_refused > 20, "{} refused", report.lies_refused);
+}

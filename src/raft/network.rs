@@ -92,8 +92,9 @@ pub trait RaftRpc {
 }
 
 /// The rules every incoming Raft request follows, whatever carried it (the peer port's tarpc
-/// service, `server::peers`, which first admits the sender by identity and membership, or the
-/// simulation's network): an AppendEntries is checked against the entries this replica holds
+/// service, `server::peers`, or the simulation's network): its sender is admitted by the
+/// identity the transport vouches for and by this replica's membership ([`admit`](Self::admit),
+/// which the carrier calls first), an AppendEntries is checked against the entries this replica holds
 /// under the same log ids before openraft sees it, and a different one stops this replica
 /// ([`log_matching`](super::log_matching)); the election timer hears every answer given.
 #[derive(Clone)]
@@ -106,13 +107,62 @@ pub struct PeerAnswers {
 }
 
 impl PeerAnswers {
-    /// openraft's answer to `sender`'s AppendEntries, or the divergence it carried: this
+    /// Admits a Raft request or refuses it. Its sender is the node its vote names (the
+    /// candidate of a vote request, the leader of the rest).
+    ///
+    /// `identity` is the nodes the transport knows the caller to be (the node ids its TLS
+    /// certificate names; the simulation's network knows its sender): the claimed node must be
+    /// one of them. And the node must be a member
+    /// (voter or learner) of the membership this replica's own log gives. Nothing the request
+    /// carries stands in for that: its vote, its log position and its entries are the
+    /// sender's word, and any holder of a certificate the cluster's CA signed can claim
+    /// them (a forged committed vote of a higher term from a non-member's certificate once
+    /// rewrote the log). The one exception is a replica that knows no membership yet: a new
+    /// replica waiting to be added, whose log counts for nothing until a member adds it (and
+    /// which stops if a leader later sends a different entry under a log id it holds).
+    ///
+    /// The price (ARCHITECTURE.md, "Who may speak on the peer port"): a replica that was down
+    /// while a member was added neither votes for nor follows that member until a member its
+    /// log names leads and sends it the change.
+    pub fn admit<E: std::error::Error>(
+        &self,
+        vote: &Vote,
+        identity: Option<&[NodeId]>,
+    ) -> Result<(), RaftError<E>> {
+        let node = vote.leader_id().voted_for().unwrap_or_default();
+        if let Some(nodes) = identity {
+            if !nodes.contains(&node) {
+                tracing::warn!(
+                    claimed = node,
+                    named = ?nodes,
+                    "refused a Raft request: the peer's certificate does not name the node it claims to be"
+                );
+                return Err(RaftError::Fatal(openraft::error::Fatal::Stopped));
+            }
+        }
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        let membership = metrics.membership_config.membership();
+        let admitted = membership.nodes().next().is_none() || membership.get_node(&node).is_some();
+        if !admitted {
+            tracing::warn!(
+                sender = node,
+                %vote,
+                members = ?membership.nodes().map(|(id, _)| *id).collect::<Vec<_>>(),
+                "refused a Raft request from a node outside the membership this replica's log gives"
+            );
+            return Err(RaftError::Fatal(openraft::error::Fatal::Stopped));
+        }
+        Ok(())
+    }
+
+    /// openraft's answer to an admitted AppendEntries, or the divergence it carried: this
     /// replica then stops, and the sender is answered that it did.
     pub async fn append_entries(
         &self,
-        sender: NodeId,
         request: AppendEntriesRequest,
     ) -> Result<Result<AppendEntriesResponse, RaftError>, Divergence> {
+        let sender = request.vote.leader_id().voted_for().unwrap_or_default();
         stop_on_divergence(&self.raft, &self.log, sender, &request.entries)?;
         let answer = self.raft.append_entries(request).await;
         if let Ok(answer) = &answer {

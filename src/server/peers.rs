@@ -90,47 +90,10 @@ impl SnapshotChunks {
 }
 
 impl RaftRpcServer {
-    /// Admits a Raft request or refuses it. Its sender is the node its vote names (the
-    /// candidate of a vote request, the leader of the rest).
-    ///
-    /// With TLS, the peer's certificate must name that node, and the node must be a member
-    /// (voter or learner) of the membership this replica's own log gives. Nothing the request
-    /// carries stands in for that: its vote, its log position and its entries are the
-    /// sender's word, and any holder of a certificate the cluster's CA signed can claim
-    /// them (a forged committed vote of a higher term from a non-member's certificate once
-    /// rewrote the log). The one exception is a replica that knows no membership yet: a new
-    /// replica waiting to be added, whose log counts for nothing until a member adds it (and
-    /// which stops if a leader later sends a different entry under a log id it holds).
-    ///
-    /// The price (ARCHITECTURE.md, "Who may speak on the peer port"): a replica that was down
-    /// while a member was added neither votes for nor follows that member until a member its
-    /// log names leads and sends it the change.
+    /// Admits a Raft request by its sender's certificate and this replica's membership
+    /// ([`PeerAnswers::admit`]).
     fn admit<E: std::error::Error>(&self, vote: &Vote) -> Result<(), RaftError<E>> {
-        let node = vote.leader_id().voted_for().unwrap_or_default();
-        if let Some(nodes) = &self.peer_nodes {
-            if !nodes.contains(&node) {
-                tracing::warn!(
-                    claimed = node,
-                    named = ?nodes,
-                    "refused a Raft request: the peer's certificate does not name the node it claims to be"
-                );
-                return Err(RaftError::Fatal(openraft::error::Fatal::Stopped));
-            }
-        }
-        let metrics = self.answers.raft.metrics();
-        let metrics = metrics.borrow();
-        let membership = metrics.membership_config.membership();
-        let admitted = membership.nodes().next().is_none() || membership.get_node(&node).is_some();
-        if !admitted {
-            tracing::warn!(
-                sender = node,
-                %vote,
-                members = ?membership.nodes().map(|(id, _)| *id).collect::<Vec<_>>(),
-                "refused a Raft request from a node outside the membership this replica's log gives"
-            );
-            return Err(RaftError::Fatal(openraft::error::Fatal::Stopped));
-        }
-        Ok(())
+        self.answers.admit(vote, self.peer_nodes.as_deref())
     }
 }
 
@@ -141,8 +104,7 @@ impl RaftRpc for RaftRpcServer {
         request: AppendEntriesRequest,
     ) -> Result<AppendEntriesResponse, RaftError> {
         self.admit(&request.vote)?;
-        let sender = request.vote.leader_id().voted_for().unwrap_or_default();
-        match self.answers.append_entries(sender, request).await {
+        match self.answers.append_entries(request).await {
             Ok(answer) => answer,
             Err(_divergence) => Err(RaftError::Fatal(openraft::error::Fatal::Stopped)),
         }

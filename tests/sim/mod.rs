@@ -100,6 +100,11 @@ pub struct SimConfig {
     /// Makes every crash lose the last few appended entries: a store that acknowledges before
     /// it is durable. The simulation must catch it.
     pub store_acknowledges_early: bool,
+    /// Runs a peer that lies: a node outside the membership (id `replicas + 1`) that, every
+    /// half second, sends each replica an AppendEntries of a forged command under a committed
+    /// vote of a higher term, a vote request of a higher term with a longer log, and the same
+    /// AppendEntries claiming to come from a member. Every replica must refuse it all.
+    pub lying_peer: bool,
 }
 
 impl SimConfig {
@@ -111,6 +116,7 @@ impl SimConfig {
             producers: 3,
             subscribers: 2,
             store_acknowledges_early: false,
+            lying_peer: false,
         }
     }
 
@@ -139,6 +145,8 @@ pub struct SimReport {
     pub task_stops: usize,
     /// Container sessions that ended because their lease lapsed.
     pub lease_lapses: usize,
+    /// Forged requests the lying peer sent that a replica refused.
+    pub lies_refused: usize,
     pub simulated: Duration,
     /// A fingerprint of the run: the canonical log, the leaders per term and the faults.
     pub digest: u64,
@@ -161,6 +169,7 @@ pub fn run(config: &SimConfig) -> SimReport {
 struct Record {
     /// Container sessions that ended because their lease lapsed.
     lease_lapses: usize,
+    lies_refused: usize,
     attempted: BTreeSet<ProducerSeq>,
     acked: Vec<Acked>,
     subscriptions: Vec<SubscriptionRecord>,
@@ -759,6 +768,90 @@ impl Sim {
         controller.run(stopping).await;
     }
 
+    /// The lying peer of [`SimConfig::lying_peer`], through the product's own peer layer over
+    /// the simulated network; every answer it gets other than a refusal is a violation.
+    async fn lying_peer(self: Arc<Self>) {
+        use ctrlog::raft::types::{AppendEntriesRequest, Entry, VoteRequest};
+        use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+        let liar = self.config.replicas + 1;
+        let mut network = SimNetwork {
+            net: self.net.clone(),
+            from: liar,
+            elections: Arc::new(ElectionTimer::new(
+                ElectionTiming {
+                    timeout_min: Duration::from_millis(ELECTION_TIMEOUT_MIN_MS),
+                    timeout_max: Duration::from_millis(ELECTION_TIMEOUT_MAX_MS),
+                    heartbeat: Duration::from_millis(HEARTBEAT_INTERVAL_MS),
+                },
+                0,
+            )),
+            durable: tokio::sync::watch::channel(Default::default()).1,
+            stages: Default::default(),
+        };
+        while !self.stopping.load(Ordering::Acquire) {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            for target in 1..=self.config.replicas {
+                let Some(node) = self.node(target) else {
+                    continue;
+                };
+                let metrics = node.metrics();
+                let (term, last) = (metrics.current_term, metrics.last_log_index.unwrap_or(0));
+                let Some(leader) = metrics.current_leader else {
+                    continue;
+                };
+                let member = self.members[&target].clone();
+                let mut peer = network.new_client(target, &member).await;
+                let option = RPCOption::new(CLIENT_TIMEOUT);
+                let forged = |claimed: NodeId| {
+                    let log_id = LogId::new(
+                        openraft::CommittedLeaderId::new(term + 1, claimed),
+                        last + 1,
+                    );
+                    let entry = Entry {
+                        log_id,
+                        payload: openraft::EntryPayload::Normal(Arc::new(ctrlog::log::Batch {
+                            appended_at_ms: 0,
+                            proposals: vec![proposal(None, Command::custom(1, 1, FORGED.to_vec()))],
+                        })),
+                    };
+                    AppendEntriesRequest {
+                        vote: openraft::Vote::new_committed(term + 1, claimed),
+                        prev_log_id: Some(LogId::new(
+                            openraft::CommittedLeaderId::new(term, leader),
+                            last,
+                        )),
+                        entries: vec![entry],
+                        leader_commit: Some(log_id),
+                    }
+                };
+                let mut answered = Vec::new();
+                let mut refused = 0;
+                // As itself, a node no membership names; then claiming to be the leader.
+                for claimed in [liar, leader] {
+                    match peer.append_entries(forged(claimed), option.clone()).await {
+                        Ok(answer) => {
+                            answered.push(format!("an append claiming {claimed}: {answer:?}"))
+                        }
+                        Err(openraft::error::RPCError::RemoteError(_)) => refused += 1,
+                        Err(_lost) => {}
+                    }
+                }
+                let longer = LogId::new(openraft::CommittedLeaderId::new(term, liar), last + 1_000);
+                let vote = VoteRequest::new(openraft::Vote::new(term + 1, liar), Some(longer));
+                match peer.vote(vote, option.clone()).await {
+                    Ok(answer) => answered.push(format!("a vote request: {answer:?}")),
+                    Err(openraft::error::RPCError::RemoteError(_)) => refused += 1,
+                    Err(_lost) => {}
+                }
+                self.record().lies_refused += refused;
+                for what in answered {
+                    let anomaly = format!("replica {target} answered the lying peer {what}");
+                    self.record().anomalies.push(anomaly);
+                }
+            }
+        }
+    }
+
     // ---- faults ------------------------------------------------------------------------------
 
     /// Every 10 ms: no two replicas act as leader at once, and no Raft core stopped by
@@ -1162,6 +1255,9 @@ impl Sim {
             writers.spawn_local(self.clone().producer(producer));
         }
         writers.spawn_local(self.clone().coordinator());
+        if self.config.lying_peer {
+            writers.spawn_local(self.clone().lying_peer());
+        }
         let mut readers = tokio::task::JoinSet::new();
         for index in 1..=self.config.subscribers as u64 {
             readers.spawn_local(self.clone().subscriber(index));
@@ -1283,6 +1379,13 @@ impl Sim {
         report.task_starts = record.task_events.iter().filter(|e| e.running).count();
         report.task_stops = record.task_events.len() - report.task_starts;
         report.lease_lapses = record.lease_lapses;
+        report.lies_refused = record.lies_refused;
+        for (replica, log) in &replica_logs {
+            if log.iter().any(|entry| entry.frame.body == FORGED) {
+                let found = format!("{replica}'s log holds the lying peer's forged command");
+                report.violations.push(found);
+            }
+        }
         report.simulated = self.started.elapsed();
 
         let mut digest = std::collections::hash_map::DefaultHasher::new();
@@ -1446,6 +1549,9 @@ struct SimPlane {
     sim: Arc<Sim>,
     seq: AtomicU64,
 }
+
+/// What the lying peer's forged entries carry.
+const FORGED: &[u8] = b"forged by a node outside the membership";
 
 /// The coordinator's producer id.
 const COORDINATOR_PRODUCER: u64 = 400;

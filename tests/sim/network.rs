@@ -253,7 +253,9 @@ pub struct SimNetwork {
     pub stages: Arc<CommitStages>,
 }
 
-/// The simulated network's carriage of the peer protocol to one replica.
+/// The simulated network's carriage of the peer protocol to one replica. The network knows
+/// who sends, as the peer port's mutual TLS does: each request is admitted on that identity
+/// and the receiver's membership by the product's own rule (`PeerAnswers::admit`).
 pub struct SimPeer {
     net: Arc<Net>,
     from: NodeId,
@@ -314,7 +316,9 @@ impl PeerTransport for SimPeer {
     ) -> Result<AppendEntriesResponse, RpcError> {
         let (net, from, to) = (self.net.clone(), self.from, self.to);
         self.rpc(option, |callee| async move {
-            match callee.answers().append_entries(from, request).await {
+            let answers = callee.answers();
+            answers.admit(&request.vote, Some(&[from]))?;
+            match answers.append_entries(request).await {
                 Ok(answer) => answer,
                 // It stopped, as the peer port's replica does; the finding is the run's.
                 Err(divergence) => {
@@ -337,8 +341,11 @@ impl PeerTransport for SimPeer {
         request: InstallSnapshotRequest,
         option: &RPCOption,
     ) -> Result<InstallSnapshotResponse, RpcError<InstallSnapshotError>> {
+        let from = self.from;
         self.rpc(option, |callee| async move {
-            callee.answers().install_snapshot(request).await
+            let answers = callee.answers();
+            answers.admit(&request.vote, Some(&[from]))?;
+            answers.install_snapshot(request).await
         })
         .await
     }
@@ -348,8 +355,11 @@ impl PeerTransport for SimPeer {
         request: VoteRequest,
         option: &RPCOption,
     ) -> Result<VoteResponse, RpcError> {
+        let from = self.from;
         self.rpc(option, |callee| async move {
-            callee.answers().vote(request).await
+            let answers = callee.answers();
+            answers.admit(&request.vote, Some(&[from]))?;
+            answers.vote(request).await
         })
         .await
     }
