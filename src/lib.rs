@@ -92,8 +92,9 @@
 //!
 //! [`log`] is the data model (commands, entries, the versioned vocabulary), [`jobs`] folds the
 //! log into the job's state and decides the controller's next steps, [`wire`] is the protocol
-//! both ports speak and its transport, and [`client`] is what containers link. With the `server` feature (the default), `raft` replicates the log
-//! (consensus and storage), `server` is the replica process around it and `controller`
+//! both ports speak and its transport, and [`client`] is what containers link. With the
+//! `server` feature (the default), `raft` replicates the log (consensus and storage),
+//! `server` is the replica process around it and `controller`
 //! runs the job on the leader; the `ctrlog` binary serves replicas and holds the operator's
 //! commands. `ARCHITECTURE.md` maps the code and its invariants.
 

@@ -370,21 +370,15 @@ async fn eventually_status(
 
 /// Every entry of `replica`'s log up to `offset`, once it holds that far.
 async fn fetch_until(replica: &ControlClient, offset: u64) -> Vec<ctrlog::log::LogEntry> {
-    let mut entries = Vec::new();
-    while entries
-        .last()
-        .map_or(0, |e: &ctrlog::log::LogEntry| e.offset)
-        < offset
-    {
-        let from = entries
-            .last()
-            .map_or(1, |e: &ctrlog::log::LogEntry| e.offset + 1);
+    let (mut entries, mut from) = (Vec::new(), 1);
+    while from <= offset {
         let mut request = ctrlog::client::FetchRequest::from(from);
         request.max_wait_ms = 1_000;
         let answer = tokio::time::timeout(WAIT, replica.fetch(request))
             .await
             .expect("the replica answers")
             .unwrap();
+        from = answer.next_offset;
         entries.extend(answer.entries);
     }
     entries

@@ -35,8 +35,6 @@ pub struct ReportedLag {
     pub total: u64,
 }
 
-/// A container's lag over its tasks, saturating: reports are a container's word, and a sum
-/// that wrapped would read as no lag at all.
 /// Whether `state` gives `task` to the session of `container` at `epoch`.
 fn owns(state: &JobState, container: &ContainerId, epoch: Epoch, task: &TaskId) -> bool {
     let owner = state
@@ -46,9 +44,10 @@ fn owns(state: &JobState, container: &ContainerId, epoch: Epoch, task: &TaskId) 
     owner.is_some_and(|owner| owner.epoch == epoch && owner.container == *container)
 }
 
-/// The sum of a heartbeat's lag over the tasks its session owns in `state` now (saturating):
-/// a report made while a task was still its own (stopping, on its way to another container)
-/// stops counting once the task is the other's, which reports it itself.
+/// The sum of a heartbeat's lag over the tasks its session owns in `state` now: a report made
+/// while a task was still its own (stopping, on its way to another container) stops counting
+/// once the task is the other's, which reports it itself. Saturating: reports are a
+/// container's word, and a sum that wrapped would read as no lag at all.
 fn owned_total(state: &JobState, container: &ContainerId, beat: &Heartbeat) -> u64 {
     beat.lag
         .iter()
@@ -201,8 +200,9 @@ impl Liveness {
             .live_sessions()
             .filter_map(|session| {
                 let beat = self.beats.get(&session.container)?;
-                let total = owned_total(state, &session.container, beat);
-                (beat.epoch == session.epoch).then_some((session.container, total))
+                let total = (beat.epoch == session.epoch)
+                    .then(|| owned_total(state, &session.container, beat))?;
+                Some((session.container, total))
             })
             .collect()
     }

@@ -112,8 +112,8 @@ impl PeerAnswers {
     ///
     /// `identity` is the nodes the transport knows the caller to be (the node ids its TLS
     /// certificate names; the simulation's network knows its sender): the claimed node must be
-    /// one of them. And the node must be a member
-    /// (voter or learner) of the membership this replica's own log gives. Nothing the request
+    /// one of them. And the node must be a member (voter or learner) of the membership this
+    /// replica's own log gives. Nothing the request
     /// carries stands in for that: its vote, its log position and its entries are the
     /// sender's word, and any holder of a certificate the cluster's CA signed can claim
     /// them (a forged committed vote of a higher term from a non-member's certificate once

@@ -157,7 +157,12 @@ impl Node {
                 state_machine,
                 command_bytes_max: config.command_bytes_max,
                 fetch_answer_bytes_max: config.fetch_answer_bytes_max,
-                liveness: std::sync::Mutex::new(Liveness::new(0, std::time::Instant::now())),
+                // tokio's clock, as every later reading of the table: a paused one in the
+                // simulation.
+                liveness: std::sync::Mutex::new(Liveness::new(
+                    0,
+                    tokio::time::Instant::now().into_std(),
+                )),
                 lease,
                 membership_changes: tokio::sync::Mutex::new(()),
                 levels,

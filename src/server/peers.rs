@@ -11,8 +11,6 @@ use tokio_rustls::TlsAcceptor;
 
 use super::connections::{serve_each_connection, PortLimits};
 use super::tls::named_nodes;
-use crate::raft::elector::ElectionTimer;
-use crate::raft::log_store::LogStore;
 use crate::raft::network::{
     PeerAnswers, RaftRpc, RaftRpcRequest, RaftRpcResponse, PEER_FRAME_BYTES_MAX,
 };
@@ -159,21 +157,15 @@ pub async fn bind_peers(addr: SocketAddr) -> std::io::Result<PeerListener> {
 }
 
 /// Serves Raft RPCs on every accepted connection until `stop` fires, over mutual TLS when `tls` is
-/// given. A connection that sends a malformed frame is closed; the others keep going.
+/// given, admitting each and answering it by `answers`. A connection that sends a malformed
+/// frame is closed; the others keep going.
 pub async fn serve_peers(
     listener: PeerListener,
-    raft: Raft,
-    log: LogStore,
-    elections: Arc<ElectionTimer>,
+    answers: PeerAnswers,
     tls: Option<TlsAcceptor>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let snapshot_chunks = Arc::new(SnapshotChunks::default());
-    let answers = PeerAnswers {
-        raft,
-        log,
-        elections,
-    };
     serve_each_connection(
         "peer",
         listener,

@@ -21,7 +21,7 @@ use super::telemetry::Telemetry;
 use super::tls::ReplicaTls;
 use crate::raft::elector::{ElectionTimer, ElectionTiming};
 use crate::raft::meta_store::Closed;
-use crate::raft::network::{PeerNetwork, RAFT_PAYLOAD_ENTRIES_MAX};
+use crate::raft::network::{PeerAnswers, PeerNetwork, RAFT_PAYLOAD_ENTRIES_MAX};
 use crate::raft::node::{Node, NodeConfig};
 use crate::raft::recover::ForcedMembership;
 use crate::raft::storage::{open_storage, Storage};
@@ -196,9 +196,11 @@ impl Replica {
         tasks.extend([
             tokio::spawn(serve_peers(
                 peer_listener,
-                raft.clone(),
-                handle.node().log().clone(),
-                elections,
+                PeerAnswers {
+                    raft: raft.clone(),
+                    log: handle.node().log().clone(),
+                    elections,
+                },
                 tls.as_ref().map(|t| t.peers.clone()),
                 stopping.clone(),
             )),

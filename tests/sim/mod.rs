@@ -283,12 +283,8 @@ impl Sim {
     async fn start_replica(self: &Arc<Self>, id: NodeId) {
         // The product's election timer, seeded from the run's seed; openraft's own (off here,
         // as in a replica) draws from a thread-local generator.
-        let timing = ElectionTiming {
-            timeout_min: Duration::from_millis(ELECTION_TIMEOUT_MIN_MS),
-            timeout_max: Duration::from_millis(ELECTION_TIMEOUT_MAX_MS),
-            heartbeat: Duration::from_millis(HEARTBEAT_INTERVAL_MS),
-        };
-        let elections = Arc::new(ElectionTimer::new(timing, self.net.random(|rng| rng.gen())));
+        let seed = self.net.random(|rng| rng.gen());
+        let elections = Arc::new(ElectionTimer::new(election_timing(), seed));
         let raft = openraft::Config {
             cluster_name: "sim".into(),
             heartbeat_interval: HEARTBEAT_INTERVAL_MS,
@@ -777,14 +773,7 @@ impl Sim {
         let mut network = SimNetwork {
             net: self.net.clone(),
             from: liar,
-            elections: Arc::new(ElectionTimer::new(
-                ElectionTiming {
-                    timeout_min: Duration::from_millis(ELECTION_TIMEOUT_MIN_MS),
-                    timeout_max: Duration::from_millis(ELECTION_TIMEOUT_MAX_MS),
-                    heartbeat: Duration::from_millis(HEARTBEAT_INTERVAL_MS),
-                },
-                0,
-            )),
+            elections: Arc::new(ElectionTimer::new(election_timing(), 0)),
             durable: tokio::sync::watch::channel(Default::default()).1,
             stages: Default::default(),
         };
@@ -1548,6 +1537,15 @@ impl Container<'_> {
 struct SimPlane {
     sim: Arc<Sim>,
     seq: AtomicU64,
+}
+
+/// Every simulated replica's election timing (the lying peer's too).
+fn election_timing() -> ElectionTiming {
+    ElectionTiming {
+        timeout_min: Duration::from_millis(ELECTION_TIMEOUT_MIN_MS),
+        timeout_max: Duration::from_millis(ELECTION_TIMEOUT_MAX_MS),
+        heartbeat: Duration::from_millis(HEARTBEAT_INTERVAL_MS),
+    }
 }
 
 /// What the lying peer's forged entries carry.
