@@ -8,6 +8,7 @@
 #![cfg(feature = "failpoints")]
 
 mod common;
+mod sim;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -272,4 +273,33 @@ async fn a_leader_applies_nothing_before_its_own_fdatasync() {
     );
     cluster.shutdown().await;
     scenario.teardown();
+}
+
+/// Goal (issue 33): the simulation, which runs the product's node, catches a proposer that
+/// keeps the batches of an ended term. With the give-up taken away, the leader deposed behind a
+/// snapshot install leads again with every batch slot held, and no append it takes is ever
+/// decided: the run does not settle. `tests/simulation.rs` runs the same path with the give-up.
+#[test]
+fn the_simulation_catches_a_proposer_that_keeps_the_batches_of_an_ended_term() {
+    let scenario = fail::FailScenario::setup();
+    fail::cfg("proposer-keeps-batches-of-ended-terms", "return").unwrap();
+    let mut config = sim::SimConfig::new(1, 3);
+    config.deposed_leader_leads_again = true;
+    let report = sim::run(&config);
+    fail::remove("proposer-keeps-batches-of-ended-terms");
+    scenario.teardown();
+    assert_eq!(
+        report.faults.get(sim::DEPOSED_AND_LEADING_AGAIN),
+        Some(&1),
+        "{:?}",
+        report.faults
+    );
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.contains("did not settle")),
+        "{:#?}",
+        report.violations
+    );
 }

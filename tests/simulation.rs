@@ -7,7 +7,7 @@
 
 mod sim;
 
-use sim::{run, SimConfig};
+use sim::{run, SimConfig, DEPOSED_AND_LEADING_AGAIN};
 
 /// Seeds per cluster size in CI: a few minutes in all on two cores.
 const CI_SEEDS: u64 = 4;
@@ -176,4 +176,23 @@ fn a_lying_peer_is_refused_by_every_replica() {
     let report = run(&config);
     assert!(report.violations.is_empty(), "{:#?}", report.violations);
     assert!(report.lies_refused > 20, "{} refused", report.lies_refused);
+}
+
+/// Regression (seen in `ctrlog chaos`, issue 33 brings it into the simulation): a leader
+/// deposed with its batch slots full, caught up by a snapshot install that covers the batches'
+/// entries (openraft then answers none of them), and leader again, must still take appends.
+/// The proposer gives a batch up when its term ends; `tests/failpoints.rs` takes that away and
+/// holds this run to failing.
+#[test]
+fn a_deposed_leader_caught_up_by_snapshot_leads_again_and_takes_appends() {
+    let mut config = SimConfig::new(1, 3);
+    config.deposed_leader_leads_again = true;
+    let report = run(&config);
+    assert_eq!(
+        report.faults.get(DEPOSED_AND_LEADING_AGAIN),
+        Some(&1),
+        "{:?}",
+        report.faults
+    );
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
 }

@@ -168,14 +168,23 @@ fn term_over(
             m.current_leader == Some(m.id),
         )
     };
+    let keeps_ended_terms = keeps_batches_of_ended_terms();
     async move {
-        if !led {
+        if !led || keeps_ended_terms {
             return std::future::pending().await;
         }
         let _ = metrics
             .wait_for(|m| m.vote.leader_id().term != term || m.current_leader != Some(id))
             .await;
     }
+}
+
+/// False, unless the fail point `proposer-keeps-batches-of-ended-terms` (compiled in only with
+/// the `failpoints` feature) takes the give-up away: that is how a test shows the simulation
+/// catching a proposer without it (`tests/failpoints.rs`).
+fn keeps_batches_of_ended_terms() -> bool {
+    fail::fail_point!("proposer-keeps-batches-of-ended-terms", |_| true);
+    false
 }
 
 async fn run(raft: Raft, mut incoming: mpsc::Receiver<Pending>, stages: Arc<CommitStages>) {

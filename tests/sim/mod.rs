@@ -14,7 +14,9 @@
 //! accepted for a lease shorter than the controller's session timeout; the product's
 //! controller expires them through the product's heartbeat table. A crash may leave zeros or garbage after the last record of the WAL, as a power
 //! loss does. Every run first stops a follower until the leader has purged past it, lets it
-//! catch up by snapshot install, and restarts it twice right after. At the end the network
+//! catch up by snapshot install, and restarts it twice right after
+//! ([`SimConfig::deposed_leader_leads_again`] swaps the seeded schedule for one purpose-built
+//! path). At the end the network
 //! heals, everything catches up, and the history goes through the same checker as
 //! `ctrlog chaos`. A monitor also checks, every 10 ms of simulated time, that no two replicas
 //! act as leader at once (`Node::is_leader`) and log matching across the replicas.
@@ -47,6 +49,7 @@ use ctrlog::log::{
 };
 use ctrlog::raft::elector::{ElectionTimer, ElectionTiming};
 use ctrlog::raft::node::{MemberLevels, Node, NodeConfig};
+use ctrlog::raft::proposer::BATCHES_IN_FLIGHT_MAX;
 use ctrlog::raft::types::LogId;
 use ctrlog::raft::types::Raft;
 use ctrlog::server::ReplicaConfig;
@@ -62,6 +65,9 @@ use tokio::time::Instant;
 use network::{Failure, Net, Party, SimNetwork};
 use store::{Disk, Fetched, Storage, Tail};
 
+/// The fault count of [`SimConfig::deposed_leader_leads_again`]'s path.
+pub const DEPOSED_AND_LEADING_AGAIN: &str =
+    "deposed leaders back by snapshot install, leading again";
 /// How long a client waits for one call before it counts the call's fate as unknown.
 const CLIENT_TIMEOUT: Duration = Duration::from_millis(1_000);
 /// How long the end of a run (heal, catch up, drain) may take in simulated time before the run
@@ -105,6 +111,10 @@ pub struct SimConfig {
     /// vote of a higher term, a vote request of a higher term with a longer log, and the same
     /// AppendEntries claiming to come from a member. Every replica must refuse it all.
     pub lying_peer: bool,
+    /// Replaces the seeded fault schedule (after the snapshot catch-up every run starts with)
+    /// with [`Sim::depose_behind_a_snapshot_then_lead_again`]: the path on which a proposer
+    /// that kept the batches of an ended term would stop its leader's appends for good.
+    pub deposed_leader_leads_again: bool,
 }
 
 impl SimConfig {
@@ -117,10 +127,13 @@ impl SimConfig {
             subscribers: 2,
             store_acknowledges_early: false,
             lying_peer: false,
+            deposed_leader_leads_again: false,
         }
     }
 
     /// The command that replays this run.
+    // tests/failpoints.rs runs the simulation too, and replays nothing.
+    #[allow(dead_code)]
     pub fn replay_command(&self) -> String {
         format!(
             "CTRLOG_SIM_SEED={} CTRLOG_SIM_REPLICAS={} cargo test --test simulation replay -- --nocapture",
@@ -1055,6 +1068,12 @@ impl Sim {
         if self.catch_up_by_snapshot_then_restart().await {
             *counts.entry("installs then restarts").or_default() += 1;
         }
+        if self.config.deposed_leader_leads_again {
+            if self.depose_behind_a_snapshot_then_lead_again().await {
+                *counts.entry(DEPOSED_AND_LEADING_AGAIN).or_default() += 1;
+            }
+            return;
+        }
         while self.started.elapsed() < self.config.duration {
             self.pause(300..1500).await;
             let kind = self.net.random(|rng| rng.gen_range(0..8));
@@ -1209,20 +1228,139 @@ impl Sim {
         self.net.is_up(follower)
     }
 
-    async fn partition(&self, a: &[NodeId], b: &[NodeId], hold: Duration) {
+    /// The path that once stopped a leader's appends for good (the proposer's module docs):
+    /// the leader proposes [`BATCHES_IN_FLIGHT_MAX`] batches and is isolated before any commits;
+    /// the others elect a leader that purges its log past them; healed, the old leader installs
+    /// that snapshot, which covers its batches' entries without openraft answering them; then
+    /// it leads again, with every batch slot still held unless its proposer gave the batches up
+    /// when their term ended. True when the whole path was taken.
+    async fn depose_behind_a_snapshot_then_lead_again(self: &Arc<Self>) -> bool {
+        const ME: Party = 500;
+        let Some((old, old_raft, _)) = self.leader() else {
+            return false;
+        };
+        let others: Vec<NodeId> = (1..=self.config.replicas).filter(|id| *id != old).collect();
+        let Some(old_node) = self.node(old) else {
+            return false;
+        };
+        self.fault(format!("isolate leader {old} with batches in flight"));
+        self.cut_both_ways(&[old], &others);
+        // A client connected to the old leader, one append after another within its quorum
+        // lease, so that each goes out as a batch of its own.
+        for seq in 1..=2 * BATCHES_IN_FLIGHT_MAX as u64 {
+            let pair = ProducerSeq { producer: ME, seq };
+            self.record().attempted.insert(pair);
+            let command = Command::custom(1, 1, format!("deposed/{seq}").into_bytes());
+            let node = old_node.clone();
+            let net = self.net.clone();
+            tokio::task::spawn_local(async move {
+                let proposal = proposal(Some(pair), command);
+                let _ = net
+                    .call(ME, old, CLIENT_TIMEOUT, |_| async move {
+                        node.append(proposal).await
+                    })
+                    .await;
+            });
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let unapplied = |raft: &Raft| {
+            let m = raft.metrics().borrow().clone();
+            m.last_log_index.unwrap_or(0) - m.last_applied.map_or(0, |l| l.index)
+        };
+        if unapplied(&old_raft) < BATCHES_IN_FLIGHT_MAX as u64 {
+            self.restore_both_ways(&[old], &others);
+            return false;
+        }
+        let old_last = old_raft.metrics().borrow().last_log_index.unwrap_or(0);
+        let purged_past = |raft: &Raft| raft.metrics().borrow().purged.map_or(0, |l| l.index);
+        let new_leader_purged = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                if let Some((id, raft, _)) = self.leader().filter(|(id, _, _)| *id != old) {
+                    if purged_past(&raft) > old_last {
+                        return (id, purged_past(&raft));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        let Ok((new_leader, purged)) = new_leader_purged.await else {
+            self.restore_both_ways(&[old], &others);
+            return false;
+        };
+        self.fault(format!(
+            "heal leader {old}'s isolation behind {new_leader}'s purge at {purged}"
+        ));
+        self.restore_both_ways(&[old], &others);
+        let installed = tokio::time::timeout(Duration::from_secs(10), async {
+            while old_raft.metrics().borrow().snapshot.map_or(0, |s| s.index) < purged {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        if installed.await.is_err() {
+            return false;
+        }
+        // Only the old leader can win the next election: the third replica stops hearing the
+        // new leader while the old one still does, until the old one's log is longer (a voter
+        // refuses a candidate with a shorter log); then the new leader is cut off from both.
+        let Some(&third) = others.iter().find(|id| **id != new_leader) else {
+            return false;
+        };
+        let third_last = |sim: &Sim| {
+            sim.net
+                .running()
+                .into_iter()
+                .find(|(id, _, _)| *id == third)
+                .map_or(u64::MAX, |(_, raft, _)| {
+                    raft.metrics().borrow().last_log_index.unwrap_or(0)
+                })
+        };
+        self.fault(format!("cut {third} off from leader {new_leader}"));
+        self.cut_both_ways(&[third], &[new_leader]);
+        let ahead = tokio::time::timeout(Duration::from_secs(5), async {
+            while old_raft.metrics().borrow().last_log_index.unwrap_or(0) <= third_last(self) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        let ahead = ahead.await.is_ok();
+        self.fault(format!("isolate leader {new_leader}"));
+        self.cut_both_ways(&[new_leader], &[old]);
+        let leads_again = ahead
+            && tokio::time::timeout(Duration::from_secs(10), async {
+                while !self.node(old).is_some_and(|node| node.is_leader()) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+            .await
+            .is_ok();
+        self.restore_both_ways(&[new_leader], &[old, third]);
+        if leads_again {
+            self.fault(format!("{old} leads again"));
+        }
+        leads_again
+    }
+
+    fn cut_both_ways(&self, a: &[NodeId], b: &[NodeId]) {
         for x in a {
             for y in b {
                 self.net.cut(*x, *y);
                 self.net.cut(*y, *x);
             }
         }
-        tokio::time::sleep(hold).await;
+    }
+
+    fn restore_both_ways(&self, a: &[NodeId], b: &[NodeId]) {
         for x in a {
             for y in b {
                 self.net.restore(*x, *y);
                 self.net.restore(*y, *x);
             }
         }
+    }
+
+    async fn partition(&self, a: &[NodeId], b: &[NodeId], hold: Duration) {
+        self.cut_both_ways(a, b);
+        tokio::time::sleep(hold).await;
+        self.restore_both_ways(a, b);
     }
 
     // ---- the run -----------------------------------------------------------------------------
