@@ -948,6 +948,30 @@ impl ControlClient {
         self.within(status).await
     }
 
+    /// The status of whichever replica answers, with its storage's: whether its log is being
+    /// repaired from the leader (`None` from a replica whose build has no such request, which
+    /// never repairs). Both come over one connection, so from one replica; should the
+    /// connection change between the two calls, the storage part is left out rather than
+    /// told of another replica.
+    ///
+    /// Cancel safe: dropping the future abandons the call and changes nothing.
+    pub async fn status_with_storage(
+        &self,
+    ) -> Result<(Status, Option<StorageStatus>), ClientError> {
+        let status = self.status().await?;
+        if !self.connector.offered("storage_status").await {
+            return Ok((status, None));
+        }
+        let storage =
+            self.connector.call(
+                false,
+                |rpc, ctx, _| async move { rpc.storage_status(ctx).await },
+            );
+        let storage = self.within(storage).await?;
+        let same_replica = storage.id == status.id;
+        Ok((status, same_replica.then_some(storage)))
+    }
+
     /// Tells the leader a container session is alive, with its lag per task. Most containers
     /// use [`ContainerSession`](super::ContainerSession), which does this in the background.
     ///

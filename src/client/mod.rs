@@ -12,9 +12,9 @@ mod subscription;
 pub use crate::wire::{tls, version};
 
 pub use crate::wire::protocol::{
-    ApiError, AppendAck, FetchRequest, FetchResponse, HeartbeatAck, Member, MemberStatus, StateAt,
-    StateChunk, Status, ANSWER_ENVELOPE_BYTES_MAX, APPEND_MANY_BYTES_MAX,
-    APPEND_MANY_PROPOSALS_MAX,
+    ApiError, AppendAck, FetchRequest, FetchResponse, HeartbeatAck, Member, MemberStatus,
+    Repairing, StateAt, StateChunk, Status, StorageStatus, ANSWER_ENVELOPE_BYTES_MAX,
+    APPEND_MANY_BYTES_MAX, APPEND_MANY_PROPOSALS_MAX,
 };
 /// The wire service and tarpc's generated stubs, for the replica that serves it and for
 /// tests that speak the raw protocol; not part of the client's API.

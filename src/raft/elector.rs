@@ -45,6 +45,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
+use super::log_store::LogStore;
 use super::types::{
     AppendEntriesResponse, InstallSnapshotResponse, Raft, Vote, VoteRequest, VoteResponse,
 };
@@ -238,14 +239,19 @@ impl ElectionTimer {
 }
 
 /// Stands for election whenever `timer` says so and this replica is a voter that does not
-/// lead; returns when Raft stops or `stop` fires.
+/// lead; returns when Raft stops or `stop` fires. A voter whose log is damaged and not yet
+/// repaired by the leader never stands (openraft 0.9 would let it, with its cut log);
+/// while its log is being repaired ([`Repair`](super::log_store::Repair)) it does not stand.
+/// A replica that is the only voter cannot be repaired by anyone: it stops.
 pub async fn drive(
     raft: Raft,
     id: NodeId,
+    log: LogStore,
     timer: std::sync::Arc<ElectionTimer>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let metrics = raft.metrics();
+    let mut told_of_repair = false;
     loop {
         // Biased, as every select on the request paths: an unbiased one draws its order from a
         // generator outside any seed, and the order futures are polled in is the order their
@@ -260,17 +266,44 @@ pub async fn drive(
             // The leader was heard, or a vote granted, while this slept.
             continue;
         }
-        let (running, leads, votes) = {
+        let (running, leads, votes, alone) = {
             let m = metrics.borrow();
-            let votes = m
-                .membership_config
-                .membership()
-                .voter_ids()
-                .any(|voter| voter == id);
-            (m.running_state.is_ok(), m.current_leader == Some(id), votes)
+            let membership = m.membership_config.membership();
+            let votes = membership.voter_ids().any(|voter| voter == id);
+            let alone = votes && membership.voter_ids().count() == 1;
+            let leads = m.current_leader == Some(id);
+            (m.running_state.is_ok(), leads, votes, alone)
         };
         if !running {
             return;
+        }
+        // Not whole, or cannot tell: either way it may not stand.
+        let repair = log.repairing().map_err(|e| e.to_string());
+        match repair {
+            Ok(None) => {}
+            Ok(Some(repair)) if alone => {
+                tracing::error!(
+                    %repair,
+                    "this replica is the only voter, so no peer holds the damaged entries: \
+                     stopping. Restore its data directory from a backup; the damaged \
+                     segments are kept in the log's `damaged` folder"
+                );
+                raft.shutdown().await.ok();
+                return;
+            }
+            Ok(Some(repair)) => {
+                if !told_of_repair {
+                    tracing::warn!(%repair, "not standing for election until repaired");
+                    told_of_repair = true;
+                }
+                timer.wait_again();
+                continue;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "could not read the repair record; not standing");
+                timer.wait_again();
+                continue;
+            }
         }
         if leads || !votes {
             timer.wait_again();

@@ -37,22 +37,109 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{EntryPayload, OptionalSend, RaftLogReader};
+use openraft::{CommittedLeaderId, EntryPayload, OptionalSend, RaftLogReader};
 use tokio::sync::watch;
 
-use super::meta_store::MetaStore;
+use super::meta_store::{MetaStore, VALUE_BYTES_MAX};
 use super::recent::RecentEntries;
 use super::stages::{CommitStages, Stage};
 use super::types::{
     AppendEntriesRequest, Entry, LogId, StorageError, StorageIOError, TypeConfig, Vote,
 };
-use super::wal::{Wal, RECORD_BYTES_MAX};
+use super::wal::{Damage, Wal, RECORD_BYTES_MAX};
 use crate::log::{decode, encode};
+use crate::wire::protocol::Repairing;
 use crate::NodeId;
 
 const VOTE_KEY: &str = "vote";
 const PURGED_KEY: &str = "purged";
 const COMMITTED_KEY: &str = "committed";
+/// Where a [`Repair`] is kept while one is under way. Older builds never read it: a damaged log
+/// is new to this build, and a log it repaired is an ordinary log again.
+const REPAIR_KEY: &str = "repair";
+
+/// What damage to the log took, that this replica must get back from its peers before it
+/// votes or stands again (ARCHITECTURE.md, "The storage fault model").
+///
+/// Why it may not vote meanwhile: the damaged entries may be ones it acknowledged, and so part
+/// of the majority that committed them. Voting with its cut log, it could elect a candidate
+/// that lacks them, whose entries would then overwrite the only other copies. So it votes only
+/// for a candidate whose log is at least as up to date as `held`, exactly as the replica would
+/// have that still held its whole log, and never stands itself. It is whole again once its log
+/// is on disk up to `held`'s index: what a leader sent it since (entries or a snapshot) is that
+/// leader's log, which holds every committed entry.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Repair {
+    /// The first index the damage took.
+    pub first_damaged: u64,
+    /// The last entry the log held before the damage was found.
+    pub held: LogId,
+    /// The segment file where the damage starts.
+    pub segment: String,
+    /// The byte of that segment where it starts.
+    pub byte: u64,
+}
+
+impl Repair {
+    /// The repair that `damage` calls for; `vote` is the durable vote, whose leader stands in
+    /// for the last entry's when no valid record after the damage says it (that is no less up
+    /// to date than the true one: no entry is of a later term than the vote).
+    fn of(damage: &Damage, vote: Option<Vote>) -> Repair {
+        let last_index = damage.end_at_least - 1;
+        let decoded = damage
+            .last_record
+            .as_deref()
+            .and_then(|bytes| decode::<Entry>(bytes, RECORD_BYTES_MAX as u64).ok())
+            .map(|entry| entry.log_id)
+            .filter(|id| id.index >= last_index);
+        let held = decoded.unwrap_or_else(|| {
+            let leader = vote.map_or_else(CommittedLeaderId::default, |v| {
+                CommittedLeaderId::new(v.leader_id.term, v.leader_id.node_id)
+            });
+            LogId::new(leader, last_index)
+        });
+        Repair {
+            first_damaged: damage.first,
+            held,
+            segment: damage.segment.display().to_string(),
+            byte: damage.byte,
+        }
+    }
+
+    /// One repair that asks for both: a log damaged again before it was whole must get back
+    /// what either damage took.
+    fn merged(self, earlier: Option<Repair>) -> Repair {
+        match earlier {
+            Some(earlier) if earlier.held > self.held => Repair {
+                first_damaged: earlier.first_damaged.min(self.first_damaged),
+                ..earlier
+            },
+            Some(earlier) => Repair {
+                first_damaged: earlier.first_damaged.min(self.first_damaged),
+                ..self
+            },
+            None => self,
+        }
+    }
+}
+
+impl Repair {
+    /// The repair as the client port reports it.
+    pub fn report(&self) -> Repairing {
+        Repairing {
+            first_damaged: self.first_damaged,
+            held_index: self.held.index,
+            segment: self.segment.clone(),
+            byte: self.byte,
+        }
+    }
+}
+
+impl std::fmt::Display for Repair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.report(), f)
+    }
+}
 
 /// Bytes per WAL segment. Purge frees whole segments, so this is also the granularity of disk
 /// reclamation: big enough that rotation (an extra `fdatasync`) is rare, small enough that a
@@ -87,6 +174,8 @@ struct Shared {
     /// The newest entries, changed only with the WAL under its lock (see
     /// [`RecentEntries`]).
     recent: RecentEntries,
+    /// The repair under way, if the log was found damaged (see [`LogStore::repairing`]).
+    repair: Mutex<Option<Repair>>,
 }
 
 /// How far the log is known to be on disk: an index along the log as it is now.
@@ -232,19 +321,33 @@ impl LogStore {
         segment_bytes_max: u64,
         flushing: Flushing,
     ) -> io::Result<LogStore> {
-        let last_purged: Option<LogId> = match meta.get(PURGED_KEY)? {
-            Some(bytes) => Some(decode(&bytes, 1024).map_err(io::Error::other)?),
-            None => None,
+        let last_purged: Option<LogId> = read_meta(&meta, PURGED_KEY)?;
+        let vote: Option<Vote> = read_meta(&meta, VOTE_KEY)?;
+        let unfinished: Option<Repair> = read_meta(&meta, REPAIR_KEY)?;
+        let mut repair = unfinished.clone();
+        // Recorded before the log is cut: a crash right after the cut must not leave a
+        // replica that forgot it had held more.
+        let record_repair = |damage: &Damage| {
+            let needed = Repair::of(damage, vote).merged(unfinished);
+            meta.put_durable(REPAIR_KEY, &encode(&needed))?;
+            tracing::error!(
+                %needed,
+                "this replica's log is damaged; it neither votes nor stands until the leader \
+                 has sent it the damaged entries again"
+            );
+            repair = Some(needed);
+            Ok(())
         };
-        let wal = Wal::open(dir, last_purged.map(|l| l.index), segment_bytes_max)?;
+        let (wal, _) = Wal::open_repairing(
+            dir,
+            last_purged.map(|l| l.index),
+            segment_bytes_max,
+            record_repair,
+        )?;
         // A crash of the process (not of the machine) can leave written but unsynced entries
         // in the page cache, which the log would now count as durable: sync them first.
         wal.active_file().sync_data()?;
         let last_log_id = last_log_id(&wal, last_purged)?;
-        let vote: Option<Vote> = match meta.get(VOTE_KEY)? {
-            Some(bytes) => Some(decode(&bytes, 1024).map_err(io::Error::other)?),
-            None => None,
-        };
         let durable = Arc::new(watch::Sender::new(Durable {
             synced: last_log_id,
             failed: None,
@@ -271,8 +374,28 @@ impl LogStore {
                 own_id: std::sync::OnceLock::new(),
                 vote: Mutex::new(vote),
                 recent: RecentEntries::default(),
+                repair: Mutex::new(repair),
             }),
         })
+    }
+
+    /// The repair still under way, if the log was found damaged (see [`Repair`]); `None` once
+    /// the log is on disk up to what it held again, which ends the repair, durably.
+    pub fn repairing(&self) -> io::Result<Option<Repair>> {
+        let mut repair = self.shared.repair.lock().expect("never poisoned");
+        let Some(needed) = repair.as_ref() else {
+            return Ok(None);
+        };
+        if !self.shared.durable.borrow().covers(Some(needed.held)) {
+            return Ok(repair.clone());
+        }
+        self.shared.meta.remove_durable(REPAIR_KEY)?;
+        tracing::info!(
+            repaired = %needed,
+            "the damaged entries are on disk again, from the leader; this replica votes again"
+        );
+        *repair = None;
+        Ok(None)
     }
 
     fn lock(&self) -> MutexGuard<'_, WalState> {
@@ -410,11 +533,7 @@ impl LogStore {
 
     /// The vote as last made durable.
     pub fn vote(&self) -> io::Result<Option<Vote>> {
-        self.shared
-            .meta
-            .get(VOTE_KEY)?
-            .map(|b| decode(&b, 1024).map_err(io::Error::other))
-            .transpose()
+        read_meta(&self.shared.meta, VOTE_KEY)
     }
 
     /// Makes `vote` durable before returning.
@@ -534,6 +653,16 @@ pub fn as_restarted(durable: Vote, own: NodeId) -> Vote {
         Vote::new(durable.leader_id.term, own)
     } else {
         durable
+    }
+}
+
+/// The value at `key` in `meta`, decoded; `None` if there is none.
+fn read_meta<T: serde::de::DeserializeOwned>(meta: &MetaStore, key: &str) -> io::Result<Option<T>> {
+    match meta.get(key)? {
+        Some(bytes) => Ok(Some(
+            decode(&bytes, VALUE_BYTES_MAX as u64).map_err(io::Error::other)?,
+        )),
+        None => Ok(None),
     }
 }
 

@@ -96,6 +96,12 @@ impl MetaStore {
         self.sync()
     }
 
+    /// Removes a key and makes that durable before returning.
+    pub fn remove_durable(&self, key: &str) -> io::Result<()> {
+        self.db.remove(key).map_err(io::Error::other)?;
+        self.sync()
+    }
+
     /// Inserts a value without waiting for it to be durable (for advisory data).
     pub fn put(&self, key: &str, value: &[u8]) -> io::Result<()> {
         assert!(

@@ -171,10 +171,39 @@ impl PeerAnswers {
         Ok(answer)
     }
 
+    /// openraft's answer to an admitted vote request, unless this replica's log is being
+    /// repaired: then it is refused for any candidate whose log is less up to date than what
+    /// the damaged log held, and the answer says how far that was (see
+    /// [`Repair`](super::log_store::Repair)).
     pub async fn vote(&self, request: VoteRequest) -> Result<VoteResponse, RaftError> {
+        if let Some(held) = self.held_while_repairing()? {
+            if request.last_log_id < Some(held) {
+                tracing::warn!(
+                    candidate = %request.vote,
+                    candidate_last = ?request.last_log_id,
+                    held = %held,
+                    "refused a vote: this replica's log is being repaired, and the candidate's \
+                     log is less up to date than what it held"
+                );
+                let vote = self.raft.metrics().borrow().vote;
+                return Ok(VoteResponse::new(vote, Some(held), false));
+            }
+        }
         let answer = self.raft.vote(request).await?;
         self.elections.answered_vote(&answer);
         Ok(answer)
+    }
+
+    /// The last entry the damaged log held, while it is being repaired.
+    fn held_while_repairing(&self) -> Result<Option<LogId>, RaftError> {
+        match self.log.repairing() {
+            Ok(repair) => Ok(repair.map(|r| r.held)),
+            Err(e) => {
+                // It cannot tell whether it is whole: as if it were not, it votes for no one.
+                tracing::error!(error = %e, "could not read this replica's repair record");
+                Err(RaftError::Fatal(openraft::error::Fatal::Stopped))
+            }
+        }
     }
 
     pub async fn install_snapshot(

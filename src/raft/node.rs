@@ -143,6 +143,7 @@ impl Node {
             tokio::spawn(elector::drive(
                 raft.clone(),
                 config.id,
+                log.clone(),
                 elections,
                 stop.clone(),
             )),

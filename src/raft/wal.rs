@@ -19,11 +19,21 @@
 //!   directory after creating or deleting a segment, so only the last segment can ever hold a
 //!   torn record.
 //! * `truncate_from` cuts the file and `fdatasync`s it before returning.
-//! * Recovery scans every segment, verifies each record's checksum, and cuts the last segment
-//!   at the first torn or corrupt record: a short record, a checksum that does not match, a
-//!   length out of bounds, and a zero length (a zero-filled tail, which some file systems
-//!   leave after a power loss, and whose all-zero header matches its empty payload's CRC). A bad record in any *earlier* segment is corruption of
-//!   durable data and is reported, never skipped.
+//! * Recovery scans every segment and verifies each record's checksum. A bad record is a short
+//!   record, a checksum that does not match, a length out of bounds, or a zero length (a
+//!   zero-filled tail, which some file systems leave after a power loss, and whose all-zero
+//!   header matches its empty payload's CRC).
+//!
+//! Telling a crash from a rotten disk (ARCHITECTURE.md, "The storage fault model"): a crash
+//! can damage only the final write, so only the end of the last segment. A bad record with
+//! no valid record after it in the last segment is a **torn tail**: it is cut, and nothing
+//! it held was acknowledged by this replica (followers acknowledge after the `fdatasync`;
+//! the leader's early acknowledgement is never acted on before it, see `log_store`). A bad
+//! record that any valid record follows, or any bad record in a sealed (earlier, synced)
+//! segment, is **damage**: [`Damage`] says where it starts and what the valid records after
+//! it say the log reached. [`Wal::open`] refuses such a log; [`Wal::open_repairing`] hands
+//! the damage to its caller first (the log store records that this replica must be repaired
+//! from its peers before it votes again) and then cuts the log before it.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -85,38 +95,201 @@ fn corrupt(message: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, message)
 }
 
+/// The payload length of a valid record at byte `pos`, if one starts there.
+fn record_at(bytes: &[u8], pos: usize) -> Option<usize> {
+    let header = bytes.get(pos..pos + RECORD_HEADER_BYTES)?;
+    let len = u32::from_le_bytes(header[..4].try_into().unwrap()) as usize;
+    let crc = u32::from_le_bytes(header[4..].try_into().unwrap());
+    let start = pos + RECORD_HEADER_BYTES;
+    // No record is empty (each holds an encoded entry), so a zero length is a zero-filled
+    // tail, whose header would otherwise pass: the CRC32 of nothing is 0. An all-0xff header
+    // fails the length bound.
+    if len == 0 || len > RECORD_BYTES_MAX || bytes.len() - start < len {
+        return None;
+    }
+    (crc32fast::hash(&bytes[start..start + len]) == crc).then_some(len)
+}
+
+/// Where the record after the one at `pos` would start by its length field, if that length is
+/// plausible: a record whose payload or checksum rotted still says where the next one is.
+fn after_declared_length(bytes: &[u8], pos: usize) -> Option<usize> {
+    let header = bytes.get(pos..pos + RECORD_HEADER_BYTES)?;
+    let len = u32::from_le_bytes(header[..4].try_into().unwrap()) as usize;
+    let next = pos + RECORD_HEADER_BYTES + len;
+    (len > 0 && len <= RECORD_BYTES_MAX && next <= bytes.len()).then_some(next)
+}
+
+/// The last valid record after the bad one at byte `damaged`, if any valid record follows it:
+/// first where the bad record's own length points, else at any later byte (a rotten length
+/// field hides where the next record starts). Records found are walked to the end, past any
+/// further damage the same way.
+fn last_record_after(bytes: &[u8], damaged: usize) -> Option<RecordPos> {
+    let mut last = None;
+    let mut bad = damaged;
+    loop {
+        let resumed = after_declared_length(bytes, bad)
+            .filter(|&next| record_at(bytes, next).is_some())
+            .or_else(|| (bad + 1..bytes.len()).find(|&at| record_at(bytes, at).is_some()));
+        let Some(mut pos) = resumed else {
+            return last;
+        };
+        while let Some(len) = record_at(bytes, pos) {
+            last = Some(RecordPos {
+                pos: pos as u64,
+                len: len as u32,
+            });
+            pos += RECORD_HEADER_BYTES + len;
+        }
+        if pos >= bytes.len() {
+            return last;
+        }
+        bad = pos;
+    }
+}
+
+/// Damage that recovery found (see the module docs): the log holds nothing from `first` on
+/// once [`Wal::open_repairing`] returns, though it had held more.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Damage {
+    /// The index of the first damaged record.
+    pub first: u64,
+    /// The segment file where the damage starts, and the byte in it.
+    pub segment: PathBuf,
+    pub byte: u64,
+    /// The payload of the last valid record after the damage, in any segment: the caller
+    /// decodes how far the log reached from it.
+    pub last_record: Option<Vec<u8>>,
+    /// One past the last index the log is known to have held by the segments alone: the next
+    /// segment's name, the valid records of later segments, or the damaged record itself.
+    pub end_at_least: u64,
+}
+
+impl std::fmt::Display for Damage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "segment {} is damaged at byte {} (record {}), and the log held records after it",
+            self.segment.display(),
+            self.byte,
+            self.first
+        )
+    }
+}
+
+/// The damage that starts in `scanned[at]`: where, and what the rest of the log says it held.
+fn describe_damage(scanned: &[ScannedSegment], at: usize) -> io::Result<Damage> {
+    let damaged = &scanned[at];
+    let first = damaged.first_index + damaged.records.len() as u64;
+    let end_at_least = scanned[at + 1..]
+        .iter()
+        .map(|s| s.first_index + s.records.len() as u64)
+        .max()
+        .unwrap_or(first + 1);
+    let mut last_record = None;
+    for segment in scanned[at..].iter().rev() {
+        let record = if segment.first_index == damaged.first_index {
+            segment.last_after_damage
+        } else {
+            segment
+                .last_after_damage
+                .or(segment.records.last().copied())
+        };
+        if let Some(record) = record {
+            let mut bytes = vec![0u8; record.len as usize];
+            File::open(&segment.path)?
+                .read_exact_at(&mut bytes, record.pos + RECORD_HEADER_BYTES as u64)?;
+            last_record = Some(bytes);
+            break;
+        }
+    }
+    Ok(Damage {
+        first,
+        segment: damaged.path.clone(),
+        byte: damaged.valid_len,
+        last_record,
+        end_at_least,
+    })
+}
+
+/// The folder in a log's directory where damaged segments are kept (see [`keep_damaged`]).
+pub const DAMAGED_DIR: &str = "damaged";
+
+/// Keeps `segments` (the damaged one first, then every later one) as they were found, in a
+/// new numbered folder under [`DAMAGED_DIR`], and leaves in the log only the damaged segment
+/// (which the caller cuts); returns the folder. Nothing is deleted: if the peers cannot repair
+/// the log, the records after the damage are what an operator recovers by hand.
+fn keep_damaged(dir: &Path, segments: &[ScannedSegment]) -> io::Result<PathBuf> {
+    let damaged = dir.join(DAMAGED_DIR);
+    std::fs::create_dir_all(&damaged)?;
+    let mut number = 1u32;
+    let kept = loop {
+        let kept = damaged.join(number.to_string());
+        match std::fs::create_dir(&kept) {
+            Ok(()) => break kept,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => number += 1,
+            Err(e) => return Err(e),
+        }
+    };
+    sync_dir(&damaged)?;
+    for (i, segment) in segments.iter().enumerate() {
+        let name = segment.path.file_name().expect("a segment has a name");
+        if i == 0 {
+            std::fs::copy(&segment.path, kept.join(name))?;
+            File::open(kept.join(name))?.sync_all()?;
+        } else {
+            std::fs::rename(&segment.path, kept.join(name))?;
+        }
+    }
+    sync_dir(&kept)?;
+    sync_dir(dir)?;
+    Ok(kept)
+}
+
+/// What reading one segment found.
+struct ScannedSegment {
+    first_index: u64,
+    path: PathBuf,
+    records: Vec<RecordPos>,
+    valid_len: u64,
+    /// The last valid record after the first bad one, when the segment has a bad record.
+    last_after_damage: Option<RecordPos>,
+    damaged: bool,
+}
+
 /// Scans one segment's bytes and returns its records, plus the length of the valid prefix.
 fn scan_records(bytes: &[u8]) -> (Vec<RecordPos>, u64) {
     let mut records = Vec::new();
     let mut pos = 0usize;
-    while bytes.len() - pos >= RECORD_HEADER_BYTES {
-        let len = u32::from_le_bytes(bytes[pos..pos + 4].try_into().unwrap()) as usize;
-        let crc = u32::from_le_bytes(bytes[pos + 4..pos + 8].try_into().unwrap());
-        let start = pos + RECORD_HEADER_BYTES;
-        // No record is empty (each holds an encoded entry), so a zero length is a zero-filled
-        // tail, whose header would otherwise pass: the CRC32 of nothing is 0. An all-0xff
-        // header fails the length bound.
-        if len == 0 || len > RECORD_BYTES_MAX || bytes.len() - start < len {
-            break;
-        }
-        if crc32fast::hash(&bytes[start..start + len]) != crc {
-            break;
-        }
+    while let Some(len) = record_at(bytes, pos) {
         records.push(RecordPos {
             pos: pos as u64,
             len: len as u32,
         });
-        pos = start + len;
+        pos += RECORD_HEADER_BYTES + len;
     }
     (records, pos as u64)
 }
 
 impl Wal {
-    /// Opens (or creates) the log in `dir`, recovering from a crash at any point.
+    /// Opens (or creates) the log in `dir`, recovering from a crash at any point. A damaged log
+    /// (see the module docs) is refused, with an error that says where the damage is.
     ///
     /// `purged_upto` is the last index the caller durably recorded as purged: records at or
     /// below it are dropped, and so are segments holding nothing else.
     pub fn open(dir: &Path, purged_upto: Option<u64>, segment_bytes_max: u64) -> io::Result<Wal> {
+        let refuse = |damage: &Damage| Err(corrupt(damage.to_string()));
+        Self::open_repairing(dir, purged_upto, segment_bytes_max, refuse).map(|(wal, _)| wal)
+    }
+
+    /// Opens the log in `dir` as [`Wal::open`] does, except on damage: `before_cut` is told of
+    /// it, and once it returned `Ok` the log is cut before the damage (the damaged segment at
+    /// the damaged record, every later segment removed), durably. Returns the damage found.
+    pub fn open_repairing(
+        dir: &Path,
+        purged_upto: Option<u64>,
+        segment_bytes_max: u64,
+        before_cut: impl FnOnce(&Damage) -> io::Result<()>,
+    ) -> io::Result<(Wal, Option<Damage>)> {
         std::fs::create_dir_all(dir)?;
         let mut names = Vec::new();
         for entry in std::fs::read_dir(dir)? {
@@ -133,6 +306,51 @@ impl Wal {
         }
         names.sort_unstable();
 
+        let mut scanned = Vec::with_capacity(names.len());
+        for &name in &names {
+            let path = segment_path(dir, name);
+            let bytes = std::fs::read(&path)?;
+            let (records, valid_len) = scan_records(&bytes);
+            let damaged = valid_len < bytes.len() as u64;
+            let last_after_damage = damaged
+                .then(|| last_record_after(&bytes, valid_len as usize))
+                .flatten();
+            scanned.push(ScannedSegment {
+                first_index: name,
+                path,
+                records,
+                valid_len,
+                last_after_damage,
+                damaged,
+            });
+        }
+        let last = scanned.len().saturating_sub(1);
+        let damaged_at = scanned
+            .iter()
+            .enumerate()
+            .position(|(i, s)| s.damaged && (i < last || s.last_after_damage.is_some()));
+        let damage = match damaged_at {
+            Some(at) => {
+                let damage = describe_damage(&scanned, at)?;
+                tracing::error!(
+                    segment = %damage.segment.display(),
+                    byte = damage.byte,
+                    first_damaged = damage.first,
+                    "the log is damaged: a bad record with valid records after it, which no \
+                     crash leaves"
+                );
+                before_cut(&damage)?;
+                let kept = keep_damaged(dir, &scanned[at..])?;
+                tracing::warn!(
+                    kept = %kept.display(),
+                    "the damaged segment and those after it are kept as they were found"
+                );
+                scanned.truncate(at + 1);
+                Some(damage)
+            }
+            None => None,
+        };
+
         let first_index = purged_upto.map_or(0, |p| p + 1);
         let mut wal = Wal {
             dir: dir.to_path_buf(),
@@ -140,36 +358,29 @@ impl Wal {
             first_index,
             segment_bytes_max,
         };
-        let count = names.len();
-        for (i, &name) in names.iter().enumerate() {
-            let is_last = i + 1 == count;
-            let path = segment_path(dir, name);
-            let bytes = std::fs::read(&path)?;
-            let (records, valid_len) = scan_records(&bytes);
-            let file = OpenOptions::new().read(true).write(true).open(&path)?;
-            if valid_len < bytes.len() as u64 {
-                if !is_last {
-                    return Err(corrupt(format!(
-                        "segment {} is damaged at byte {valid_len} but is not the last segment",
-                        path.display()
-                    )));
+        for segment in scanned {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&segment.path)?;
+            if segment.damaged {
+                if damage.is_none() {
+                    tracing::warn!(
+                        segment = %segment.path.display(),
+                        kept_bytes = segment.valid_len,
+                        "cutting a torn tail left by a crash"
+                    );
                 }
-                tracing::warn!(
-                    segment = %path.display(),
-                    kept_bytes = valid_len,
-                    dropped_bytes = bytes.len() as u64 - valid_len,
-                    "cutting a torn tail left by a crash"
-                );
-                file.set_len(valid_len)?;
+                file.set_len(segment.valid_len)?;
                 file.sync_data()?;
             }
             wal.segments.insert(
-                name,
+                segment.first_index,
                 Segment {
-                    first_index: name,
+                    first_index: segment.first_index,
                     file: Arc::new(file),
-                    records,
-                    len: valid_len,
+                    records: segment.records,
+                    len: segment.valid_len,
                 },
             );
         }
@@ -195,7 +406,7 @@ impl Wal {
             // the log continues.
             wal.reset_at(first_index)?;
         }
-        Ok(wal)
+        Ok((wal, damage))
     }
 
     /// The first index that is present (and not purged).
@@ -564,6 +775,23 @@ pub mod faults {
         unreachable!("the offset is below the total size")
     }
 
+    /// Rot the log can tell from a torn write: one byte flipped as [`flip_byte`] flips it, at
+    /// `at` modulo the bytes before the last segment's final record. That record, whole in
+    /// length with a wrong checksum, is taken for a torn write (see the module docs).
+    pub fn flip_byte_before_final_record(dir: &Path, at: u64) -> io::Result<Option<(String, u64)>> {
+        let Some(last) = segments(dir)?.pop() else {
+            return Ok(None);
+        };
+        let (records, _) = super::scan_records(&std::fs::read(&last)?);
+        let final_record_at = records.last().map_or(0, |r| r.pos);
+        let sizes = segment_sizes(dir)?;
+        let before = sizes.values().sum::<u64>() - sizes[&file_name(&last)] + final_record_at;
+        if before == 0 {
+            return Ok(None);
+        }
+        flip_byte(dir, at % before)
+    }
+
     /// A torn write: `bytes` of zeros (`zeros`) or garbage after the last record of the last
     /// segment.
     pub fn tear_tail(dir: &Path, bytes: usize, zeros: bool) -> io::Result<()> {
@@ -727,6 +955,133 @@ mod tests {
         file.write_all_at(b"X", 10).unwrap();
         let error = Wal::open(dir.path(), None, 64).err().expect("corruption");
         assert_eq!(error.kind(), io::ErrorKind::InvalidData);
+    }
+
+    /// What one kind of damage does to a record's bytes (header, then payload).
+    type Rot = fn(&mut [u8]);
+
+    /// The kinds of damage a disk does to one record, by name.
+    const DAMAGE: [(&str, Rot); 4] = [
+        ("a payload byte flipped", |r| {
+            r[RECORD_HEADER_BYTES + 2] ^= 0x10
+        }),
+        ("a checksum byte flipped", |r| r[5] ^= 0x01),
+        ("a length byte flipped", |r| r[0] = !r[0]),
+        ("the record zeroed", |r| r.fill(0)),
+    ];
+
+    /// Damage of every kind to the first, a middle and the last record of the first, a middle
+    /// and the last segment: anywhere but the very end it is damage, never a torn tail. The log
+    /// is cut before the damaged record, the damage names it and the log's last record, and
+    /// the log reopens clean. At the very end (the last record of the last segment) it is what
+    /// a torn final write leaves, and is cut as one.
+    #[test]
+    fn damage_anywhere_is_told_from_a_torn_tail() {
+        const LAST: u64 = 20;
+        for (kind, damage) in DAMAGE {
+            let positions = {
+                let dir = tempfile::tempdir().unwrap();
+                let mut wal = Wal::open(dir.path(), None, 64).unwrap();
+                fill(&mut wal, 1, LAST);
+                let segments: Vec<(u64, u64)> = wal
+                    .segments
+                    .values()
+                    .map(|s| (s.first_index, s.end_index()))
+                    .collect();
+                assert!(segments.len() >= 4, "{segments:?}");
+                let mut positions = Vec::new();
+                for (first, end) in [
+                    segments[0],
+                    segments[segments.len() / 2],
+                    segments[segments.len() - 1],
+                ] {
+                    positions.extend([first, (first + end) / 2, end - 1]);
+                }
+                positions
+            };
+            for index in positions {
+                let dir = tempfile::tempdir().unwrap();
+                let mut wal = Wal::open(dir.path(), None, 64).unwrap();
+                fill(&mut wal, 1, LAST);
+                let (segment, record) = {
+                    let (_, segment) = wal.segments.range(..=index).next_back().unwrap();
+                    (
+                        segment_path(dir.path(), segment.first_index),
+                        segment.records[(index - segment.first_index) as usize],
+                    )
+                };
+                drop(wal);
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&segment)
+                    .unwrap();
+                let mut bytes = vec![0u8; RECORD_HEADER_BYTES + record.len as usize];
+                file.read_exact_at(&mut bytes, record.pos).unwrap();
+                damage(&mut bytes);
+                file.write_all_at(&bytes, record.pos).unwrap();
+                let case = format!("{kind} at record {index}");
+                let as_found = faults::segment_sizes(dir.path()).unwrap();
+
+                assert!(
+                    Wal::open(dir.path(), None, 64).is_err() || index == LAST,
+                    "{case}: opened"
+                );
+                let mut told = None;
+                let (wal, found) = Wal::open_repairing(dir.path(), None, 64, |d| {
+                    told = Some(d.clone());
+                    Ok(())
+                })
+                .unwrap_or_else(|e| panic!("{case}: {e}"));
+                assert_eq!(found, told, "{case}");
+                assert_eq!(wal.next_index(), index, "{case}: cut before the damage");
+                for kept in 1..index {
+                    assert_eq!(wal.read(kept).unwrap(), Some(payload(kept)), "{case}");
+                }
+                if index == LAST {
+                    assert_eq!(found, None, "{case}: a torn tail");
+                } else {
+                    let found = found.unwrap_or_else(|| panic!("{case}: taken for a torn tail"));
+                    assert_eq!(found.first, index, "{case}");
+                    assert_eq!(found.segment, segment, "{case}");
+                    assert_eq!(found.byte, record.pos, "{case}");
+                    assert_eq!(found.last_record, Some(payload(LAST)), "{case}");
+                    assert!(
+                        found.end_at_least > index && found.end_at_least <= LAST + 1,
+                        "{case}"
+                    );
+                    let kept = dir.path().join(DAMAGED_DIR).join("1");
+                    let kept_sizes = faults::segment_sizes(&kept).unwrap();
+                    let from_damaged = as_found.range(kept_sizes.keys().next().unwrap().clone()..);
+                    assert!(
+                        kept_sizes.iter().eq(from_damaged),
+                        "{case}: the damaged segment and the later ones are kept as found"
+                    );
+                }
+                drop(wal);
+                let wal = Wal::open(dir.path(), None, 64).unwrap_or_else(|e| panic!("{case}: {e}"));
+                assert_eq!(wal.next_index(), index, "{case}: reopened");
+            }
+        }
+    }
+
+    /// A refused `before_cut` (the caller could not record the damage) leaves every file as
+    /// it was.
+    #[test]
+    fn damage_is_not_cut_before_the_caller_recorded_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut wal = Wal::open(dir.path(), None, 64).unwrap();
+        fill(&mut wal, 1, 20);
+        drop(wal);
+        let before = faults::segment_sizes(dir.path()).unwrap();
+        let file = OpenOptions::new()
+            .write(true)
+            .open(segment_path(dir.path(), 1))
+            .unwrap();
+        file.write_all_at(b"X", 10).unwrap();
+        let refused = Wal::open_repairing(dir.path(), None, 64, |_| Err(io::Error::other("no")));
+        assert!(refused.is_err());
+        assert_eq!(faults::segment_sizes(dir.path()).unwrap(), before);
     }
 
     #[test]

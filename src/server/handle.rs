@@ -100,6 +100,13 @@ impl ReplicaHandle {
         self.inner.node.log().disk_bytes()
     }
 
+    /// The repair of a damaged log under way on this replica, if any
+    /// ([`Repair`](crate::raft::log_store::Repair)): until it ends, the replica neither votes
+    /// nor stands.
+    pub fn repairing(&self) -> std::io::Result<Option<crate::raft::log_store::Repair>> {
+        self.inner.node.log().repairing()
+    }
+
     /// Commands the job model has refused since the log began.
     pub fn rejected_total(&self) -> u64 {
         self.inner

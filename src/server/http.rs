@@ -288,6 +288,19 @@ async fn metrics(State(replica): State<ReplicaHandle>) -> Response {
         "Bytes of WAL segments on disk",
         replica.wal_bytes() as i64,
     );
+    // Damaged entries this replica must get back from the leader before it votes again; an
+    // unreadable repair record counts as one, as the replica then votes for no one.
+    let damaged = match replica.repairing() {
+        Ok(repair) => repair.map_or(0, |r| r.held.index + 1 - r.first_damaged),
+        Err(_) => 1,
+    };
+    gauge(
+        &mut registry,
+        "damaged_entries",
+        "Entries of this replica's log found damaged and not yet repaired from the leader \
+         (while above 0 it neither votes nor stands for election)",
+        damaged as i64,
+    );
     gauge(
         &mut registry,
         "vocabulary_level",
@@ -468,6 +481,11 @@ async fn status_json(
     }
     let replica = &port.replica;
     let status = replica.status();
+    // Unreadable, the record counts as a repair: the replica then votes for no one.
+    let repairing = match replica.repairing() {
+        Ok(repair) => repair.map(|r| r.to_string()),
+        Err(e) => Some(format!("repairing: the repair record is unreadable: {e}")),
+    };
     let job = match replica.state(0, Duration::ZERO).await {
         Ok(at) => json::state_json(&at),
         Err(error) => json!({ "error": error.to_string() }),
@@ -510,7 +528,7 @@ async fn status_json(
         .map(|(container, lag)| (container.to_string(), lag.into()))
         .collect();
     axum::Json(json!({
-        "replica": json::status_json(&status),
+        "replica": json::status_json(&status, repairing),
         "lag": lag,
         "healthy": replica.metrics().running_state.is_ok(),
         "job": job,

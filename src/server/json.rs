@@ -33,8 +33,11 @@ pub fn entry_json(entry: &LogEntry) -> Value {
 }
 
 /// `ctrlog status --json`.
-pub fn status_json(status: &Status) -> Value {
+/// A replica's status as JSON, with the repair of its log under way if there is one
+/// (`repairing: entries a..b damaged ...`).
+pub fn status_json(status: &Status, repairing: Option<String>) -> Value {
     json!({
+        "repairing": repairing,
         "id": status.id,
         "role": status.role,
         "term": status.term,

@@ -29,8 +29,8 @@ use super::handle::ReplicaHandle;
 use crate::log::{ContainerId, Epoch, Offset, Proposal, TaskId};
 use crate::wire::protocol::{
     ApiError, AppendAck, ControlLog, ControlLogRequest, ControlLogResponse, FetchRequest,
-    FetchResponse, HeartbeatAck, Member, StateAt, StateChunk, Status, ANSWER_ENVELOPE_BYTES_MAX,
-    APPEND_MANY_PROPOSALS_MAX,
+    FetchResponse, HeartbeatAck, Member, StateAt, StateChunk, Status, StorageStatus,
+    ANSWER_ENVELOPE_BYTES_MAX, APPEND_MANY_PROPOSALS_MAX,
 };
 use crate::wire::tls::framed;
 use crate::wire::version::{
@@ -275,8 +275,10 @@ fn for_protocol(reply: Reply, protocol: u16) -> Reply {
                 .map(|acks| acks.into_iter().map(|ack| ack.map_err(down)).collect()),
         ),
         StateChunk(a) => StateChunk(a.map_err(down)),
-        // Whoever sends `hello` is newer than v0.1.0 and decodes its refusal.
+        // Whoever sends `hello` is newer than v0.1.0 and decodes its refusal; a v0.1.0 client
+        // knows no `storage_status` either.
         Hello(a) => Hello(a),
+        StorageStatus(a) => StorageStatus(a),
     });
     Reply {
         request_id: reply.request_id,
@@ -631,6 +633,18 @@ impl ControlLog for ControlLogServer {
         self.protocol.store(hello.protocol, Relaxed);
         tracing::debug!(build = %offer.build, protocol = hello.protocol, "client said hello");
         Ok(hello)
+    }
+
+    async fn storage_status(self, _: context::Context) -> Result<StorageStatus, ApiError> {
+        self.admit()?;
+        self.check(Action::Read)?;
+        let repairing = self.replica.repairing().map_err(|e| {
+            ApiError::Unavailable(format!("this replica cannot read its repair record: {e}"))
+        })?;
+        Ok(StorageStatus {
+            id: self.replica.id(),
+            repairing: repairing.map(|r| r.report()),
+        })
     }
 
     async fn authenticate(self, _: context::Context, token: String) -> Result<String, ApiError> {

@@ -14,8 +14,8 @@ use serde_json::{json, Value};
 pub use crate::server::json::{entry_json, state_json, status_json};
 
 use crate::client::{
-    ApiError, AppendAck, ClientError, ClientOptions, ControlClient, FetchRequest, StateAt, Status,
-    SubscriptionItem,
+    ApiError, AppendAck, ClientError, ClientOptions, ControlClient, FetchRequest, Repairing,
+    StateAt, Status, SubscriptionItem,
 };
 use crate::log::vocabulary::{kind_by_name, kind_label, KINDS, LEVEL_MAX};
 use crate::log::{
@@ -342,7 +342,7 @@ pub async fn tail(
 }
 
 /// `ctrlog status` for people.
-pub fn status_text(status: &Status) -> String {
+pub fn status_text(status: &Status, repairing: Option<&Repairing>) -> String {
     let leader = match (status.leader_id, status.leader_client_addr()) {
         (Some(id), Some(addr)) => format!("{id} at {addr}"),
         (Some(id), None) => id.to_string(),
@@ -368,13 +368,18 @@ pub fn status_text(status: &Status) -> String {
             m.member.client_addr
         ));
     }
+    if let Some(repairing) = repairing {
+        text.push_str(&format!(
+            "{repairing}: this replica neither votes nor stands until the leader has sent them again\n"
+        ));
+    }
     text
 }
 
 /// One replica's own view on one line, for `ctrlog status --all-replicas`.
-pub fn status_line(status: &Status) -> String {
+pub fn status_line(status: &Status, repairing: Option<&Repairing>) -> String {
     format!(
-        "{:<3} {:<21} {:<9} term {:<4} leader {:<4} applied {:<8} first {:<8} snapshot {}",
+        "{:<3} {:<21} {:<9} term {:<4} leader {:<4} applied {:<8} first {:<8} snapshot {}{}",
         status.id,
         status
             .members
@@ -386,7 +391,8 @@ pub fn status_line(status: &Status) -> String {
         status.leader_id.map_or("-".into(), |id| id.to_string()),
         status.applied_offset,
         status.first_offset,
-        status.snapshot_offset
+        status.snapshot_offset,
+        repairing.map_or(String::new(), |r| format!("  {r}")),
     )
 }
 

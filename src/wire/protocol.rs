@@ -426,6 +426,43 @@ pub trait ControlLog {
     /// connection, before `authenticate` and without credentials. A connection that sends
     /// none is served as v0.1.0 served it.
     async fn hello(offer: ProtocolOffer) -> Result<Hello, ApiError>;
+    /// This replica's storage: whether its log was found damaged and is being repaired from
+    /// the leader. Added after protocol 2 and last, so the requests before it keep their wire
+    /// form; a replica whose `hello` does not list it repairs nothing.
+    async fn storage_status() -> Result<StorageStatus, ApiError>;
+}
+
+/// A replica's storage, as `storage_status` reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StorageStatus {
+    /// The replica that answers.
+    pub id: NodeId,
+    /// The repair of its damaged log under way, if any: until it ends, the replica neither
+    /// votes for a candidate less up to date than what it held nor stands for election.
+    pub repairing: Option<Repairing>,
+}
+
+/// Damage found in a replica's log, which the leader has not yet sent again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Repairing {
+    /// The first Raft index the damage took.
+    pub first_damaged: u64,
+    /// The Raft index of the last entry the log held before the damage.
+    pub held_index: u64,
+    /// The segment file where the damage starts.
+    pub segment: String,
+    /// The byte of that segment where it starts.
+    pub byte: u64,
+}
+
+impl std::fmt::Display for Repairing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "repairing: entries {}..{} damaged ({} at byte {})",
+            self.first_damaged, self.held_index, self.segment, self.byte
+        )
+    }
 }
 
 /// What one side of a connection speaks: the first request's argument (the version

@@ -115,6 +115,11 @@ pub struct SimConfig {
     /// with [`Sim::depose_behind_a_snapshot_then_lead_again`]: the path on which a proposer
     /// that kept the batches of an ended term would stop its leader's appends for good.
     pub deposed_leader_leads_again: bool,
+    /// Rots one replica's disk (the same replica all run, drawn from the seed): at each of its
+    /// crashes, one byte of its WAL is flipped at a random offset before the last segment's
+    /// final record, after the crash's own faults. The replica must find the damage, be
+    /// repaired from its peers, and vote again; nothing acknowledged may be lost.
+    pub rot_one_disk: bool,
 }
 
 impl SimConfig {
@@ -128,6 +133,7 @@ impl SimConfig {
             store_acknowledges_early: false,
             lying_peer: false,
             deposed_leader_leads_again: false,
+            rot_one_disk: false,
         }
     }
 
@@ -136,8 +142,8 @@ impl SimConfig {
     #[allow(dead_code)]
     pub fn replay_command(&self) -> String {
         format!(
-            "CTRLOG_SIM_SEED={} CTRLOG_SIM_REPLICAS={} cargo test --test simulation replay -- --nocapture",
-            self.seed, self.replicas
+            "CTRLOG_SIM_SEED={} CTRLOG_SIM_REPLICAS={} CTRLOG_SIM_ROT={} cargo test --test simulation replay -- --nocapture",
+            self.seed, self.replicas, self.rot_one_disk as u8
         )
     }
 }
@@ -195,6 +201,10 @@ struct Record {
     leaders: BTreeMap<u64, BTreeSet<NodeId>>,
     faults: Vec<(u64, String)>,
     anomalies: Vec<String>,
+    /// Bytes flipped in the rotting replica's WAL ([`SimConfig::rot_one_disk`]), and its
+    /// restarts that found damage and began a repair.
+    bytes_flipped: u32,
+    repairs_begun: u32,
 }
 
 struct Sim {
@@ -314,6 +324,10 @@ impl Sim {
         let storage = match self.disks[&id].open() {
             Ok(storage) => {
                 storage.log.serve_as(id);
+                if let Ok(Some(repair)) = storage.log.repairing() {
+                    self.fault(format!("{id} starts {repair}"));
+                    self.record().repairs_begun += 1;
+                }
                 storage
             }
             Err(error) => {
@@ -392,7 +406,19 @@ impl Sim {
             if self.config.store_acknowledges_early {
                 disk.lose_acknowledged_tail(3);
             }
+            if self.config.rot_one_disk && id == self.rotting_replica() {
+                let at = self.net.random(|rng| rng.gen());
+                if let Some((segment, byte)) = disk.rot(at) {
+                    self.fault(format!("flip byte {byte} of {id}'s {segment}"));
+                    self.record().bytes_flipped += 1;
+                }
+            }
         }
+    }
+
+    /// The one replica whose disk rots ([`SimConfig::rot_one_disk`]), drawn from the seed.
+    fn rotting_replica(&self) -> NodeId {
+        self.config.seed % self.config.replicas + 1
     }
 
     fn leader(&self) -> Option<(NodeId, Raft, Storage)> {
@@ -1473,7 +1499,27 @@ impl Sim {
             .iter()
             .map(|(id, _, storage)| (format!("replica-{id}"), storage.retained_log()))
             .collect();
+        // A damaged replica must be whole again once the cluster settled.
+        for (id, _, storage) in &running {
+            match storage.log.repairing() {
+                Ok(None) => {}
+                Ok(Some(repair)) => self
+                    .record()
+                    .anomalies
+                    .push(format!("replica {id} is still {repair} after settling")),
+                Err(e) => self
+                    .record()
+                    .anomalies
+                    .push(format!("replica {id}'s repair record is unreadable: {e}")),
+            }
+        }
         let record = std::mem::take(&mut *self.record());
+        if self.config.rot_one_disk {
+            report
+                .faults
+                .insert("wal bytes flipped", record.bytes_flipped);
+            report.faults.insert("repairs begun", record.repairs_begun);
+        }
         for (_, raft, _) in running {
             let _ = raft.shutdown().await;
         }

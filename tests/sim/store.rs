@@ -118,6 +118,12 @@ impl Disk {
         faults::lose_last_entries(&log_dir(&self.dir), entries).unwrap();
     }
 
+    /// Flips one byte of the WAL at `at` (modulo its bytes before the final record), as a
+    /// rotting disk would; returns the segment and the byte, `None` for an empty log.
+    pub fn rot(&self, at: u64) -> Option<(String, u64)> {
+        faults::flip_byte_before_final_record(&log_dir(&self.dir), at).unwrap()
+    }
+
     pub fn snapshots_built(&self) -> u64 {
         self.snapshots_built.load(Ordering::Relaxed)
     }

@@ -168,8 +168,11 @@ pub async fn status(
 ) -> anyhow::Result<()> {
     let client = flags.connect().await?;
     if !all_replicas {
-        let status = client.status().await?;
-        output.print(out, cli::status_text(&status), || cli::status_json(&status))?;
+        let (status, storage) = client.status_with_storage().await?;
+        let repairing = storage.and_then(|s| s.repairing);
+        output.print(out, cli::status_text(&status, repairing.as_ref()), || {
+            cli::status_json(&status, repairing.as_ref().map(|r| r.to_string()))
+        })?;
         return Ok(());
     }
     let options = flags.options()?;
@@ -178,11 +181,18 @@ pub async fn status(
         let status = async {
             ctrlog::client::ControlClient::connect_with([&addr], options.clone())
                 .await?
-                .status()
+                .status_with_storage()
                 .await
         };
         match status.await {
-            Ok(status) => output.print(out, cli::status_line(&status), || cli::status_json(&status))?,
+            Ok((status, storage)) => {
+                let repairing = storage.and_then(|s| s.repairing);
+                output.print(
+                    out,
+                    cli::status_line(&status, repairing.as_ref()),
+                    || cli::status_json(&status, repairing.as_ref().map(|r| r.to_string())),
+                )?
+            }
             Err(error) => output.print(
                 out,
                 format!("{:<3} {addr:<21} error: {error:#}", member.id),
