@@ -441,7 +441,8 @@ impl LogStore {
     }
 
     /// Purges what the durable snapshot allows of what is wanted: the purge openraft asked
-    /// for, or everything up to the snapshot when the log has a hole before its next entry.
+    /// for, or everything up to the snapshot when the log has a hole before its next entry or
+    /// ends behind the snapshot.
     fn purge_behind_snapshot(&self) -> io::Result<()> {
         let Some(SnapshotGuard {
             durable: Some(snapshot),
@@ -450,7 +451,11 @@ impl LogStore {
         else {
             return Ok(());
         };
-        let hole_end = self.lock().wal.hole_end();
+        let (hole_end, ends_behind) = {
+            let state = self.lock();
+            let ends_behind = index_of(state.last_log_id) < Some(snapshot.index);
+            (state.wal.hole_end(), ends_behind)
+        };
         let target = match (hole_end, wanted) {
             (Some(end), _) if end <= snapshot.index + 1 => Some(snapshot),
             (Some(end), _) => {
@@ -462,6 +467,9 @@ impl LogStore {
                 );
                 None
             }
+            // A log that ends behind the snapshot (one cut before damage, at open) would
+            // continue after the snapshot and so leave the hole above: purge it first.
+            (None, _) if ends_behind => Some(snapshot),
             (None, Some(wanted)) => Some(wanted.min(snapshot)),
             (None, None) => None,
         };

@@ -115,7 +115,7 @@ pub struct SimConfig {
     /// with [`Sim::depose_behind_a_snapshot_then_lead_again`]: the path on which a proposer
     /// that kept the batches of an ended term would stop its leader's appends for good.
     pub deposed_leader_leads_again: bool,
-    /// Rots one replica's disk (the same replica all run, drawn from the seed): at each of its
+    /// Rots one replica's disk (the first to crash, and the same one all run): at each of its
     /// crashes, one byte of its WAL is flipped at a random offset before the last segment's
     /// final record, after the crash's own faults. The replica must find the damage, be
     /// repaired from its peers, and vote again; nothing acknowledged may be lost.
@@ -227,6 +227,8 @@ struct Sim {
     nodes: Mutex<BTreeMap<NodeId, (Node, tokio::sync::watch::Sender<bool>)>>,
     /// Log matching across the replicas, checked at every step of the monitor.
     log_matching: Mutex<LogMatchingWatch>,
+    /// The replica whose disk rots, once one crashed ([`Sim::rots`]).
+    rotting: std::sync::OnceLock<NodeId>,
 }
 
 /// The monitor's log matching: every entry any replica holds, compared by log id.
@@ -273,6 +275,7 @@ impl Sim {
             stopped_containers: Mutex::default(),
             nodes: Mutex::default(),
             log_matching: Mutex::default(),
+            rotting: std::sync::OnceLock::new(),
         })
     }
 
@@ -406,7 +409,7 @@ impl Sim {
             if self.config.store_acknowledges_early {
                 disk.lose_acknowledged_tail(3);
             }
-            if self.config.rot_one_disk && id == self.rotting_replica() {
+            if self.rots(id) {
                 let at = self.net.random(|rng| rng.gen());
                 if let Some((segment, byte)) = disk.rot(at) {
                     self.fault(format!("flip byte {byte} of {id}'s {segment}"));
@@ -416,9 +419,10 @@ impl Sim {
         }
     }
 
-    /// The one replica whose disk rots ([`SimConfig::rot_one_disk`]), drawn from the seed.
-    fn rotting_replica(&self) -> NodeId {
-        self.config.seed % self.config.replicas + 1
+    /// Whether `id`'s disk rots ([`SimConfig::rot_one_disk`]): the first replica to crash is the
+    /// one whose disk rots for the rest of the run.
+    fn rots(&self, id: NodeId) -> bool {
+        self.config.rot_one_disk && *self.rotting.get_or_init(|| id) == id
     }
 
     fn leader(&self) -> Option<(NodeId, Raft, Storage)> {
