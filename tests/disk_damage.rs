@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{http_get, metric_sample};
-use ctrlog::client::{ApiError, ClientError, ControlClient, FetchRequest, Status};
+use common::{http_get, metric_sample, read_retained};
+use ctrlog::client::{ControlClient, Status};
 use ctrlog::log::{Command, LogEntry, ProducerSeq, Proposal, Target};
 use ctrlog::raft::storage::log_dir;
 use ctrlog::raft::wal::{faults, DAMAGED_DIR};
@@ -27,26 +27,6 @@ fn proposal(producer: u64) -> Proposal {
 
 fn body(producer: u64) -> Vec<u8> {
     format!("append-{producer}").into_bytes()
-}
-
-/// Every entry one replica holds, read from it alone.
-async fn entries_of(addr: &str) -> Vec<LogEntry> {
-    let client = ControlClient::connect(&[addr.to_string()]).await.unwrap();
-    let (mut entries, mut next) = (Vec::new(), 1);
-    loop {
-        let response = match client.fetch(FetchRequest::from(next)).await {
-            Err(ClientError::Api(ApiError::Compacted { first_offset, .. })) => {
-                next = first_offset;
-                continue;
-            }
-            other => other.unwrap(),
-        };
-        if response.entries.is_empty() {
-            return entries;
-        }
-        next = response.next_offset;
-        entries.extend(response.entries);
-    }
 }
 
 /// One replica's status, if it answers.
@@ -152,7 +132,7 @@ async fn a_byte_flipped_in_a_followers_wal_loses_no_acknowledged_append() {
     .await
     .unwrap();
     for (i, addr) in addrs.iter().enumerate() {
-        let entries: BTreeMap<u64, LogEntry> = entries_of(addr)
+        let entries: BTreeMap<u64, LogEntry> = read_retained(addr)
             .await
             .into_iter()
             .map(|e| (e.offset, e))

@@ -1,11 +1,14 @@
 //! Real `ctrlog serve` processes killed with SIGKILL in a loop while clients append.
 
+mod common;
+
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ctrlog::client::{ApiError, AppendAck, ClientError, ControlClient, FetchRequest};
+use common::read_retained;
+use ctrlog::client::{AppendAck, ControlClient};
 use ctrlog::log::{Command, LogEntry, ProducerSeq, Proposal, Target};
 use ctrlog::tools::bench::ProcessCluster;
 use ctrlog::tools::{poll_until, POLL_INTERVAL};
@@ -29,30 +32,6 @@ fn body(producer: u64) -> Vec<u8> {
     let mut body = producer.to_le_bytes().to_vec();
     body.resize(size, (producer % 251) as u8);
     body
-}
-
-/// Everything a replica still retains, from its first retained offset.
-async fn read_retained(addr: &str) -> Vec<LogEntry> {
-    let client = ControlClient::connect(&[addr.to_string()]).await.unwrap();
-    let mut entries = Vec::new();
-    let mut next = 1;
-    loop {
-        let request = FetchRequest::from(next);
-        let response = match client.fetch(request).await {
-            Err(ClientError::Api(ApiError::Compacted { first_offset, .. }))
-                if entries.is_empty() =>
-            {
-                next = first_offset;
-                continue;
-            }
-            other => other.unwrap(),
-        };
-        if response.entries.is_empty() {
-            return entries;
-        }
-        next = response.next_offset;
-        entries.extend(response.entries);
-    }
 }
 
 /// Goal: no acknowledged append is ever lost when replicas die with SIGKILL at any moment,

@@ -14,7 +14,7 @@ use sim::{run, SimConfig, DEPOSED_AND_LEADING_AGAIN};
 const CI_SEEDS: u64 = 4;
 
 /// Runs of the rotting disk in CI whose rotting replica crashes and finds damage.
-const ROTTING_SEEDS: [(u64, u64); 1] = [(1, 3)];
+const ROTTING_SEEDS: [(u64, u64); 2] = [(1, 3), (2, 5)];
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| {

@@ -6,7 +6,7 @@ pub mod proxy;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use ctrlog::client::{ApiError, AppendAck, FetchRequest};
+use ctrlog::client::{ApiError, AppendAck, ClientError, ControlClient, FetchRequest};
 use ctrlog::log::{Command, LogEntry, Proposal, Target};
 use ctrlog::server::ReplicaHandle;
 use ctrlog::tools::{poll_until, LocalCluster, POLL_INTERVAL};
@@ -171,4 +171,29 @@ pub async fn connect_from(
     let socket = tokio::net::TcpSocket::new_v4()?;
     socket.bind((source, 0).into())?;
     socket.connect(addr).await
+}
+
+/// Everything the replica at client address `addr` still retains, from its first retained
+/// offset, read from it alone.
+pub async fn read_retained(addr: &str) -> Vec<LogEntry> {
+    let client = ControlClient::connect(&[addr.to_string()]).await.unwrap();
+    let mut entries = Vec::new();
+    let mut next = 1;
+    loop {
+        let request = FetchRequest::from(next);
+        let response = match client.fetch(request).await {
+            Err(ClientError::Api(ApiError::Compacted { first_offset, .. }))
+                if entries.is_empty() =>
+            {
+                next = first_offset;
+                continue;
+            }
+            other => other.unwrap(),
+        };
+        if response.entries.is_empty() {
+            return entries;
+        }
+        next = response.next_offset;
+        entries.extend(response.entries);
+    }
 }
