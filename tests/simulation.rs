@@ -105,12 +105,13 @@ fn replay() {
 
 /// The simulation has teeth: a store that acknowledges appends before they are durable (a crash
 /// loses its last entries) is caught, as lost acknowledged appends or diverged replicas. Many
-/// schedules mask one replica's lost tail behind the other two; seeds 7 and 44 crash the
-/// replicas so that it shows (since the simulation runs the product's node, 19 of seeds 1–60
-/// do in a release build; 4 of seeds 30–61 did before).
+/// schedules mask one replica's lost tail behind the other two; seeds 7 and 3 crash the
+/// replicas so that it shows (7 of seeds 1–16 do in a debug build since openraft lets a
+/// follower's log go back, `loosen-follower-log-revert`; seed 44, picked before, no longer
+/// does).
 #[test]
 fn a_store_that_acknowledges_before_it_is_durable_is_caught() {
-    for seed in [7, 44] {
+    for seed in [7, 3] {
         let mut config = SimConfig::new(seed, 3);
         config.store_acknowledges_early = true;
         let violations = run(&config).violations;
