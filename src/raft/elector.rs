@@ -239,10 +239,9 @@ impl ElectionTimer {
 }
 
 /// Stands for election whenever `timer` says so and this replica is a voter that does not
-/// lead; returns when Raft stops or `stop` fires. A voter whose log is damaged and not yet
-/// repaired by the leader never stands (openraft 0.9 would let it, with its cut log);
-/// while its log is being repaired ([`Repair`](super::log_store::Repair)) it does not stand.
-/// A replica that is the only voter cannot be repaired by anyone: it stops.
+/// lead; returns when Raft stops or `stop` fires. A voter whose damaged log the leader has
+/// not yet repaired ([`Repair`](super::log_store::Repair)) never stands (openraft 0.9 would let
+/// it, with its cut log); if it is the only voter, nobody can repair it, and it stops.
 pub async fn drive(
     raft: Raft,
     id: NodeId,

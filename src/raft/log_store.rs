@@ -121,9 +121,7 @@ impl Repair {
             None => self,
         }
     }
-}
 
-impl Repair {
     /// The repair as the client port reports it.
     pub fn report(&self) -> Repairing {
         Repairing {
