@@ -19,7 +19,7 @@ mod state;
 
 pub use liveness::{Heartbeat, Liveness, ReportedLag};
 pub use model::*;
-pub use producers::{ProducerTable, PRODUCERS_MAX, PRODUCER_WINDOW};
+pub use producers::{ProducerTable, Seen, PRODUCERS_MAX, PRODUCER_WINDOW};
 pub use rejection::{RecordedRejection, Rejection, RejectionLog, REJECTIONS_KEPT};
 pub use state::{JobState, Outcome, ReplayError, DEAD_CONTAINERS_KEPT};
 

@@ -60,14 +60,17 @@ pub struct ProducerTable {
 /// What the table says about one pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Seen {
+    /// Not appended yet.
     New,
     /// Already appended at `offset`.
     Duplicate {
+        /// Where the first append of the pair is.
         offset: Offset,
     },
     /// Too far below the producer's highest sequence to decide; `lowest` is the lowest
     /// sequence still decidable.
     OutOfWindow {
+        /// The lowest sequence still decidable.
         lowest: Seq,
     },
     /// The producer is not remembered, and the sequence is above [`PRODUCER_WINDOW`], so it is

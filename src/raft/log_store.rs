@@ -396,6 +396,42 @@ impl LogStore {
         Ok(None)
     }
 
+    /// Starts the log over, empty, for a replica whose stored snapshot is damaged (`lost`:
+    /// what it covered, if its header still says; `kept`: where the damaged snapshot was set
+    /// aside, which names the repair). Without the snapshot the retained log cannot be applied,
+    /// so the replica must be sent the leader's snapshot and log again, and it must not vote
+    /// before it holds what it held: a [`Repair`] up to the later of the log's last entry and
+    /// the snapshot's is recorded durably first, then the segments are set aside in `kept`
+    /// and the purge and commit points forgotten. Called at open, before Raft runs on the log.
+    pub fn start_over_for_lost_snapshot(&self, lost: Option<LogId>, kept: &Path) -> io::Result<()> {
+        let mut state = self.lock();
+        let mut repair = self.shared.repair.lock().expect("never poisoned");
+        if let Some(held) = state.last_log_id.max(lost) {
+            let needed = Repair {
+                first_damaged: 0,
+                held,
+                segment: kept.join("snapshot").display().to_string(),
+                byte: 0,
+            }
+            .merged(repair.take());
+            self.shared.meta.put_durable(REPAIR_KEY, &encode(&needed))?;
+            tracing::error!(
+                %needed,
+                "this replica's stored snapshot is damaged; it starts over from the leader's \
+                 snapshot and neither votes nor stands until it holds what it held"
+            );
+            *repair = Some(needed);
+        }
+        state.wal.set_aside_everything(kept)?;
+        self.shared.meta.remove_durable(COMMITTED_KEY)?;
+        self.shared.meta.remove_durable(PURGED_KEY)?;
+        state.last_log_id = None;
+        state.last_purged = None;
+        self.shared.first_index.store(0, Ordering::Release);
+        self.shared.durable.send_replace(Durable::default());
+        Ok(())
+    }
+
     fn lock(&self) -> MutexGuard<'_, WalState> {
         self.shared
             .wal

@@ -453,6 +453,63 @@ fn remove_orphaned_chunks(
     Ok(next_id)
 }
 
+/// A stored snapshot that fails its checks: a header that does not decode, a missing chunk,
+/// or bytes whose length or checksum are not the header's.
+#[derive(Debug)]
+pub struct DamagedSnapshot {
+    /// The last entry it covered, if its header still says.
+    pub last: Option<LogId>,
+    pub problem: String,
+}
+
+/// The stored snapshot in `meta`, if there is one and it is damaged. An error is sled's own
+/// (reading failed), not damage found.
+pub fn find_damaged_snapshot(meta: &MetaStore) -> io::Result<Option<DamagedSnapshot>> {
+    let tree = meta.tree(SNAPSHOT_TREE)?;
+    let Some(bytes) = tree.get(CURRENT_KEY).map_err(io::Error::other)? else {
+        return Ok(None);
+    };
+    let header: StoredSnapshotHeader = match decode(&bytes, 1 << 20) {
+        Ok(header) => header,
+        Err(error) => {
+            return Ok(Some(DamagedSnapshot {
+                last: None,
+                problem: format!("its header does not decode: {error}"),
+            }))
+        }
+    };
+    match read_chunks(&tree, &header) {
+        Ok(_) => Ok(None),
+        Err(error) if error.kind() == io::ErrorKind::InvalidData => Ok(Some(DamagedSnapshot {
+            last: header.meta.last_log_id,
+            problem: error.to_string(),
+        })),
+        Err(error) => Err(error),
+    }
+}
+
+/// Moves the damaged stored snapshot out of sled: its header and chunks, as found, are
+/// written to `kept/snapshot` (synced), then removed from sled durably.
+pub fn set_aside_damaged_snapshot(meta: &MetaStore, kept: &std::path::Path) -> io::Result<()> {
+    use std::io::Write as _;
+    let tree = meta.tree(SNAPSHOT_TREE)?;
+    let mut file = std::fs::File::create(kept.join("snapshot"))?;
+    let mut keys = Vec::new();
+    for item in tree.iter() {
+        let (key, value) = item.map_err(io::Error::other)?;
+        file.write_all(&(key.len() as u32).to_le_bytes())?;
+        file.write_all(&key)?;
+        file.write_all(&(value.len() as u32).to_le_bytes())?;
+        file.write_all(&value)?;
+        keys.push(key);
+    }
+    file.sync_all()?;
+    for key in keys {
+        tree.remove(key).map_err(io::Error::other)?;
+    }
+    meta.sync()
+}
+
 fn read_header(tree: &sled::Tree) -> io::Result<Option<StoredSnapshotHeader>> {
     match tree.get(CURRENT_KEY).map_err(io::Error::other)? {
         Some(bytes) => Ok(Some(decode(&bytes, 1 << 20).map_err(io::Error::other)?)),
@@ -466,7 +523,12 @@ fn read_chunks(tree: &sled::Tree, header: &StoredSnapshotHeader) -> io::Result<V
         let value = tree
             .get(chunk_key(header.storage_id, chunk))
             .map_err(io::Error::other)?
-            .ok_or_else(|| io::Error::other(format!("snapshot chunk {chunk} is missing")))?;
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("snapshot chunk {chunk} is missing"),
+                )
+            })?;
         bytes.extend_from_slice(&value);
     }
     if bytes.len() as u64 != header.bytes || crc32fast::hash(&bytes) != header.crc {
@@ -644,6 +706,41 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             meta: header.meta,
             snapshot: Box::new(Cursor::new(bytes)),
         }))
+    }
+}
+
+/// Rot in a stopped replica's stored snapshot, for the tools and tests that inject it. None of
+/// this is called by a running replica.
+pub mod faults {
+    use super::*;
+
+    /// Flips one byte of the stored snapshot's chunks in the sled database in `meta_dir`, at
+    /// `at` modulo their bytes, as rot that sled's own checks miss would (a misdirected write,
+    /// or a flip in memory before sled wrote it). Returns the byte's offset in the snapshot,
+    /// `None` when there is no snapshot. The replica must be stopped.
+    pub fn flip_snapshot_byte(meta_dir: &std::path::Path, at: u64) -> io::Result<Option<u64>> {
+        let meta = MetaStore::open(meta_dir)?;
+        let tree = meta.tree(SNAPSHOT_TREE)?;
+        let Some(header) = read_header(&tree)? else {
+            return Ok(None);
+        };
+        let mut left = at % header.bytes.max(1);
+        let offset = left;
+        for chunk in 0..header.chunks {
+            let key = chunk_key(header.storage_id, chunk);
+            let Some(value) = tree.get(key).map_err(io::Error::other)? else {
+                continue;
+            };
+            if (left as usize) < value.len() {
+                let mut value = value.to_vec();
+                value[left as usize] = !value[left as usize];
+                tree.insert(key, value).map_err(io::Error::other)?;
+                meta.sync()?;
+                return Ok(Some(offset));
+            }
+            left -= value.len() as u64;
+        }
+        Ok(None)
     }
 }
 

@@ -219,6 +219,24 @@ pub const DAMAGED_DIR: &str = "damaged";
 /// (which the caller cuts); returns the folder. Nothing is deleted: if the peers cannot repair
 /// the log, the records after the damage are what an operator recovers by hand.
 fn keep_damaged(dir: &Path, segments: &[ScannedSegment]) -> io::Result<PathBuf> {
+    let kept = new_damaged_folder(dir)?;
+    for (i, segment) in segments.iter().enumerate() {
+        let name = segment.path.file_name().expect("a segment has a name");
+        if i == 0 {
+            std::fs::copy(&segment.path, kept.join(name))?;
+            File::open(kept.join(name))?.sync_all()?;
+        } else {
+            std::fs::rename(&segment.path, kept.join(name))?;
+        }
+    }
+    sync_dir(&kept)?;
+    sync_dir(dir)?;
+    Ok(kept)
+}
+
+/// Creates the next numbered folder under the log's [`DAMAGED_DIR`], durably, for what was
+/// found damaged once.
+pub fn new_damaged_folder(dir: &Path) -> io::Result<PathBuf> {
     let damaged = dir.join(DAMAGED_DIR);
     std::fs::create_dir_all(&damaged)?;
     let mut number = 1u32;
@@ -231,16 +249,6 @@ fn keep_damaged(dir: &Path, segments: &[ScannedSegment]) -> io::Result<PathBuf> 
         }
     };
     sync_dir(&damaged)?;
-    for (i, segment) in segments.iter().enumerate() {
-        let name = segment.path.file_name().expect("a segment has a name");
-        if i == 0 {
-            std::fs::copy(&segment.path, kept.join(name))?;
-            File::open(kept.join(name))?.sync_all()?;
-        } else {
-            std::fs::rename(&segment.path, kept.join(name))?;
-        }
-    }
-    sync_dir(&kept)?;
     sync_dir(dir)?;
     Ok(kept)
 }
@@ -660,6 +668,22 @@ impl Wal {
         sync_dir(&self.dir)?;
         self.first_index = first_index;
         Ok(())
+    }
+
+    /// Moves every segment into `kept` (a folder on the same file system) and starts the log
+    /// over, empty, at index 0, durably: for a replica that lost its snapshot, whose log
+    /// cannot be applied without it.
+    pub fn set_aside_everything(&mut self, kept: &Path) -> io::Result<()> {
+        for &first in self.segments.keys() {
+            let path = segment_path(&self.dir, first);
+            std::fs::rename(
+                &path,
+                kept.join(path.file_name().expect("a segment has a name")),
+            )?;
+        }
+        sync_dir(kept)?;
+        self.segments.clear();
+        self.reset_at(0)
     }
 
     /// Bytes on disk across all segments.

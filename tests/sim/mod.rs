@@ -201,9 +201,10 @@ struct Record {
     leaders: BTreeMap<u64, BTreeSet<NodeId>>,
     faults: Vec<(u64, String)>,
     anomalies: Vec<String>,
-    /// Bytes flipped in the rotting replica's WAL ([`SimConfig::rot_one_disk`]), and its
-    /// restarts that found damage and began a repair.
+    /// Bytes flipped in the rotting replica's WAL and in its stored snapshot
+    /// ([`SimConfig::rot_one_disk`]), and its restarts that found damage and began a repair.
     bytes_flipped: u32,
+    snapshot_bytes_flipped: u32,
     repairs_begun: u32,
 }
 
@@ -410,10 +411,20 @@ impl Sim {
                 disk.lose_acknowledged_tail(3);
             }
             if self.rots(id) {
-                let at = self.net.random(|rng| rng.gen());
-                if let Some((segment, byte)) = disk.rot(at) {
-                    self.fault(format!("flip byte {byte} of {id}'s {segment}"));
-                    self.record().bytes_flipped += 1;
+                // A quarter of the time the stored snapshot rots (if there is one), else the WAL.
+                let (at, in_snapshot) = self.net.random(|rng| (rng.gen(), rng.gen_bool(0.25)));
+                let in_snapshot = in_snapshot.then(|| disk.rot_snapshot(at)).flatten();
+                match in_snapshot {
+                    Some(byte) => {
+                        self.fault(format!("flip byte {byte} of {id}'s stored snapshot"));
+                        self.record().snapshot_bytes_flipped += 1;
+                    }
+                    None => {
+                        if let Some((segment, byte)) = disk.rot(at) {
+                            self.fault(format!("flip byte {byte} of {id}'s {segment}"));
+                            self.record().bytes_flipped += 1;
+                        }
+                    }
                 }
             }
         }
@@ -1522,6 +1533,9 @@ impl Sim {
             report
                 .faults
                 .insert("wal bytes flipped", record.bytes_flipped);
+            report
+                .faults
+                .insert("snapshot bytes flipped", record.snapshot_bytes_flipped);
             report.faults.insert("repairs begun", record.repairs_begun);
         }
         for (_, raft, _) in running {

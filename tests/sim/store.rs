@@ -21,8 +21,8 @@ use ctrlog::log::{Filter, LogEntry, Offset};
 use ctrlog::raft::log_store::{Flushing, LogStore};
 use ctrlog::raft::meta_store::Closed;
 use ctrlog::raft::reader::read_committed;
-use ctrlog::raft::state_machine::StateMachineStore;
-use ctrlog::raft::storage::{log_dir, open_storage_with};
+use ctrlog::raft::state_machine::{faults as snapshot_faults, StateMachineStore};
+use ctrlog::raft::storage::{log_dir, meta_dir, open_storage_with};
 use ctrlog::raft::wal::faults;
 
 /// One replica's data directory, which outlives each of its incarnations.
@@ -122,6 +122,12 @@ impl Disk {
     /// rotting disk would; returns the segment and the byte, `None` for an empty log.
     pub fn rot(&self, at: u64) -> Option<(String, u64)> {
         faults::flip_byte_before_final_record(&log_dir(&self.dir), at).unwrap()
+    }
+
+    /// Flips one byte of the stored snapshot at `at` (modulo its bytes), as rot that sled's
+    /// checks miss would; returns the byte's offset, `None` without a snapshot.
+    pub fn rot_snapshot(&self, at: u64) -> Option<u64> {
+        snapshot_faults::flip_snapshot_byte(&meta_dir(&self.dir), at).unwrap()
     }
 
     pub fn snapshots_built(&self) -> u64 {
