@@ -43,7 +43,8 @@ use crate::log::{
     decode, Command, Filter, LogEntry, Offset, ProducerSeq, Proposal, Target,
     COMMAND_BYTES_MAX_DEFAULT,
 };
-use crate::raft::storage::log_dir;
+use crate::raft::state_machine::faults as snapshot_faults;
+use crate::raft::storage::{log_dir, meta_dir};
 use crate::raft::types::Entry;
 use crate::raft::wal::{self, Wal, RECORD_BYTES_MAX};
 
@@ -75,6 +76,11 @@ pub enum FaultFamily {
     Snapshots,
     /// A killed follower's WAL gets zeros or garbage after its last record.
     TornTails,
+    /// A stopped replica (the leader a third of the time) gets one byte flipped in its WAL
+    /// before the final record, or (a third of the time, if it has one) in its stored
+    /// snapshot: rot, which no crash leaves. It must come back, refuse to vote while it lacks
+    /// what it had acknowledged, and be repaired from the peers.
+    Corruption,
     /// Cut links with nftables: the leader from its peers (both ways, or only what it sends)
     /// while its clients still reach it, a follower from everyone, or the job's containers
     /// from the leader's client port. Needs root.
@@ -90,11 +96,12 @@ pub enum FaultFamily {
 }
 
 impl FaultFamily {
-    pub const ALL: [FaultFamily; 7] = [
+    pub const ALL: [FaultFamily; 8] = [
         FaultFamily::Kills,
         FaultFamily::Pauses,
         FaultFamily::Snapshots,
         FaultFamily::TornTails,
+        FaultFamily::Corruption,
         FaultFamily::Partitions,
         FaultFamily::Membership,
         FaultFamily::PowerLoss,
@@ -119,6 +126,12 @@ enum Fault {
     SnapshotCatchUp(usize),
     /// Killed, with zeros (`true`) or garbage after the last record of its WAL.
     TornTail(usize, bool),
+    /// Stopped, one byte of its WAL flipped before the final record (or of its stored
+    /// snapshot, `in_snapshot`, if it has one), restarted.
+    Corrupt {
+        replica: usize,
+        in_snapshot: bool,
+    },
     /// The leader's peer links cut both ways; its clients still reach it.
     CutLeader,
     /// Only what the leader sends to its peers is dropped: they stop hearing it, it still
@@ -190,6 +203,10 @@ const SNAPSHOT_ARGS: [&str; 4] = [
 
 /// How long a replica may take to come back and answer before the run fails.
 const REPLICA_BACK_MAX: Duration = Duration::from_secs(60);
+
+/// How long a replica whose WAL was damaged may take, once back, to be repaired from the
+/// leader and vote again.
+const REPAIR_MAX: Duration = Duration::from_secs(60);
 
 /// What producers recorded.
 #[derive(Default)]
@@ -424,6 +441,8 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
         failovers: BTreeMap::new(),
         power,
         power_losses: Vec::new(),
+        repairs: Vec::new(),
+        snapshots_rotted: 0,
     };
     for round in 0..options.rounds {
         tokio::time::sleep(Duration::from_millis(rng.gen_range(300..1_000))).await;
@@ -541,6 +560,9 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
         "power_losses_in_window": injector.power_losses.iter().filter(|p| p.in_window).count(),
         "power_loss_dropped_bytes": injector.power_losses.iter().map(|p| p.dropped_bytes).sum::<u64>(),
         "power_loss_back_ms": quantiles(&mut power_loss_back),
+        "corruptions_repaired": injector.repairs.len(),
+        "snapshots_rotted": injector.snapshots_rotted,
+        "repair_ms": quantiles(&mut injector.repairs),
     });
     if !violations.is_empty() || job_settled.is_err() {
         eprintln!(
@@ -650,6 +672,10 @@ struct Injector {
     /// Present when power losses are among the faults.
     power: Option<Arc<PowerLoss>>,
     power_losses: Vec<PowerLossRecord>,
+    /// From the restart to repaired and voting again, for each corruption that found damage.
+    repairs: Vec<Duration>,
+    /// Corruptions that flipped a byte of a stored snapshot rather than of the WAL.
+    snapshots_rotted: u64,
 }
 
 /// What one power loss did.
@@ -683,6 +709,14 @@ impl Injector {
             FaultFamily::Pauses => Fault::PauseLeader,
             FaultFamily::Snapshots => Fault::SnapshotCatchUp(follower),
             FaultFamily::TornTails => Fault::TornTail(follower, rng.gen_bool(0.5)),
+            FaultFamily::Corruption => Fault::Corrupt {
+                replica: if rng.gen_bool(1.0 / 3.0) {
+                    leader
+                } else {
+                    follower
+                },
+                in_snapshot: rng.gen_bool(1.0 / 3.0),
+            },
             FaultFamily::Partitions => match rng.gen_range(0..4) {
                 0 => Fault::CutLeader,
                 1 => Fault::CutLeaderOneWay,
@@ -721,6 +755,8 @@ impl Injector {
             Fault::PauseLeader => "leader_pause",
             Fault::SnapshotCatchUp(_) => "snapshot_catch_up",
             Fault::TornTail(..) => "torn_tail",
+            Fault::Corrupt { replica, .. } if replica == leader => "leader_corrupt",
+            Fault::Corrupt { .. } => "follower_corrupt",
             Fault::CutLeader => "leader_cut",
             Fault::CutLeaderOneWay => "leader_cut_one_way",
             Fault::IsolateFollower(_) => "follower_cut",
@@ -759,6 +795,38 @@ impl Injector {
                 wal::faults::tear_tail(&log_dir(&self.cluster.replica_dir(i)), bytes, zeros)?;
                 self.cluster.restart(i)?;
                 wait_until_back(&mut self.cluster, i, &options).await?;
+            }
+            Fault::Corrupt {
+                replica: i,
+                in_snapshot,
+            } => {
+                self.cluster.kill(i);
+                if i == leader {
+                    self.failover("corrupt", leader, before, started).await?;
+                }
+                let dir = self.cluster.replica_dir(i);
+                let kept_before = damaged_kept(&dir)?;
+                let at = rand::thread_rng().gen();
+                let in_snapshot = match in_snapshot {
+                    true => snapshot_faults::flip_snapshot_byte(&meta_dir(&dir), at)?,
+                    false => None,
+                };
+                let flipped = match in_snapshot {
+                    Some(byte) => {
+                        self.snapshots_rotted += 1;
+                        Some(format!("byte {byte} of the stored snapshot"))
+                    }
+                    None => wal::faults::flip_byte_before_final_record(&log_dir(&dir), at)?
+                        .map(|(segment, byte)| format!("byte {byte} of {segment}")),
+                };
+                tracing::info!(replica = i + 1, ?flipped, "flipped");
+                let restarted = Instant::now();
+                self.cluster.restart(i)?;
+                wait_until_back(&mut self.cluster, i, &options).await?;
+                if flipped.is_some() {
+                    wait_until_repaired(&mut self.cluster, i, kept_before, &options).await?;
+                    self.repairs.push(restarted.elapsed());
+                }
             }
             Fault::CutLeader | Fault::CutLeaderOneWay => {
                 for &peer in self.running().iter().filter(|&&r| r != leader) {
@@ -1077,6 +1145,56 @@ async fn wait_until_back(
         );
     }
     answered.map(|_| ()).map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\nreplica {} logged:\n{}",
+            i + 1,
+            cluster.log_tail(i, 20)
+        )
+    })
+}
+
+/// How many damaged parts of its log the replica in `data_dir` has kept aside so far (one
+/// folder under the WAL's `damaged/` each time it found damage).
+fn damaged_kept(data_dir: &std::path::Path) -> anyhow::Result<usize> {
+    match std::fs::read_dir(log_dir(data_dir).join(wal::DAMAGED_DIR)) {
+        Ok(entries) => Ok(entries.count()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Waits until replica `i`, restarted with a damaged WAL, has found the damage (kept one more
+/// damaged part than `kept_before`) and reports its storage whole again: repaired from the
+/// leader, voting.
+async fn wait_until_repaired(
+    cluster: &mut ProcessCluster,
+    i: usize,
+    kept_before: usize,
+    options: &ClientOptions,
+) -> anyhow::Result<()> {
+    let dir = cluster.replica_dir(i);
+    let what = format!(
+        "replica {} to find the damage and be repaired from the leader",
+        i + 1
+    );
+    let repaired = poll_until(&what, REPAIR_MAX, POLL_INTERVAL, || async {
+        if damaged_kept(&dir).map_err(|e| e.to_string())? <= kept_before {
+            return Err("it kept no damaged segment".to_string());
+        }
+        let client = client_of(cluster, i, options)
+            .await
+            .map_err(|e| e.to_string())?;
+        match client.status_with_storage().await {
+            Ok((_, Some(storage))) => match storage.repairing {
+                None => Ok(()),
+                Some(repairing) => Err(repairing.to_string()),
+            },
+            Ok((_, None)) => Err("no storage status".to_string()),
+            Err(error) => Err(error.to_string()),
+        }
+    })
+    .await;
+    repaired.map_err(|e| {
         anyhow::anyhow!(
             "{e}\nreplica {} logged:\n{}",
             i + 1,
