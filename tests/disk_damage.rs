@@ -193,7 +193,9 @@ async fn rot_a_follower_between_two_crashes(
             .into_iter()
             .map(|e| (e.offset, e))
             .collect();
-        let replica = ControlClient::connect(std::slice::from_ref(addr)).await.unwrap();
+        let replica = ControlClient::connect(std::slice::from_ref(addr))
+            .await
+            .unwrap();
         let state = replica.state(0).await.unwrap().state;
         let lost: Vec<u64> = acked
             .iter()
