@@ -293,15 +293,17 @@ fn chunk_key(storage_id: u64, chunk: u32) -> [u8; 12] {
 }
 
 impl StateMachineStore {
-    /// Opens the state machine, restoring it from the current snapshot if there is one.
+    /// Opens the state machine, restoring it from the current snapshot if there is one; a
+    /// damaged one fails with [`DamagedSnapshot`].
     pub fn open(meta: Arc<MetaStore>, log: LogStore) -> io::Result<StateMachineStore> {
         let tree = meta.tree(SNAPSHOT_TREE)?;
-        let header = read_header(&tree)?;
+        let header = read_header(&tree).map_err(|e| DamagedSnapshot::from_read(None, e))?;
         let next_storage_id =
             remove_orphaned_chunks(&meta, &tree, header.as_ref().map(|h| h.storage_id))?;
         let state = match header {
             Some(header) => {
-                let bytes = read_chunks(&tree, &header)?;
+                let bytes = read_chunks(&tree, &header)
+                    .map_err(|e| DamagedSnapshot::from_read(header.meta.last_log_id, e))?;
                 decode(&bytes, SNAPSHOT_BYTES_MAX).map_err(io::Error::other)?
             }
             None => MachineState::default(),
@@ -454,37 +456,33 @@ fn remove_orphaned_chunks(
 }
 
 /// A stored snapshot that fails its checks: a header that does not decode, a missing chunk,
-/// or bytes whose length or checksum are not the header's.
-#[derive(Debug)]
+/// or bytes whose length or checksum are not the header's. [`StateMachineStore::open`] fails
+/// with it (inside an [`io::ErrorKind::InvalidData`] error) rather than restore the snapshot.
+#[derive(Debug, thiserror::Error)]
+#[error("the stored snapshot is damaged: {problem}")]
 pub struct DamagedSnapshot {
     /// The last entry it covered, if its header still says.
     pub last: Option<LogId>,
     pub problem: String,
 }
 
-/// The stored snapshot in `meta`, if there is one and it is damaged. An error is sled's own
-/// (reading failed), not damage found.
-pub fn find_damaged_snapshot(meta: &MetaStore) -> io::Result<Option<DamagedSnapshot>> {
-    let tree = meta.tree(SNAPSHOT_TREE)?;
-    let Some(bytes) = tree.get(CURRENT_KEY).map_err(io::Error::other)? else {
-        return Ok(None);
-    };
-    let header: StoredSnapshotHeader = match decode(&bytes, 1 << 20) {
-        Ok(header) => header,
-        Err(error) => {
-            return Ok(Some(DamagedSnapshot {
-                last: None,
-                problem: format!("its header does not decode: {error}"),
-            }))
+impl DamagedSnapshot {
+    /// The damage `error` reports, if it is one.
+    pub fn in_error(error: &io::Error) -> Option<&DamagedSnapshot> {
+        error.get_ref()?.downcast_ref()
+    }
+
+    /// `error` as damage to the snapshot that covered up to `last`, if it is invalid data
+    /// (sled's own errors are not damage found).
+    fn from_read(last: Option<LogId>, error: io::Error) -> io::Error {
+        if error.kind() != io::ErrorKind::InvalidData {
+            return error;
         }
-    };
-    match read_chunks(&tree, &header) {
-        Ok(_) => Ok(None),
-        Err(error) if error.kind() == io::ErrorKind::InvalidData => Ok(Some(DamagedSnapshot {
-            last: header.meta.last_log_id,
-            problem: error.to_string(),
-        })),
-        Err(error) => Err(error),
+        let problem = error.to_string();
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            DamagedSnapshot { last, problem },
+        )
     }
 }
 
@@ -512,7 +510,11 @@ pub fn set_aside_damaged_snapshot(meta: &MetaStore, kept: &std::path::Path) -> i
 
 fn read_header(tree: &sled::Tree) -> io::Result<Option<StoredSnapshotHeader>> {
     match tree.get(CURRENT_KEY).map_err(io::Error::other)? {
-        Some(bytes) => Ok(Some(decode(&bytes, 1 << 20).map_err(io::Error::other)?)),
+        Some(bytes) => {
+            Ok(Some(decode(&bytes, 1 << 20).map_err(|e| {
+                io::Error::new(io::ErrorKind::InvalidData, e)
+            })?))
+        }
         None => Ok(None),
     }
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use super::log_store::{Flushing, LogStore, SEGMENT_BYTES_MAX};
 use super::meta_store::{Closed, MetaStore};
-use super::state_machine::{find_damaged_snapshot, set_aside_damaged_snapshot, StateMachineStore};
+use super::state_machine::{set_aside_damaged_snapshot, DamagedSnapshot, StateMachineStore};
 use super::wal::new_damaged_folder;
 
 /// Where a replica keeps sled (metadata and snapshots) inside its data directory.
@@ -147,20 +147,26 @@ pub fn open_storage(data_dir: &Path) -> io::Result<Storage> {
 pub fn open_storage_with(data_dir: &Path, flushing: Flushing) -> io::Result<Storage> {
     let (meta, log) = open_log_with(data_dir, flushing)?;
     let closed = meta.closed();
-    if let Some(damaged) = find_damaged_snapshot(&meta)? {
-        // Rot in sled's values that sled's own checks passed (ARCHITECTURE.md, "The storage
-        // fault model"): the snapshot is fetched from the leader again.
-        let kept = new_damaged_folder(&log_dir(data_dir))?;
-        tracing::error!(
-            problem = %damaged.problem,
-            last = ?damaged.last,
-            kept = %kept.display(),
-            "the stored snapshot is damaged; it is set aside and fetched from the leader again"
-        );
-        log.start_over_for_lost_snapshot(damaged.last, &kept)?;
-        set_aside_damaged_snapshot(&meta, &kept)?;
-    }
-    let state_machine = StateMachineStore::open(meta, log.clone())?;
+    let state_machine = match StateMachineStore::open(meta.clone(), log.clone()) {
+        Ok(state_machine) => state_machine,
+        Err(error) => {
+            let Some(damaged) = DamagedSnapshot::in_error(&error) else {
+                return Err(error);
+            };
+            // Rot in sled's values that sled's own checks passed (ARCHITECTURE.md, "The
+            // storage fault model"): the snapshot is fetched from the leader again.
+            let kept = new_damaged_folder(&log_dir(data_dir))?;
+            tracing::error!(
+                %damaged,
+                last = ?damaged.last,
+                kept = %kept.display(),
+                "the stored snapshot is set aside and fetched from the leader again"
+            );
+            log.start_over_for_lost_snapshot(damaged.last, &kept)?;
+            set_aside_damaged_snapshot(&meta, &kept)?;
+            StateMachineStore::open(meta, log.clone())?
+        }
+    };
     log.guard_with_snapshots(state_machine.stored_snapshot_last()?)?;
     Ok(Storage {
         log,
