@@ -66,6 +66,24 @@ async fn a_byte_flipped_in_a_followers_wal_loses_no_acknowledged_append() {
     assert!(!faults::segment_sizes(&kept).unwrap().is_empty());
 }
 
+/// Goal: a flipped byte in the final record of a follower's WAL, which leaves it whole in
+/// length with a wrong checksum, loses no acknowledged append. Those are the bytes a torn
+/// final write leaves too; the WAL's synced mark says that record was `fdatasync`ed, so it
+/// is damage. (Before the mark it was cut as a torn tail, and the follower came back as a
+/// voter without the last append it had acknowledged.)
+/// Steps: [`rot_a_follower_between_two_crashes`], the second-to-last byte of the follower's
+/// last segment (the final record's payload).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_byte_flipped_in_the_final_record_of_a_followers_wal_loses_no_acknowledged_append() {
+    let (_cluster, kept) = rot_a_follower_between_two_crashes(&[], |data_dir| {
+        let wal = log_dir(data_dir);
+        let total: u64 = faults::segment_sizes(&wal).unwrap().values().sum();
+        faults::flip_byte(&wal, total - 2).unwrap();
+    })
+    .await;
+    assert!(!faults::segment_sizes(&kept).unwrap().is_empty());
+}
+
 /// Goal: one flipped byte in a follower's stored snapshot (rot that sled's own checks miss)
 /// loses no acknowledged append: the follower sets the snapshot and its log aside, starts
 /// over empty, refuses to vote until the leader has sent it back what it held, and is

@@ -208,15 +208,16 @@ fn a_deposed_leader_caught_up_by_snapshot_leads_again_and_takes_appends() {
 }
 
 /// Issue 34: one replica's disk rots (at each of its crashes, a byte of its WAL flipped at a
-/// random offset before the final record, or a byte of its stored snapshot): it finds the
-/// damage, neither votes nor stands until the leader has sent it what it held again (entries,
-/// or its snapshot and log), and is voting again once the cluster settles, with no
-/// acknowledged append lost and no divergence. On the build before it, WAL damage was cut as
-/// a torn tail and the replica voted with a log that had forgotten what it acknowledged, and a
-/// damaged snapshot kept the replica from starting.
+/// random offset of the records its synced mark vouches for, in the final one a quarter of
+/// the time, or a byte of its stored snapshot): it finds the damage, neither votes nor stands
+/// until the leader has sent it what it held again (entries, or its snapshot and log), and is
+/// voting again once the cluster settles, with no acknowledged append lost and no divergence.
+/// On the build before it, WAL damage was cut as a torn tail and the replica voted with a log
+/// that had forgotten what it acknowledged, and a damaged snapshot kept the replica from
+/// starting; before the synced mark, rot in the final record was cut as a torn tail.
 #[test]
 fn one_rotting_disk_loses_nothing_and_is_repaired_from_the_peers() {
-    let mut snapshot_bytes_flipped = 0;
+    let (mut snapshot_bytes_flipped, mut final_record_bytes_flipped) = (0, 0);
     for (seed, replicas) in ROTTING_SEEDS {
         let mut config = SimConfig::new(seed, replicas);
         config.rot_one_disk = true;
@@ -227,6 +228,7 @@ fn one_rotting_disk_loses_nothing_and_is_repaired_from_the_peers() {
             report.faults
         );
         snapshot_bytes_flipped += report.faults["snapshot bytes flipped"];
+        final_record_bytes_flipped += report.faults["wal final record bytes flipped"];
         assert!(
             report.violations.is_empty(),
             "seed {seed} ({}): {:#?}",
@@ -237,5 +239,9 @@ fn one_rotting_disk_loses_nothing_and_is_repaired_from_the_peers() {
     assert!(
         snapshot_bytes_flipped > 0,
         "no seed rotted a stored snapshot"
+    );
+    assert!(
+        final_record_bytes_flipped > 0,
+        "no seed rotted a final record"
     );
 }

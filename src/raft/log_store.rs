@@ -46,7 +46,7 @@ use super::stages::{CommitStages, Stage};
 use super::types::{
     AppendEntriesRequest, Entry, LogId, StorageError, StorageIOError, TypeConfig, Vote,
 };
-use super::wal::{Damage, Wal, RECORD_BYTES_MAX};
+use super::wal::{Damage, SyncedMark, Wal, RECORD_BYTES_MAX};
 use crate::log::{decode, encode};
 use crate::wire::protocol::Repairing;
 use crate::NodeId;
@@ -155,6 +155,8 @@ struct Shared {
     meta: Arc<MetaStore>,
     /// Who `fdatasync`s appends and acknowledges them; `None` when that is done inline.
     syncer: Option<Syncer>,
+    /// The WAL's synced mark, raised after each `fdatasync` with the durable mark.
+    mark: Arc<SyncedMark>,
     /// The first log index still present, for the state machine's offset index.
     first_index: AtomicU64,
     /// The commit path's stage timings on this replica (its `log_sync` is timed here).
@@ -227,11 +229,19 @@ fn mark_snapshotted(durable: &watch::Sender<Durable>, synced: Option<LogId>) {
 
 /// Raises `durable`'s mark to `synced`, the last entry of an `fdatasync` that returned, unless
 /// the log was truncated since that entry was written (after `written_after` truncations).
-fn mark_synced(durable: &watch::Sender<Durable>, synced: Option<LogId>, written_after: u64) {
+/// The log's [`SyncedMark`] on disk is raised with it, under the same lock, so that no raise
+/// lands after a truncation that came later.
+fn mark_synced(
+    durable: &watch::Sender<Durable>,
+    mark: &SyncedMark,
+    synced: LogId,
+    written_after: u64,
+) {
     durable.send_if_modified(|d| {
-        let raised = d.truncations == written_after && !d.covers(synced);
+        let raised = d.truncations == written_after && !d.covers(Some(synced));
         if raised {
-            d.synced = synced;
+            d.synced = Some(synced);
+            mark.raise(synced.index);
         }
         raised
     });
@@ -346,12 +356,16 @@ impl LogStore {
         // in the page cache, which the log would now count as durable: sync them first.
         wal.active_file().sync_data()?;
         let last_log_id = last_log_id(&wal, last_purged)?;
+        if let Some(last) = last_log_id {
+            wal.synced_mark().raise(last.index);
+        }
         let durable = Arc::new(watch::Sender::new(Durable {
             synced: last_log_id,
             failed: None,
             truncations: 0,
         }));
         let first_index = wal.first_index();
+        let mark = wal.synced_mark();
         let stages = Arc::<CommitStages>::default();
         Ok(LogStore {
             shared: Arc::new(Shared {
@@ -361,8 +375,11 @@ impl LogStore {
                     last_purged,
                 }),
                 meta,
+                mark: mark.clone(),
                 syncer: match flushing {
-                    Flushing::GroupCommit => Some(Syncer::start(stages.clone(), durable.clone())),
+                    Flushing::GroupCommit => {
+                        Some(Syncer::start(stages.clone(), durable.clone(), mark.clone()))
+                    }
                     Flushing::Inline => None,
                 },
                 first_index: AtomicU64::new(first_index),
@@ -596,7 +613,7 @@ impl LogStore {
     ) -> Result<(), io::ErrorKind> {
         let synced = sync_file(file);
         match synced {
-            Ok(()) => mark_synced(&self.shared.durable, Some(last), written_after),
+            Ok(()) => mark_synced(&self.shared.durable, &self.shared.mark, last, written_after),
             Err(kind) => self.shared.durable.send_modify(|d| d.failed = Some(kind)),
         }
         synced
@@ -668,7 +685,12 @@ impl LogStore {
         state.wal.active_file().sync_data()?;
         state.last_log_id = Some(entry.log_id);
         let truncations = self.truncations();
-        mark_synced(&self.shared.durable, Some(entry.log_id), truncations);
+        mark_synced(
+            &self.shared.durable,
+            &self.shared.mark,
+            entry.log_id,
+            truncations,
+        );
         Ok(())
     }
 }
@@ -907,12 +929,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             return Ok(());
         }
         self.shared.recent.truncate_from(log_id.index);
-        let truncated = state.wal.truncate_from(log_id.index);
         // Whatever the outcome, an `fdatasync` of what was written before no longer vouches
         // for the log's end; on success, the truncation's own `fdatasync` vouches for all
-        // that is left (see `Durable`).
+        // that is left (see `Durable`). Counted first, so that no such `fdatasync` raises the
+        // synced mark on disk after the truncation lowered it.
         self.shared.durable.send_modify(|d| d.truncations += 1);
-        truncated.map_err(write_err)?;
+        state.wal.truncate_from(log_id.index).map_err(write_err)?;
         state.last_log_id = last_log_id(&state.wal, state.last_purged).map_err(read_err)?;
         let kept = state.last_log_id;
         self.shared.durable.send_modify(|d| d.synced = kept);
@@ -976,7 +998,11 @@ fn sync_file(file: &File) -> Result<(), io::ErrorKind> {
 
 impl Syncer {
     /// Starts the sync thread; it times each append's `log_sync` into `stages`.
-    fn start(stages: Arc<CommitStages>, durable: Arc<watch::Sender<Durable>>) -> Syncer {
+    fn start(
+        stages: Arc<CommitStages>,
+        durable: Arc<watch::Sender<Durable>>,
+        mark: Arc<SyncedMark>,
+    ) -> Syncer {
         let (requests, incoming) = mpsc::channel::<SyncRequest>();
         let thread_durable = durable.clone();
         std::thread::Builder::new()
@@ -999,7 +1025,8 @@ impl Syncer {
                         match result {
                             Ok(()) => mark_synced(
                                 &thread_durable,
-                                Some(request.written.last),
+                                &mark,
+                                request.written.last,
                                 request.written.truncations,
                             ),
                             Err(kind) => thread_durable.send_modify(|d| d.failed = Some(kind)),

@@ -34,6 +34,12 @@
 //! it say the log reached. [`Wal::open`] refuses such a log; [`Wal::open_repairing`] hands
 //! the damage to its caller first (the log store records that this replica must be repaired
 //! from its peers before it votes again) and then cuts the log before it.
+//!
+//! The final record is the one place where the two look alike: a torn write of a whole-length
+//! record and an acknowledged record rotted in place are the same bytes. The [`SyncedMark`]
+//! tells them apart: the last index an `fdatasync` covered, written beside the segments after
+//! each one. A bad or missing record at or below the mark was on disk once, so it is damage
+//! wherever it is.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -50,6 +56,13 @@ const RECORD_HEADER_BYTES: usize = 8;
 pub const RECORD_BYTES_MAX: usize = 256 << 20;
 
 const SEGMENT_SUFFIX: &str = "wal";
+
+/// The file in the log's directory that holds the [`SyncedMark`]. It has no `.wal` suffix,
+/// so builds that do not know it (v0.1.0 among them) pass over it.
+const SYNCED_MARK_FILE: &str = "synced";
+
+/// Bytes of the synced mark's file: one past the marked index (0: none), and its CRC32.
+const SYNCED_MARK_BYTES: usize = 12;
 
 /// Where one record sits in its segment.
 #[derive(Clone, Copy, Debug)]
@@ -73,9 +86,84 @@ impl Segment {
     }
 }
 
+/// The last index an `fdatasync` of the log covered, kept in its own small file: what tells
+/// an acknowledged final record that rotted from a torn final write (module docs).
+///
+/// Why it costs no second `fdatasync`: it is raised with a plain write after each one, which a
+/// killed process does not lose (the page cache survives it). A power loss may take the last
+/// raises with it, and then rot in the records written just before it is taken for a torn
+/// tail, as it was before the mark: that needs two faults at once, and it is the window
+/// ARCHITECTURE.md states. The mark never claims too much: it is raised only after an
+/// `fdatasync`, and lowered durably by a truncation before anything is written again. A mark
+/// that fails its checksum is no mark.
+pub struct SyncedMark {
+    file: File,
+}
+
+impl SyncedMark {
+    /// Opens the mark in the log's directory `dir`; returns it and the index it holds.
+    fn open(dir: &Path) -> io::Result<(SyncedMark, Option<u64>)> {
+        let path = dir.join(SYNCED_MARK_FILE);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)?;
+        let marked = Self::read(&file, &path)?;
+        Ok((SyncedMark { file }, marked))
+    }
+
+    /// The index the mark in `file` (at `path`) holds.
+    fn read(file: &File, path: &Path) -> io::Result<Option<u64>> {
+        let mut bytes = [0u8; SYNCED_MARK_BYTES];
+        match file.read_exact_at(&mut bytes, 0) {
+            Ok(()) => {
+                let (end, crc) = bytes.split_at(8);
+                if crc32fast::hash(end).to_le_bytes() == crc {
+                    return Ok(u64::from_le_bytes(end.try_into().unwrap()).checked_sub(1));
+                }
+                tracing::warn!(
+                    file = %path.display(),
+                    "the synced mark fails its checksum and is ignored: until it is written \
+                     again, rot in the log's final record looks like a torn write"
+                );
+                Ok(None)
+            }
+            // New, or made by a build before the mark.
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn write(&self, last: Option<u64>) -> io::Result<()> {
+        let end = last.map_or(0, |index| index + 1).to_le_bytes();
+        let mut bytes = [0u8; SYNCED_MARK_BYTES];
+        bytes[..8].copy_from_slice(&end);
+        bytes[8..].copy_from_slice(&crc32fast::hash(&end).to_le_bytes());
+        self.file.write_all_at(&bytes, 0)
+    }
+
+    /// Marks every record up to `index` as covered by an `fdatasync` that has completed. The
+    /// caller orders raises after the truncations they follow (`log_store::mark_synced`). A
+    /// failed write leaves the mark lower, which is safe: it is reported and not retried.
+    pub fn raise(&self, index: u64) {
+        if let Err(e) = self.write(Some(index)) {
+            tracing::warn!(index, error = %e, "the synced mark could not be raised");
+        }
+    }
+
+    /// Sets the mark to `last` durably: after a truncation, before anything is written again.
+    fn set_durably(&self, last: Option<u64>) -> io::Result<()> {
+        self.write(last)?;
+        self.file.sync_data()
+    }
+}
+
 /// The segmented log. Not thread-safe by itself; the log store wraps it in a mutex.
 pub struct Wal {
     dir: PathBuf,
+    mark: Arc<SyncedMark>,
     /// Keyed by first index. Never empty after `open`: the last one is the active segment.
     segments: BTreeMap<u64, Segment>,
     /// Records below this index are purged, even if their segment still exists.
@@ -176,15 +264,17 @@ impl std::fmt::Display for Damage {
     }
 }
 
-/// The damage that starts in `scanned[at]`: where, and what the rest of the log says it held.
-fn describe_damage(scanned: &[ScannedSegment], at: usize) -> io::Result<Damage> {
+/// The damage that starts in `scanned[at]`: where, and what the rest of the log and the
+/// synced mark (`synced_end`: one past the index it holds) say it held.
+fn describe_damage(scanned: &[ScannedSegment], at: usize, synced_end: u64) -> io::Result<Damage> {
     let damaged = &scanned[at];
     let first = damaged.first_index + damaged.records.len() as u64;
     let end_at_least = scanned[at + 1..]
         .iter()
         .map(|s| s.first_index + s.records.len() as u64)
         .max()
-        .unwrap_or(first + 1);
+        .unwrap_or(first + 1)
+        .max(synced_end);
     let mut last_record = None;
     for segment in scanned[at..].iter().rev() {
         let record = if segment.first_index == damaged.first_index {
@@ -299,6 +389,8 @@ impl Wal {
         before_cut: impl FnOnce(&Damage) -> io::Result<()>,
     ) -> io::Result<(Wal, Option<Damage>)> {
         std::fs::create_dir_all(dir)?;
+        let (mark, marked) = SyncedMark::open(dir)?;
+        let synced_end = marked.map_or(0, |index| index + 1);
         let mut names = Vec::new();
         for entry in std::fs::read_dir(dir)? {
             let path = entry?.path();
@@ -333,19 +425,22 @@ impl Wal {
             });
         }
         let last = scanned.len().saturating_sub(1);
-        let damaged_at = scanned
-            .iter()
-            .enumerate()
-            .position(|(i, s)| s.damaged && (i < last || s.last_after_damage.is_some()));
+        // Damage: a bad record that a valid one follows, or in a sealed segment; or the log
+        // ending (cleanly or not) before what an `fdatasync` covered.
+        let damaged_at = scanned.iter().enumerate().position(|(i, s)| {
+            let end = s.first_index + s.records.len() as u64;
+            s.damaged && (i < last || s.last_after_damage.is_some())
+                || (i == last && end < synced_end)
+        });
         let damage = match damaged_at {
             Some(at) => {
-                let damage = describe_damage(&scanned, at)?;
+                let damage = describe_damage(&scanned, at, synced_end)?;
                 tracing::error!(
                     segment = %damage.segment.display(),
                     byte = damage.byte,
                     first_damaged = damage.first,
-                    "the log is damaged: a bad record with valid records after it, which no \
-                     crash leaves"
+                    "the log is damaged: a bad or missing record that valid records after it \
+                     or the synced mark say it held, which no crash leaves"
                 );
                 before_cut(&damage)?;
                 let kept = keep_damaged(dir, &scanned[at..])?;
@@ -362,6 +457,7 @@ impl Wal {
         let first_index = purged_upto.map_or(0, |p| p + 1);
         let mut wal = Wal {
             dir: dir.to_path_buf(),
+            mark: Arc::new(mark),
             segments: BTreeMap::new(),
             first_index,
             segment_bytes_max,
@@ -414,7 +510,16 @@ impl Wal {
             // the log continues.
             wal.reset_at(first_index)?;
         }
+        if damage.is_some() {
+            // The cut log ends below the mark, which must not find the same damage again.
+            wal.mark.set_durably(wal.next_index().checked_sub(1))?;
+        }
         Ok((wal, damage))
+    }
+
+    /// The log's [`SyncedMark`], for whoever `fdatasync`s it.
+    pub fn synced_mark(&self) -> Arc<SyncedMark> {
+        self.mark.clone()
     }
 
     /// The first index that is present (and not purged).
@@ -615,14 +720,17 @@ impl Wal {
         if index < active.first_index {
             // Only reachable when the single remaining segment starts after `index`, which
             // cannot happen for an index inside the log; keep the log's shape intact anyway.
-            return self.reset_at(index);
+            self.reset_at(index)?;
+            return self.mark.set_durably(index.checked_sub(1));
         }
         let keep = (index - active.first_index) as usize;
         let new_len = active.records.get(keep).map_or(active.len, |r| r.pos);
         active.records.truncate(keep);
         active.len = new_len;
         active.file.set_len(new_len)?;
-        active.file.sync_data()
+        active.file.sync_data()?;
+        // Everything kept is synced now, and nothing after it is.
+        self.mark.set_durably(index.checked_sub(1))
     }
 
     /// Marks every record up to and including `index` as purged and deletes the segments that
@@ -683,7 +791,8 @@ impl Wal {
         }
         sync_dir(kept)?;
         self.segments.clear();
-        self.reset_at(0)
+        self.reset_at(0)?;
+        self.mark.set_durably(None)
     }
 
     /// Bytes on disk across all segments.
@@ -706,7 +815,9 @@ pub mod faults {
     use std::io;
     use std::path::{Path, PathBuf};
 
-    use super::{Wal, SEGMENT_SUFFIX};
+    use std::fs::File;
+
+    use super::{SyncedMark, Wal, RECORD_HEADER_BYTES, SEGMENT_SUFFIX, SYNCED_MARK_FILE};
 
     /// The log's segment files in `dir`, oldest first.
     fn segments(dir: &Path) -> io::Result<Vec<PathBuf>> {
@@ -799,21 +910,91 @@ pub mod faults {
         unreachable!("the offset is below the total size")
     }
 
-    /// Rot the log can tell from a torn write: one byte flipped as [`flip_byte`] flips it, at
-    /// `at` modulo the bytes before the last segment's final record. That record, whole in
-    /// length with a wrong checksum, is taken for a torn write (see the module docs).
-    pub fn flip_byte_before_final_record(dir: &Path, at: u64) -> io::Result<Option<(String, u64)>> {
+    /// The index the log's synced mark holds, read as a stopped replica left it.
+    pub fn synced_mark(dir: &Path) -> io::Result<Option<u64>> {
+        let path = dir.join(SYNCED_MARK_FILE);
+        match File::open(&path) {
+            Ok(file) => SyncedMark::read(&file, &path),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Flips one byte of the synced mark's file, as a rotting disk would.
+    pub fn flip_byte_of_synced_mark(dir: &Path) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.join(SYNCED_MARK_FILE))?;
+        let mut byte = [0u8];
+        file.read_exact_at(&mut byte, 3)?;
+        file.write_all_at(&[!byte[0]], 3)
+    }
+
+    /// The bytes rot may hit where the log can tell it from a torn write: those of the sealed
+    /// segments, and of the last segment's records up to the synced mark.
+    struct SyncedBytes {
+        /// Bytes of the segments before the last.
+        before_last: u64,
+        /// Where the last segment's last record the mark covers lies in it.
+        last_synced: Option<std::ops::Range<u64>>,
+    }
+
+    fn synced_bytes(dir: &Path) -> io::Result<Option<SyncedBytes>> {
         let Some(last) = segments(dir)?.pop() else {
             return Ok(None);
         };
+        let first_index = last
+            .file_stem()
+            .and_then(|stem| stem.to_str()?.parse::<u64>().ok())
+            .unwrap_or(u64::MAX);
+        let marked = synced_mark(dir)?;
         let (records, _) = super::scan_records(&std::fs::read(&last)?);
-        let final_record_at = records.last().map_or(0, |r| r.pos);
+        let last_synced = records
+            .iter()
+            .zip(first_index..)
+            .take_while(|&(_, index)| marked.is_some_and(|m| index <= m))
+            .last()
+            .map(|(r, _)| r.pos..r.pos + (RECORD_HEADER_BYTES as u64) + u64::from(r.len));
         let sizes = segment_sizes(dir)?;
-        let before = sizes.values().sum::<u64>() - sizes[&file_name(&last)] + final_record_at;
-        if before == 0 {
+        let before_last = sizes.values().sum::<u64>() - sizes[&file_name(&last)];
+        Ok(Some(SyncedBytes {
+            before_last,
+            last_synced,
+        }))
+    }
+
+    /// Rot the log can tell from a torn write: one byte flipped as [`flip_byte`] flips it, at
+    /// `at` modulo the bytes of the sealed segments and of the last segment's records up to
+    /// the synced mark. A record past the mark, whole in length with a wrong checksum, is what
+    /// a torn write leaves (see the module docs).
+    pub fn flip_synced_byte(dir: &Path, at: u64) -> io::Result<Option<(String, u64)>> {
+        let Some(bytes) = synced_bytes(dir)? else {
+            return Ok(None);
+        };
+        let detectable = bytes.before_last + bytes.last_synced.map_or(0, |r| r.end);
+        if detectable == 0 {
             return Ok(None);
         }
-        flip_byte(dir, at % before)
+        flip_byte(dir, at % detectable)
+    }
+
+    /// Rot in the one place where only the synced mark tells it from a torn write: one byte
+    /// of the last segment's last record the mark covers (at `at` modulo its bytes); `None`
+    /// when the mark covers none of the last segment's records.
+    pub fn flip_final_synced_byte(dir: &Path, at: u64) -> io::Result<Option<(String, u64)>> {
+        let Some(SyncedBytes {
+            before_last,
+            last_synced: Some(record),
+        }) = synced_bytes(dir)?
+        else {
+            return Ok(None);
+        };
+        flip_byte(
+            dir,
+            before_last + record.start + at % (record.end - record.start),
+        )
     }
 
     /// A torn write: `bytes` of zeros (`zeros`) or garbage after the last record of the last
@@ -1087,6 +1268,101 @@ mod tests {
                 assert_eq!(wal.next_index(), index, "{case}: reopened");
             }
         }
+    }
+
+    /// Writes `damage` over record `index` of the log in `dir` (in its last segment).
+    fn damage_record(dir: &Path, wal: &Wal, index: u64, damage: Rot) -> RecordPos {
+        let (_, segment) = wal.segments.range(..=index).next_back().unwrap();
+        let record = segment.records[(index - segment.first_index) as usize];
+        let path = segment_path(dir, segment.first_index);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        let mut bytes = vec![0u8; RECORD_HEADER_BYTES + record.len as usize];
+        file.read_exact_at(&mut bytes, record.pos).unwrap();
+        damage(&mut bytes);
+        file.write_all_at(&bytes, record.pos).unwrap();
+        record
+    }
+
+    /// The final record, damaged in every way, is damage once the synced mark covers it: an
+    /// acknowledged record that rotted in place, not a torn write. The damage says the log
+    /// held it, and the cut log's mark is lowered so that the next open finds nothing.
+    #[test]
+    fn a_bad_final_record_under_the_synced_mark_is_damage() {
+        const LAST: u64 = 20;
+        for (kind, damage) in DAMAGE {
+            let dir = tempfile::tempdir().unwrap();
+            let mut wal = Wal::open(dir.path(), None, 64).unwrap();
+            fill(&mut wal, 1, LAST);
+            wal.synced_mark().raise(LAST);
+            let record = damage_record(dir.path(), &wal, LAST, damage);
+            drop(wal);
+            assert_eq!(faults::synced_mark(dir.path()).unwrap(), Some(LAST));
+            let (wal, found) = Wal::open_repairing(dir.path(), None, 64, |_| Ok(()))
+                .unwrap_or_else(|e| panic!("{kind}: {e}"));
+            let found = found.unwrap_or_else(|| panic!("{kind}: taken for a torn tail"));
+            assert_eq!((found.first, found.byte), (LAST, record.pos), "{kind}");
+            assert_eq!(
+                found.end_at_least,
+                LAST + 1,
+                "{kind}: the mark says it held it"
+            );
+            assert_eq!(found.last_record, None, "{kind}");
+            assert_eq!(wal.next_index(), LAST, "{kind}: cut before the damage");
+            drop(wal);
+            assert_eq!(faults::synced_mark(dir.path()).unwrap(), Some(LAST - 1));
+            let wal = Wal::open(dir.path(), None, 64).unwrap_or_else(|e| panic!("{kind}: {e}"));
+            assert_eq!(wal.next_index(), LAST, "{kind}: reopened");
+        }
+    }
+
+    /// Records the synced mark covers that are missing from a log that ends cleanly (a write
+    /// the disk lost after `fdatasync` reported it done) are damage too.
+    #[test]
+    fn synced_records_missing_from_the_end_are_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut wal = Wal::open(dir.path(), None, 1 << 20).unwrap();
+        fill(&mut wal, 1, 10);
+        wal.synced_mark().raise(10);
+        let lost_from = wal.segments[&1].records[7].pos;
+        drop(wal);
+        let file = OpenOptions::new()
+            .write(true)
+            .open(segment_path(dir.path(), 1))
+            .unwrap();
+        file.set_len(lost_from).unwrap();
+        assert!(Wal::open(dir.path(), None, 1 << 20).is_err());
+        let (wal, found) = Wal::open_repairing(dir.path(), None, 1 << 20, |_| Ok(())).unwrap();
+        let found = found.expect("missing synced records are damage");
+        assert_eq!((found.first, found.end_at_least), (8, 11));
+        assert_eq!(wal.next_index(), 8);
+    }
+
+    /// What lowers the mark: a truncation, durably, so that the records written after it are
+    /// torn by a crash as any unsynced record is; and a mark that fails its checksum is none.
+    #[test]
+    fn the_synced_mark_is_lowered_by_truncation_and_ignored_when_rotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut wal = Wal::open(dir.path(), None, 1 << 20).unwrap();
+        fill(&mut wal, 1, 10);
+        wal.synced_mark().raise(10);
+        wal.truncate_from(6).unwrap();
+        assert_eq!(faults::synced_mark(dir.path()).unwrap(), Some(5));
+        fill(&mut wal, 6, 8);
+        damage_record(dir.path(), &wal, 8, DAMAGE[0].1);
+        drop(wal);
+        let wal = Wal::open(dir.path(), None, 1 << 20).expect("a torn tail past the mark");
+        assert_eq!(wal.next_index(), 8);
+        wal.synced_mark().raise(7);
+        damage_record(dir.path(), &wal, 7, DAMAGE[0].1);
+        drop(wal);
+        faults::flip_byte_of_synced_mark(dir.path()).unwrap();
+        assert_eq!(faults::synced_mark(dir.path()).unwrap(), None);
+        let wal = Wal::open(dir.path(), None, 1 << 20).expect("no mark, a torn tail");
+        assert_eq!(wal.next_index(), 7);
     }
 
     /// A refused `before_cut` (the caller could not record the damage) leaves every file as

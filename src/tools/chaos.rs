@@ -77,7 +77,8 @@ pub enum FaultFamily {
     /// A killed follower's WAL gets zeros or garbage after its last record.
     TornTails,
     /// A stopped replica (the leader a third of the time) gets one byte flipped in its WAL
-    /// before the final record, or (a third of the time, if it has one) in its stored
+    /// where its synced mark vouches for it (the final record included), or (a third of the
+    /// time, if it has one) in its stored
     /// snapshot: rot, which no crash leaves. It must come back, refuse to vote while it lacks
     /// what it had acknowledged, and be repaired from the peers.
     Corruption,
@@ -126,7 +127,7 @@ enum Fault {
     SnapshotCatchUp(usize),
     /// Killed, with zeros (`true`) or garbage after the last record of its WAL.
     TornTail(usize, bool),
-    /// Stopped, one byte of its WAL flipped before the final record (or of its stored
+    /// Stopped, one byte of its WAL flipped where its synced mark vouches (or of its stored
     /// snapshot, `in_snapshot`, if it has one), restarted.
     Corrupt {
         replica: usize,
@@ -816,7 +817,7 @@ impl Injector {
                         self.snapshots_rotted += 1;
                         Some(format!("byte {byte} of the stored snapshot"))
                     }
-                    None => wal::faults::flip_byte_before_final_record(&log_dir(&dir), at)?
+                    None => wal::faults::flip_synced_byte(&log_dir(&dir), at)?
                         .map(|(segment, byte)| format!("byte {byte} of {segment}")),
                 };
                 tracing::info!(replica = i + 1, ?flipped, "flipped");

@@ -116,8 +116,9 @@ pub struct SimConfig {
     /// that kept the batches of an ended term would stop its leader's appends for good.
     pub deposed_leader_leads_again: bool,
     /// Rots one replica's disk (the first to crash, and the same one all run): at each of its
-    /// crashes, one byte of its WAL is flipped at a random offset before the last segment's
-    /// final record, after the crash's own faults. The replica must find the damage, be
+    /// crashes, one byte of its WAL is flipped at a random offset of the records its synced
+    /// mark vouches for (the last segment's final record included), after the crash's own
+    /// faults. The replica must find the damage, be
     /// repaired from its peers, and vote again; nothing acknowledged may be lost.
     pub rot_one_disk: bool,
 }
@@ -204,6 +205,7 @@ struct Record {
     /// Bytes flipped in the rotting replica's WAL and in its stored snapshot
     /// ([`SimConfig::rot_one_disk`]), and its restarts that found damage and began a repair.
     bytes_flipped: u32,
+    final_record_bytes_flipped: u32,
     snapshot_bytes_flipped: u32,
     repairs_begun: u32,
 }
@@ -411,18 +413,23 @@ impl Sim {
                 disk.lose_acknowledged_tail(3);
             }
             if self.rots(id) {
-                // A quarter of the time the stored snapshot rots (if there is one), else the WAL.
-                let (at, in_snapshot) = self.net.random(|rng| (rng.gen(), rng.gen_bool(0.25)));
+                // A quarter of the time the stored snapshot rots (if there is one), else the WAL;
+                // a quarter of that in the final record the synced mark covers.
+                let (at, in_snapshot, in_final) = self
+                    .net
+                    .random(|rng| (rng.gen(), rng.gen_bool(0.25), rng.gen_bool(0.25)));
                 let in_snapshot = in_snapshot.then(|| disk.rot_snapshot(at)).flatten();
+                let in_final = in_final && in_snapshot.is_none();
                 match in_snapshot {
                     Some(byte) => {
                         self.fault(format!("flip byte {byte} of {id}'s stored snapshot"));
                         self.record().snapshot_bytes_flipped += 1;
                     }
                     None => {
-                        if let Some((segment, byte)) = disk.rot(at) {
+                        if let Some((segment, byte)) = disk.rot(at, in_final) {
                             self.fault(format!("flip byte {byte} of {id}'s {segment}"));
                             self.record().bytes_flipped += 1;
+                            self.record().final_record_bytes_flipped += u32::from(in_final);
                         }
                     }
                 }
@@ -1533,6 +1540,10 @@ impl Sim {
             report
                 .faults
                 .insert("wal bytes flipped", record.bytes_flipped);
+            report.faults.insert(
+                "wal final record bytes flipped",
+                record.final_record_bytes_flipped,
+            );
             report
                 .faults
                 .insert("snapshot bytes flipped", record.snapshot_bytes_flipped);

@@ -118,10 +118,16 @@ impl Disk {
         faults::lose_last_entries(&log_dir(&self.dir), entries).unwrap();
     }
 
-    /// Flips one byte of the WAL at `at` (modulo its bytes before the final record), as a
+    /// Flips one byte of the WAL at `at` (modulo the bytes its synced mark vouches for, the
+    /// final record among them; only in that final record with `in_final_record`), as a
     /// rotting disk would; returns the segment and the byte, `None` for an empty log.
-    pub fn rot(&self, at: u64) -> Option<(String, u64)> {
-        faults::flip_byte_before_final_record(&log_dir(&self.dir), at).unwrap()
+    pub fn rot(&self, at: u64, in_final_record: bool) -> Option<(String, u64)> {
+        let log = log_dir(&self.dir);
+        match in_final_record {
+            true => faults::flip_final_synced_byte(&log, at),
+            false => faults::flip_synced_byte(&log, at),
+        }
+        .unwrap()
     }
 
     /// Flips one byte of the stored snapshot at `at` (modulo its bytes), as rot that sled's
