@@ -4,9 +4,11 @@
 
 use std::path::Path;
 
-use ctrlog::log::{Batch, Command, Proposal, Target};
-use ctrlog::raft::storage::{open_storage, Storage};
-use ctrlog::raft::types::{Entry, LogId, Snapshot};
+use ctrlog::log::{encode, Batch, Command, Proposal, Target};
+use ctrlog::raft::meta_store::MetaStore;
+use ctrlog::raft::storage::{log_dir, meta_dir, open_storage, Storage};
+use ctrlog::raft::types::{Entry, LogId, Snapshot, Vote};
+use ctrlog::raft::vote_file::{faults as vote_faults, VOTE_FILE};
 use openraft::storage::{RaftLogReader, RaftLogStorage, RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{CommittedLeaderId, EntryPayload};
 
@@ -37,8 +39,8 @@ async fn append_and_apply(storage: &mut Storage, from: u64, to: u64) {
     storage.state_machine.apply(entries).await.unwrap();
 }
 
-/// Closes the storage (waiting until sled has released the directory) and opens it again.
-async fn reopen(storage: Storage, dir: &Path) -> Storage {
+/// Closes the storage, waiting until sled has released the directory.
+async fn close(storage: Storage) {
     let Storage {
         log,
         state_machine,
@@ -46,6 +48,11 @@ async fn reopen(storage: Storage, dir: &Path) -> Storage {
     } = storage;
     drop((log, state_machine));
     closed.wait().await;
+}
+
+/// Closes the storage (waiting until sled has released the directory) and opens it again.
+async fn reopen(storage: Storage, dir: &Path) -> Storage {
+    close(storage).await;
     open_storage(dir).unwrap()
 }
 
@@ -206,4 +213,79 @@ async fn a_truncation_lowers_the_durable_mark_to_what_the_log_keeps() {
         !durable.borrow().covers(Some(entry_of_term(3, 2).log_id)),
         "the mark vouches for an entry of an older term not yet written"
     );
+}
+
+/// Puts `vote` in sled's copy of a closed replica's vote, as sled's recovery would leave it
+/// after dropping the writes since (a damaged tail of its own log).
+fn roll_back_sleds_vote(dir: &Path, vote: Vote) {
+    let meta = MetaStore::open(&meta_dir(dir)).unwrap();
+    meta.put_durable("vote", &encode(&vote)).unwrap();
+}
+
+/// Goal: a vote that sled's recovery rolled back is not the vote the replica restarts with
+/// (it could then vote a second time in a term it had voted in): the vote file's copy stands.
+/// On the build before the vote file, the replica restarted with sled's older vote.
+#[tokio::test]
+async fn a_vote_sled_rolled_back_is_kept_by_the_vote_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut storage = open_storage(dir.path()).unwrap();
+    storage.log.save_vote(&Vote::new(4, 1)).await.unwrap();
+    storage.log.save_vote(&Vote::new(5, 2)).await.unwrap();
+    close(storage).await;
+    roll_back_sleds_vote(dir.path(), Vote::new(4, 1));
+    let mut storage = open_storage(dir.path()).unwrap();
+    assert_eq!(
+        storage.log.read_vote().await.unwrap(),
+        Some(Vote::new(5, 2))
+    );
+    close(storage).await;
+    // And sled's copy was mended at the open: it holds the vote again.
+    std::fs::remove_file(log_dir(dir.path()).join(VOTE_FILE)).unwrap();
+    let mut storage = open_storage(dir.path()).unwrap();
+    assert_eq!(
+        storage.log.read_vote().await.unwrap(),
+        Some(Vote::new(5, 2))
+    );
+}
+
+/// Goal: a vote that both stores lost (no vote file, sled rolled back) is still never older
+/// than the log: entries of term 6 from leader 3 mean the replica followed 3 in term 6.
+#[tokio::test]
+async fn a_vote_older_than_the_log_is_raised_to_its_last_entrys_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut storage = open_storage(dir.path()).unwrap();
+    storage
+        .log
+        .save_vote(&Vote::new_committed(6, 3))
+        .await
+        .unwrap();
+    for index in 1..=3 {
+        let mut entry = entry_of_term(index, 6);
+        entry.log_id.leader_id = CommittedLeaderId::new(6, 3);
+        storage.log.append_durable(&entry).unwrap();
+    }
+    close(storage).await;
+    std::fs::remove_file(log_dir(dir.path()).join(VOTE_FILE)).unwrap();
+    roll_back_sleds_vote(dir.path(), Vote::new(2, 1));
+    let mut storage = open_storage(dir.path()).unwrap();
+    assert_eq!(
+        storage.log.read_vote().await.unwrap(),
+        Some(Vote::new_committed(6, 3))
+    );
+}
+
+/// Goal: a vote file whose two copies are both damaged (rot no crash leaves) stops the replica
+/// with an error that names the file, rather than a replica that forgot its vote.
+#[tokio::test]
+async fn a_vote_file_damaged_in_both_copies_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut storage = open_storage(dir.path()).unwrap();
+    storage.log.save_vote(&Vote::new(4, 1)).await.unwrap();
+    close(storage).await;
+    for copy in 0..2 {
+        vote_faults::flip_vote_byte(&log_dir(dir.path()), copy, 9).unwrap();
+    }
+    let refused = open_storage(dir.path()).err().expect("refused");
+    assert_eq!(refused.kind(), std::io::ErrorKind::InvalidData);
+    assert!(refused.to_string().contains(VOTE_FILE), "{refused}");
 }

@@ -46,6 +46,7 @@ use super::stages::{CommitStages, Stage};
 use super::types::{
     AppendEntriesRequest, Entry, LogId, StorageError, StorageIOError, TypeConfig, Vote,
 };
+use super::vote_file::VoteFile;
 use super::wal::{Damage, SyncedMark, Wal, RECORD_BYTES_MAX};
 use crate::log::{decode, encode};
 use crate::wire::protocol::Repairing;
@@ -171,6 +172,8 @@ struct Shared {
     own_id: std::sync::OnceLock<NodeId>,
     /// The vote as last saved, to recognise the leader's own appends.
     vote: Mutex<Option<Vote>>,
+    /// Where the vote is durable first (see [`super::vote_file`]); sled keeps a copy.
+    vote_file: Mutex<VoteFile>,
     /// The newest entries, changed only with the WAL under its lock (see
     /// [`RecentEntries`]).
     recent: RecentEntries,
@@ -330,7 +333,10 @@ impl LogStore {
         flushing: Flushing,
     ) -> io::Result<LogStore> {
         let last_purged: Option<LogId> = read_meta(&meta, PURGED_KEY)?;
-        let vote: Option<Vote> = read_meta(&meta, VOTE_KEY)?;
+        std::fs::create_dir_all(dir)?;
+        let mut vote_file = VoteFile::open(dir)?;
+        let in_sled: Option<Vote> = read_meta(&meta, VOTE_KEY)?;
+        let vote = later_vote(vote_file.vote(), in_sled);
         let unfinished: Option<Repair> = read_meta(&meta, REPAIR_KEY)?;
         let mut repair = unfinished.clone();
         // Recorded before the log is cut: a crash right after the cut must not leave a
@@ -358,6 +364,13 @@ impl LogStore {
         let last_log_id = last_log_id(&wal, last_purged)?;
         if let Some(last) = last_log_id {
             wal.synced_mark().raise(last.index);
+        }
+        let vote = no_older_than_the_log(vote, last_log_id);
+        if let Some(vote) = vote.filter(|v| Some(*v) != vote_file.vote()) {
+            vote_file.save(&vote)?;
+        }
+        if let Some(vote) = vote.filter(|v| Some(*v) != in_sled) {
+            meta.put_durable(VOTE_KEY, &encode(&vote))?;
         }
         let durable = Arc::new(watch::Sender::new(Durable {
             synced: last_log_id,
@@ -388,6 +401,7 @@ impl LogStore {
                 durable,
                 own_id: std::sync::OnceLock::new(),
                 vote: Mutex::new(vote),
+                vote_file: Mutex::new(vote_file),
                 recent: RecentEntries::default(),
                 repair: Mutex::new(repair),
             }),
@@ -592,12 +606,16 @@ impl LogStore {
 
     /// The vote as last made durable.
     pub fn vote(&self) -> io::Result<Option<Vote>> {
-        read_meta(&self.shared.meta, VOTE_KEY)
+        Ok(self.shared.vote_file.lock().expect("never poisoned").vote())
     }
 
-    /// Makes `vote` durable before returning.
+    /// Makes `vote` durable before returning: in the vote file, which is the authority, then
+    /// in sled, which older builds read.
     pub fn save_vote_durable(&self, vote: &Vote) -> io::Result<()> {
+        let mut vote_file = self.shared.vote_file.lock().expect("never poisoned");
+        vote_file.save(vote)?;
         self.shared.meta.put_durable(VOTE_KEY, &encode(vote))?;
+        drop(vote_file);
         *self.shared.vote.lock().expect("never poisoned") = Some(*vote);
         Ok(())
     }
@@ -693,6 +711,51 @@ impl LogStore {
         );
         Ok(())
     }
+}
+
+/// The vote this replica made durable last, from the vote file's (`in_file`) and sled's copy.
+/// The file's, unless sled's is later: a build that writes only sled (v0.1.0, rolled back
+/// onto the directory) voted since. A sled copy older than the file's, or one that cannot be
+/// ordered with it, is sled having dropped a write in its recovery: the file's stands.
+fn later_vote(in_file: Option<Vote>, in_sled: Option<Vote>) -> Option<Vote> {
+    match (in_file, in_sled) {
+        (Some(file), Some(sled)) if sled > file => {
+            tracing::info!(%sled, %file, "sled holds a later vote than the vote file: an older build voted since");
+            Some(sled)
+        }
+        (Some(file), Some(sled)) if sled != file => {
+            tracing::warn!(%sled, %file, "sled's copy of the vote is older than the vote file's: sled lost a write, and the file's vote stands");
+            Some(file)
+        }
+        (Some(file), None) => {
+            tracing::warn!(%file, "sled holds no copy of the vote (lost, or a crash came between the two writes); the vote file's stands");
+            Some(file)
+        }
+        (file, sled) => file.or(sled),
+    }
+}
+
+/// `vote`, raised if the log says it must have been later: a replica holds entries of a term
+/// only after it voted in that term for their leader (or followed it), so a durable vote of an
+/// earlier term (or none) beside them was rolled back, by both stores losing it. The vote it
+/// must have held is then the leader's of the last entry, committed, which grants no other
+/// vote in that term.
+fn no_older_than_the_log(vote: Option<Vote>, last: Option<LogId>) -> Option<Vote> {
+    let Some(last) = last else {
+        return vote;
+    };
+    if vote.is_some_and(|v| v.leader_id.term >= last.leader_id.term) {
+        return vote;
+    }
+    let followed = Vote::new_committed(last.leader_id.term, last.leader_id.node_id);
+    tracing::error!(
+        durable = ?vote,
+        %last,
+        raised_to = %followed,
+        "the durable vote is older than the log's last entry: it was rolled back, and is raised \
+         to the vote that entry's leader must have had"
+    );
+    Some(followed)
 }
 
 /// The vote replica `own` restarts with, given the `durable` one: its own committed vote

@@ -45,6 +45,7 @@ pub mod stages;
 pub mod state_machine;
 pub mod storage;
 pub mod types;
+pub mod vote_file;
 pub mod wal;
 
 pub use types::TypeConfig;
