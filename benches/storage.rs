@@ -1,6 +1,6 @@
 //! Micro-benchmarks of the commit path's pieces: the proposer's hand-off (appends queued,
 //! then taken as one batch), appending a group of entries to the WAL and making it durable
-//! (what the sync thread does per flush), reading an entry back for a fetch (what a
+//! (what the sync thread does per flush, with the synced mark it raises after), reading an entry back for a fetch (what a
 //! subscriber below the in-memory window costs), and applying a batch to the state machine
 //! (what every replica does per committed entry).
 //!
@@ -48,6 +48,16 @@ fn storage(c: &mut Criterion) {
                 (first..first + 4).map(|i| encode(&entry(i, 64))).collect();
             wal.append(first, &payloads).unwrap();
             wal.active_file().sync_data().unwrap();
+        })
+    });
+    // What each flush adds since the synced mark: one 12-byte write, never synced.
+    let mark = wal.synced_mark();
+    let mut marked = wal.next_index() - 1;
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("raise_the_synced_mark", |b| {
+        b.iter(|| {
+            marked += 1;
+            mark.raise(marked)
         })
     });
     let index = wal.next_index() - 1;

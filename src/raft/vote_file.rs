@@ -189,14 +189,16 @@ pub mod faults {
     use std::os::unix::fs::FileExt;
     use std::path::Path;
 
-    use super::{COPY_AT, VOTE_FILE};
+    use super::{encode_copy, Vote, COPY_AT, VOTE_FILE};
 
-    /// Flips byte `at` of copy `copy` (0 or 1) of the vote file in `dir`.
+    /// Flips byte `at` (modulo a copy's length) of copy `copy` (0 or 1) of the vote file in the
+    /// log directory `dir`.
     pub fn flip_vote_byte(dir: &Path, copy: usize, at: u64) -> io::Result<()> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .open(dir.join(VOTE_FILE))?;
+        let at = at % encode_copy(0, &Vote::default()).len() as u64;
         let mut byte = [0u8];
         file.read_exact_at(&mut byte, COPY_AT[copy] + at)?;
         file.write_all_at(&[!byte[0]], COPY_AT[copy] + at)

@@ -116,9 +116,10 @@ pub struct SimConfig {
     /// that kept the batches of an ended term would stop its leader's appends for good.
     pub deposed_leader_leads_again: bool,
     /// Rots one replica's disk (the first to crash, and the same one all run): at each of its
-    /// crashes, one byte of its WAL is flipped at a random offset of the records its synced
-    /// mark vouches for (the last segment's final record included), after the crash's own
-    /// faults. The replica must find the damage, be
+    /// crashes, after the crash's own faults, one byte of its stored snapshot or of its WAL is
+    /// flipped (at a random offset of the records its synced mark vouches for, the last
+    /// segment's final record included), and sometimes a byte of one copy of its vote file,
+    /// and sled's copy of its vote is rolled back a term. The replica must find the damage, be
     /// repaired from its peers, and vote again; nothing acknowledged may be lost.
     pub rot_one_disk: bool,
 }
@@ -207,6 +208,8 @@ struct Record {
     bytes_flipped: u32,
     final_record_bytes_flipped: u32,
     snapshot_bytes_flipped: u32,
+    vote_copies_flipped: u32,
+    sled_votes_rolled_back: u32,
     repairs_begun: u32,
 }
 
@@ -432,6 +435,24 @@ impl Sim {
                             self.record().final_record_bytes_flipped += u32::from(in_final);
                         }
                     }
+                }
+                // And, each a quarter of the time, one copy of the vote file rots, and sled's
+                // recovery rolls its copy of the vote back a term.
+                let (vote_rots, copy, at, sled_rolls_back) = self.net.random(|rng| {
+                    (
+                        rng.gen_bool(0.25),
+                        rng.gen_range(0..2),
+                        rng.gen(),
+                        rng.gen_bool(0.25),
+                    )
+                });
+                if vote_rots && disk.rot_vote_copy(copy, at) {
+                    self.fault(format!("flip a byte of copy {copy} of {id}'s vote file"));
+                    self.record().vote_copies_flipped += 1;
+                }
+                if sled_rolls_back && disk.roll_back_sleds_vote() {
+                    self.fault(format!("roll {id}'s vote in sled back a term"));
+                    self.record().sled_votes_rolled_back += 1;
                 }
             }
         }
@@ -1547,6 +1568,12 @@ impl Sim {
             report
                 .faults
                 .insert("snapshot bytes flipped", record.snapshot_bytes_flipped);
+            report
+                .faults
+                .insert("vote copies flipped", record.vote_copies_flipped);
+            report
+                .faults
+                .insert("sled votes rolled back", record.sled_votes_rolled_back);
             report.faults.insert("repairs begun", record.repairs_begun);
         }
         for (_, raft, _) in running {

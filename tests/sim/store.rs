@@ -17,12 +17,14 @@ use std::sync::Mutex;
 
 use ctrlog::client::{ApiError, FetchRequest};
 use ctrlog::jobs::JobState;
-use ctrlog::log::{Filter, LogEntry, Offset};
+use ctrlog::log::{decode, encode, Filter, LogEntry, Offset};
 use ctrlog::raft::log_store::{Flushing, LogStore};
-use ctrlog::raft::meta_store::Closed;
+use ctrlog::raft::meta_store::{Closed, MetaStore};
 use ctrlog::raft::reader::read_committed;
 use ctrlog::raft::state_machine::{faults as snapshot_faults, StateMachineStore};
 use ctrlog::raft::storage::{log_dir, meta_dir, open_storage_with};
+use ctrlog::raft::types::Vote;
+use ctrlog::raft::vote_file::{faults as vote_faults, VOTE_FILE};
 use ctrlog::raft::wal::faults;
 
 /// One replica's data directory, which outlives each of its incarnations.
@@ -128,6 +130,32 @@ impl Disk {
             false => faults::flip_synced_byte(&log, at),
         }
         .unwrap()
+    }
+
+    /// Flips one byte (at `at`, modulo a copy's length) of copy `copy` of the vote file, as a
+    /// rotting disk would; `false` when the replica has not voted yet.
+    pub fn rot_vote_copy(&self, copy: usize, at: u64) -> bool {
+        let log = log_dir(&self.dir);
+        log.join(VOTE_FILE).exists() && {
+            vote_faults::flip_vote_byte(&log, copy, at).unwrap();
+            true
+        }
+    }
+
+    /// Puts a vote of the term before into sled's copy of the vote, as sled's recovery would
+    /// leave it after dropping its last writes; `false` when sled holds no vote.
+    pub fn roll_back_sleds_vote(&self) -> bool {
+        let meta = MetaStore::open(&meta_dir(&self.dir)).unwrap();
+        let Some(bytes) = meta.get("vote").unwrap() else {
+            return false;
+        };
+        let vote: Vote = decode(&bytes, 1 << 10).unwrap();
+        let older = Vote::new(
+            vote.leader_id.term.saturating_sub(1),
+            vote.leader_id.node_id,
+        );
+        meta.put_durable("vote", &encode(&older)).unwrap();
+        true
     }
 
     /// Flips one byte of the stored snapshot at `at` (modulo its bytes), as rot that sled's
