@@ -13,8 +13,10 @@
 //! A save writes the first copy and `fdatasync`s it, then the second and `fdatasync`s it, with
 //! the next sequence number. So a crash leaves at most one copy torn, and the other is either
 //! the new vote or the one before it, whose save never returned; rot in one copy leaves the
-//! other, equal, copy. Open takes the valid copy with the higher sequence. A file whose copies
-//! both fail their checks is damage no crash leaves: the replica refuses to start and says so.
+//! other, equal, copy. Open takes the valid copy with the higher sequence, and writes it to
+//! both again if the other failed its checks, so that rot accumulating over several restarts
+//! never finds both damaged. A file whose copies both fail their checks (two faults between
+//! two starts) is damage no crash leaves: the replica refuses to start and says so.
 //! The file is created whole (written to a temporary name, synced, renamed), so a crash while
 //! creating it leaves no file, never a damaged one.
 
@@ -127,19 +129,22 @@ impl VoteFile {
                 ),
             ));
         };
-        if copies.iter().any(Option::is_none) {
-            tracing::warn!(
-                file = %path.display(),
-                "one copy of the vote is damaged; the other is used, and both are written again \
-                 with the next vote"
-            );
-        }
-        Ok(VoteFile {
+        let mut vote_file = VoteFile {
             dir: dir.to_path_buf(),
             file: Some(file),
             sequence,
             vote: Some(vote),
-        })
+        };
+        if copies.iter().any(Option::is_none) {
+            // Mended at once, so that rot in the other copy before the next vote is saved
+            // does not leave both damaged.
+            tracing::warn!(
+                file = %path.display(),
+                "one copy of the vote is damaged; the other's vote is written to both again"
+            );
+            vote_file.save(&vote)?;
+        }
+        Ok(vote_file)
     }
 
     /// The vote on disk.
@@ -237,8 +242,8 @@ mod tests {
         );
     }
 
-    /// Rot in either copy, anywhere in it, leaves the other: the vote saved last. Both copies
-    /// damaged is refused.
+    /// Rot in either copy, anywhere in it, leaves the other: the vote saved last, which the open
+    /// writes to both again. Both copies damaged between two opens is refused.
     #[test]
     fn one_damaged_copy_is_survived_and_two_are_refused() {
         let last = RaftVote::new_committed(7, 3);
@@ -253,7 +258,13 @@ mod tests {
                 let case = format!("copy {copy} byte {at}");
                 let vote = open(dir.path()).unwrap_or_else(|e| panic!("{case}: {e}"));
                 assert_eq!(vote, Some(last), "{case}");
+                // The open mended it: rot in the other copy now leaves this one.
                 faults::flip_vote_byte(dir.path(), 1 - copy, at).unwrap();
+                let vote = open(dir.path()).unwrap_or_else(|e| panic!("{case}, mended: {e}"));
+                assert_eq!(vote, Some(last), "{case}, mended");
+                // Both damaged between two opens is refused.
+                faults::flip_vote_byte(dir.path(), 0, at).unwrap();
+                faults::flip_vote_byte(dir.path(), 1, at).unwrap();
                 let refused = open(dir.path()).expect_err("both copies damaged");
                 assert_eq!(refused.kind(), io::ErrorKind::InvalidData, "{case}");
             }
