@@ -334,6 +334,9 @@ impl Sim {
             Ok(storage) => {
                 storage.log.serve_as(id);
                 if let Ok(Some(repair)) = storage.log.repairing() {
+                    // Named without the temporary folder, whose random name would make two
+                    // runs of one seed differ.
+                    let repair = self.disks[&id].without_folder(&repair.to_string());
                     self.fault(format!("{id} starts {repair}"));
                     self.record().repairs_begun += 1;
                 }

@@ -164,6 +164,11 @@ impl Disk {
         snapshot_faults::flip_snapshot_byte(&meta_dir(&self.dir), at).unwrap()
     }
 
+    /// `text` with this disk's folder named `DATA`.
+    pub fn without_folder(&self, text: &str) -> String {
+        text.replace(&*self.dir.to_string_lossy(), "DATA")
+    }
+
     pub fn snapshots_built(&self) -> u64 {
         self.snapshots_built.load(Ordering::Relaxed)
     }
