@@ -84,6 +84,27 @@ async fn a_byte_flipped_in_the_final_record_of_a_followers_wal_loses_no_acknowle
     assert!(!faults::segment_sizes(&kept).unwrap().is_empty());
 }
 
+/// Goal: writes that a follower's disk lost after `fdatasync` reported them done (its last
+/// five records, the segment cut cleanly before them) lose no acknowledged append: the synced
+/// mark says the log held them, so the follower repairs them from the leader. (Before the
+/// mark, a log that ended cleanly was whole, and the follower voted without them.)
+/// Steps: [`rot_a_follower_between_two_crashes`], the last five records cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_a_followers_disk_lost_after_fdatasync_lose_no_acknowledged_append() {
+    let (_cluster, kept) = rot_a_follower_between_two_crashes(&[], |data_dir| {
+        let log = log_dir(data_dir);
+        if faults::synced_mark(&log).unwrap().is_some() {
+            let lost = faults::lose_synced_records(&log, 5).unwrap();
+            assert!(lost.is_some(), "the synced mark covers the last records");
+        } else {
+            // A build before the mark (CTRLOG_TEST_REPLICA_BINARY) left none to keep.
+            faults::lose_last_entries(&log, 5).unwrap();
+        }
+    })
+    .await;
+    assert!(!faults::segment_sizes(&kept).unwrap().is_empty());
+}
+
 /// Goal: one flipped byte in a follower's stored snapshot (rot that sled's own checks miss)
 /// loses no acknowledged append: the follower sets the snapshot and its log aside, starts
 /// over empty, refuses to vote until the leader has sent it back what it held, and is

@@ -209,7 +209,8 @@ fn a_deposed_leader_caught_up_by_snapshot_leads_again_and_takes_appends() {
 
 /// Issue 34: one replica's disk rots (at each of its crashes, a byte of its WAL flipped at a
 /// random offset of the records its synced mark vouches for, in the final one a quarter of
-/// the time, or a byte of its stored snapshot): it finds the damage, neither votes nor stands
+/// the time, or its last synced records lost, or a byte of its stored snapshot; and now and
+/// then a byte of one copy of its vote file, or sled's vote rolled back): it finds the damage, neither votes nor stands
 /// until the leader has sent it what it held again (entries, or its snapshot and log), and is
 /// voting again once the cluster settles, with no acknowledged append lost and no divergence.
 /// On the build before it, WAL damage was cut as a torn tail and the replica voted with a log
@@ -218,6 +219,7 @@ fn a_deposed_leader_caught_up_by_snapshot_leads_again_and_takes_appends() {
 #[test]
 fn one_rotting_disk_loses_nothing_and_is_repaired_from_the_peers() {
     let (mut snapshot_bytes_flipped, mut final_record_bytes_flipped) = (0, 0);
+    let mut synced_writes_lost = 0;
     for (seed, replicas) in ROTTING_SEEDS {
         let mut config = SimConfig::new(seed, replicas);
         config.rot_one_disk = true;
@@ -229,6 +231,7 @@ fn one_rotting_disk_loses_nothing_and_is_repaired_from_the_peers() {
         );
         snapshot_bytes_flipped += report.faults["snapshot bytes flipped"];
         final_record_bytes_flipped += report.faults["wal final record bytes flipped"];
+        synced_writes_lost += report.faults["synced writes lost"];
         assert!(
             report.violations.is_empty(),
             "seed {seed} ({}): {:#?}",
@@ -244,4 +247,5 @@ fn one_rotting_disk_loses_nothing_and_is_repaired_from_the_peers() {
         final_record_bytes_flipped > 0,
         "no seed rotted a final record"
     );
+    assert!(synced_writes_lost > 0, "no seed lost a synced write");
 }

@@ -817,7 +817,9 @@ pub mod faults {
 
     use std::fs::File;
 
-    use super::{SyncedMark, Wal, RECORD_HEADER_BYTES, SEGMENT_SUFFIX, SYNCED_MARK_FILE};
+    use super::{
+        RecordPos, SyncedMark, Wal, RECORD_HEADER_BYTES, SEGMENT_SUFFIX, SYNCED_MARK_FILE,
+    };
 
     /// The log's segment files in `dir`, oldest first.
     fn segments(dir: &Path) -> io::Result<Vec<PathBuf>> {
@@ -941,7 +943,12 @@ pub mod faults {
         last_synced: Option<std::ops::Range<u64>>,
     }
 
-    fn synced_bytes(dir: &Path) -> io::Result<Option<SyncedBytes>> {
+    /// Records of one segment with their indexes.
+    type IndexedRecords = Vec<(RecordPos, u64)>;
+
+    /// The last segment, and where each of its records that the synced mark covers starts in
+    /// it, with its index; `None` for a log without segments.
+    fn synced_in_last_segment(dir: &Path) -> io::Result<Option<(PathBuf, IndexedRecords)>> {
         let Some(last) = segments(dir)?.pop() else {
             return Ok(None);
         };
@@ -951,10 +958,19 @@ pub mod faults {
             .unwrap_or(u64::MAX);
         let marked = synced_mark(dir)?;
         let (records, _) = super::scan_records(&std::fs::read(&last)?);
-        let last_synced = records
-            .iter()
+        let synced = records
+            .into_iter()
             .zip(first_index..)
             .take_while(|&(_, index)| marked.is_some_and(|m| index <= m))
+            .collect();
+        Ok(Some((last, synced)))
+    }
+
+    fn synced_bytes(dir: &Path) -> io::Result<Option<SyncedBytes>> {
+        let Some((last, synced)) = synced_in_last_segment(dir)? else {
+            return Ok(None);
+        };
+        let last_synced = synced
             .last()
             .map(|(r, _)| r.pos..r.pos + (RECORD_HEADER_BYTES as u64) + u64::from(r.len));
         let sizes = segment_sizes(dir)?;
@@ -963,6 +979,24 @@ pub mod faults {
             before_last,
             last_synced,
         }))
+    }
+
+    /// Writes the disk lost after `fdatasync` reported them done: the last segment cut back
+    /// before its last `records` records that the synced mark covers (all of them if it
+    /// covers fewer), the mark left as it was. Returns the first index lost; `None` when the
+    /// mark covers none of the last segment's records.
+    pub fn lose_synced_records(dir: &Path, records: usize) -> io::Result<Option<u64>> {
+        let Some((last, synced)) = synced_in_last_segment(dir)? else {
+            return Ok(None);
+        };
+        let Some(&(from, index)) = synced.get(synced.len().saturating_sub(records.max(1))) else {
+            return Ok(None);
+        };
+        OpenOptions::new()
+            .write(true)
+            .open(&last)?
+            .set_len(from.pos)?;
+        Ok(Some(index))
     }
 
     /// Rot the log can tell from a torn write: one byte flipped as [`flip_byte`] flips it, at

@@ -118,7 +118,8 @@ pub struct SimConfig {
     /// Rots one replica's disk (the first to crash, and the same one all run): at each of its
     /// crashes, after the crash's own faults, one byte of its stored snapshot or of its WAL is
     /// flipped (at a random offset of the records its synced mark vouches for, the last
-    /// segment's final record included), and sometimes a byte of one copy of its vote file,
+    /// segment's final record included) or its last synced WAL records are lost (a write
+    /// the disk dropped after `fdatasync`), and sometimes a byte of one copy of its vote file,
     /// and sled's copy of its vote is rolled back a term. The replica must find the damage, be
     /// repaired from its peers, and vote again; nothing acknowledged may be lost.
     pub rot_one_disk: bool,
@@ -209,6 +210,7 @@ struct Record {
     final_record_bytes_flipped: u32,
     snapshot_bytes_flipped: u32,
     vote_copies_flipped: u32,
+    synced_writes_lost: u32,
     sled_votes_rolled_back: u32,
     repairs_begun: u32,
 }
@@ -420,16 +422,31 @@ impl Sim {
             }
             if self.rots(id) {
                 // A quarter of the time the stored snapshot rots (if there is one), else the WAL;
-                // a quarter of that in the final record the synced mark covers.
-                let (at, in_snapshot, in_final) = self
-                    .net
-                    .random(|rng| (rng.gen(), rng.gen_bool(0.25), rng.gen_bool(0.25)));
+                // a quarter of that in the final record the synced mark covers. An eighth of
+                // the time the disk instead loses its last synced writes to the WAL.
+                let (at, in_snapshot, in_final, lost_write) = self.net.random(|rng| {
+                    let lost_write = rng.gen_range(0..8) == 0;
+                    (
+                        rng.gen(),
+                        rng.gen_bool(0.25),
+                        rng.gen_bool(0.25),
+                        lost_write,
+                    )
+                });
                 let in_snapshot = in_snapshot.then(|| disk.rot_snapshot(at)).flatten();
                 let in_final = in_final && in_snapshot.is_none();
+                let records_lost = (lost_write && in_snapshot.is_none())
+                    .then(|| disk.lose_synced_records((at % 3 + 1) as usize))
+                    .flatten();
                 match in_snapshot {
                     Some(byte) => {
                         self.fault(format!("flip byte {byte} of {id}'s stored snapshot"));
                         self.record().snapshot_bytes_flipped += 1;
+                    }
+                    None if records_lost.is_some() => {
+                        let from = records_lost.unwrap_or_default();
+                        self.fault(format!("{id}'s disk loses its synced records from {from}"));
+                        self.record().synced_writes_lost += 1;
                     }
                     None => {
                         if let Some((segment, byte)) = disk.rot(at, in_final) {
@@ -1574,6 +1591,9 @@ impl Sim {
             report
                 .faults
                 .insert("vote copies flipped", record.vote_copies_flipped);
+            report
+                .faults
+                .insert("synced writes lost", record.synced_writes_lost);
             report
                 .faults
                 .insert("sled votes rolled back", record.sled_votes_rolled_back);

@@ -132,6 +132,12 @@ impl Disk {
         .unwrap()
     }
 
+    /// Loses the last `records` WAL records the synced mark covers, as a disk that dropped
+    /// writes after `fdatasync` reported them done would; returns the first index lost.
+    pub fn lose_synced_records(&self, records: usize) -> Option<u64> {
+        faults::lose_synced_records(&log_dir(&self.dir), records).unwrap()
+    }
+
     /// Flips one byte (at `at`, modulo a copy's length) of copy `copy` of the vote file, as a
     /// rotting disk would; `false` when the replica has not voted yet.
     pub fn rot_vote_copy(&self, copy: usize, at: u64) -> bool {
