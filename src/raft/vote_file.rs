@@ -14,8 +14,8 @@
 //! the next sequence number. So a crash leaves at most one copy torn, and the other is either
 //! the new vote or the one before it, whose save never returned; rot in one copy leaves the
 //! other, equal, copy. Open takes the valid copy with the higher sequence, and writes it to
-//! both again if the other failed its checks, so that rot accumulating over several restarts
-//! never finds both damaged. A file whose copies both fail their checks (two faults between
+//! both again if the other failed its checks or holds an older vote, so that rot accumulating
+//! over several restarts never finds both damaged, nor an older vote behind the one in use. A file whose copies both fail their checks (two faults between
 //! two starts) is damage no crash leaves: the replica refuses to start and says so.
 //! The file is created whole (written to a temporary name, synced, renamed), so a crash while
 //! creating it leaves no file, never a damaged one.
@@ -135,13 +135,17 @@ impl VoteFile {
             sequence,
             vote: Some(vote),
         };
-        if copies.iter().any(Option::is_none) {
+        if copies[0] != copies[1] {
             // Mended at once, so that rot in the other copy before the next vote is saved
-            // does not leave both damaged.
-            tracing::warn!(
-                file = %path.display(),
-                "one copy of the vote is damaged; the other's vote is written to both again"
-            );
+            // finds neither both damaged nor, behind it, the vote before this one (which a
+            // save cut short by a crash leaves in the second copy, and which this replica
+            // may act on from now on).
+            if copies.iter().any(Option::is_none) {
+                tracing::warn!(
+                    file = %path.display(),
+                    "one copy of the vote is damaged; the other's vote is written to both again"
+                );
+            }
             vote_file.save(&vote)?;
         }
         Ok(vote_file)
@@ -272,7 +276,7 @@ mod tests {
     }
 
     /// A save cut short after its first copy leaves the new vote there and the previous one in
-    /// the second: the newer is used, and the next save writes both again.
+    /// the second: the newer is used, and written to both at once.
     #[test]
     fn a_save_cut_after_its_first_copy_reads_as_the_newer_vote() {
         let dir = tempfile::tempdir().unwrap();
@@ -285,6 +289,12 @@ mod tests {
             .write_all_at(&copy, COPY_AT[0])
             .unwrap();
         drop(file);
+        let file = VoteFile::open(dir.path()).unwrap();
+        assert_eq!(file.vote(), Some(newer));
+        drop(file);
+        // The open wrote the newer vote to the second copy too: rot in the first now finds it
+        // there, not the vote before.
+        faults::flip_vote_byte(dir.path(), 0, 3).unwrap();
         let mut file = VoteFile::open(dir.path()).unwrap();
         assert_eq!(file.vote(), Some(newer));
         file.save(&RaftVote::new(3, 3)).unwrap();
