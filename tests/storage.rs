@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-use ctrlog::log::{encode, Batch, Command, Proposal, Target};
-use ctrlog::raft::meta_store::MetaStore;
+use ctrlog::log::{Batch, Command, Proposal, Target};
+use ctrlog::raft::log_store::faults as sled_vote;
 use ctrlog::raft::storage::{log_dir, meta_dir, open_storage, Storage};
 use ctrlog::raft::types::{Entry, LogId, Snapshot, Vote};
 use ctrlog::raft::vote_file::{faults as vote_faults, VOTE_FILE};
@@ -218,8 +218,7 @@ async fn a_truncation_lowers_the_durable_mark_to_what_the_log_keeps() {
 /// Puts `vote` in sled's copy of a closed replica's vote, as sled's recovery would leave it
 /// after dropping the writes since (a damaged tail of its own log).
 fn roll_back_sleds_vote(dir: &Path, vote: Vote) {
-    let meta = MetaStore::open(&meta_dir(dir)).unwrap();
-    meta.put_durable("vote", &encode(&vote)).unwrap();
+    sled_vote::replace_sleds_vote(&meta_dir(dir), |_| Some(vote)).unwrap();
 }
 
 /// Goal: a vote that sled's recovery rolled back is not the vote the replica restarts with

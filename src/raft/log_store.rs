@@ -362,8 +362,9 @@ impl LogStore {
         // in the page cache, which the log would now count as durable: sync them first.
         wal.active_file().sync_data()?;
         let last_log_id = last_log_id(&wal, last_purged)?;
+        let mark = wal.synced_mark();
         if let Some(last) = last_log_id {
-            wal.synced_mark().raise(last.index);
+            mark.raise(last.index);
         }
         let vote = no_older_than_the_log(vote, last_log_id);
         if let Some(vote) = vote.filter(|v| Some(*v) != vote_file.vote()) {
@@ -378,7 +379,6 @@ impl LogStore {
             truncations: 0,
         }));
         let first_index = wal.first_index();
-        let mark = wal.synced_mark();
         let stages = Arc::<CommitStages>::default();
         Ok(LogStore {
             shared: Arc::new(Shared {
@@ -605,8 +605,8 @@ impl LogStore {
     }
 
     /// The vote as last made durable.
-    pub fn vote(&self) -> io::Result<Option<Vote>> {
-        Ok(self.shared.vote_file.lock().expect("never poisoned").vote())
+    pub fn vote(&self) -> Option<Vote> {
+        self.shared.vote_file.lock().expect("never poisoned").vote()
     }
 
     /// Makes `vote` durable before returning: in the vote file, which is the authority, then
@@ -710,6 +710,30 @@ impl LogStore {
             truncations,
         );
         Ok(())
+    }
+}
+
+/// sled's copy of a stopped replica's vote, for the tests that roll it back as sled's recovery
+/// could. None of this is called by a running replica.
+pub mod faults {
+    use std::io;
+    use std::path::Path;
+
+    use super::{encode, read_meta, Vote, VOTE_KEY};
+    use crate::raft::meta_store::MetaStore;
+
+    /// Replaces sled's copy of the vote in the sled database in `meta_dir` with what `replace`
+    /// makes of it (nothing is written for `None`); returns whether it wrote one.
+    pub fn replace_sleds_vote(
+        meta_dir: &Path,
+        replace: impl FnOnce(Option<Vote>) -> Option<Vote>,
+    ) -> io::Result<bool> {
+        let meta = MetaStore::open(meta_dir)?;
+        let Some(vote) = replace(read_meta(&meta, VOTE_KEY)?) else {
+            return Ok(false);
+        };
+        meta.put_durable(VOTE_KEY, &encode(&vote))?;
+        Ok(true)
     }
 }
 
@@ -872,7 +896,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     /// The vote openraft starts from: the durable one, except that this replica's own
     /// committed vote is handed over as not committed (see [`as_restarted`]).
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
-        let durable = self.vote().map_err(|e| StorageIOError::read_vote(&e))?;
+        let durable = self.vote();
         let Some(own) = self.shared.own_id.get() else {
             return Ok(durable);
         };

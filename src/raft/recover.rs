@@ -57,7 +57,7 @@ pub fn force_new_cluster(
         return Err(nothing_to_recover());
     };
     let seen = log
-        .vote()?
+        .vote()
         .map_or(0, |v| v.leader_id.term)
         .max(previous_last.leader_id.term);
     let term = seen + 1;

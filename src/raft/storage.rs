@@ -17,7 +17,7 @@ use std::sync::Arc;
 use super::log_store::{Flushing, LogStore, SEGMENT_BYTES_MAX};
 use super::meta_store::{Closed, MetaStore};
 use super::state_machine::{set_aside_damaged_snapshot, DamagedSnapshot, StateMachineStore};
-use super::wal::new_damaged_folder;
+use super::wal::{create_durably, new_damaged_folder};
 
 /// Where a replica keeps sled (metadata and snapshots) inside its data directory.
 pub fn meta_dir(data_dir: &Path) -> PathBuf {
@@ -98,15 +98,13 @@ fn parse_format(text: &str) -> Result<u32, String> {
 /// directory synced, so that a crash leaves the old file or the new one.
 fn write_format(data_dir: &Path, format: u32) -> io::Result<()> {
     use std::io::Write as _;
-    let temporary = data_dir.join(format!("{FORMAT_FILE}.tmp"));
-    let mut file = std::fs::File::create(&temporary)?;
-    writeln!(
-        file,
-        "# The layout of this ctrlog data directory (meta/, log/). Do not edit.\nformat = {format}"
-    )?;
-    file.sync_all()?;
-    std::fs::rename(&temporary, data_dir.join(FORMAT_FILE))?;
-    std::fs::File::open(data_dir)?.sync_all()
+    create_durably(data_dir, FORMAT_FILE, |mut file| {
+        writeln!(
+            file,
+            "# The layout of this ctrlog data directory (meta/, log/). Do not edit.\nformat = {format}"
+        )
+    })
+    .map(drop)
 }
 
 /// Opens the metadata and the log (the WAL) of the replica whose data is in `data_dir`.

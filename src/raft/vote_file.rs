@@ -26,6 +26,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::types::Vote;
+use super::wal::create_durably;
 use crate::log::{decode, encode};
 
 /// The file's name in the log's directory. Without a `.wal` suffix, so the WAL (and v0.1.0's)
@@ -169,19 +170,11 @@ impl VoteFile {
                 }
             }
             None => {
-                let temporary = self.dir.join(format!("{VOTE_FILE}.new"));
-                let file = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .open(&temporary)?;
-                for at in COPY_AT {
-                    file.write_all_at(&copy, at)?;
-                }
-                file.sync_data()?;
-                std::fs::rename(&temporary, self.dir.join(VOTE_FILE))?;
-                File::open(&self.dir)?.sync_all()?;
+                let file = create_durably(&self.dir, VOTE_FILE, |file| {
+                    COPY_AT
+                        .iter()
+                        .try_for_each(|&at| file.write_all_at(&copy, at))
+                })?;
                 self.file = Some(file);
             }
         }
@@ -193,24 +186,17 @@ impl VoteFile {
 
 /// Rot in a stopped replica's vote file, for the tests that inject it.
 pub mod faults {
-    use std::fs::OpenOptions;
     use std::io;
-    use std::os::unix::fs::FileExt;
     use std::path::Path;
 
     use super::{encode_copy, Vote, COPY_AT, VOTE_FILE};
+    use crate::raft::wal::faults::invert_byte;
 
     /// Flips byte `at` (modulo a copy's length) of copy `copy` (0 or 1) of the vote file in the
     /// log directory `dir`.
     pub fn flip_vote_byte(dir: &Path, copy: usize, at: u64) -> io::Result<()> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(dir.join(VOTE_FILE))?;
         let at = at % encode_copy(0, &Vote::default()).len() as u64;
-        let mut byte = [0u8];
-        file.read_exact_at(&mut byte, COPY_AT[copy] + at)?;
-        file.write_all_at(&[!byte[0]], COPY_AT[copy] + at)
+        invert_byte(&dir.join(VOTE_FILE), COPY_AT[copy] + at)
     }
 }
 
@@ -237,7 +223,7 @@ mod tests {
         assert_eq!(file.vote(), None);
         assert!(!dir.path().join(VOTE_FILE).exists());
         file.save(&RaftVote::new(4, 2)).unwrap();
-        assert!(!dir.path().join(format!("{VOTE_FILE}.new")).exists());
+        assert!(!dir.path().join(format!("{VOTE_FILE}.tmp")).exists());
         file.save(&RaftVote::new_committed(4, 2)).unwrap();
         drop(file);
         assert_eq!(

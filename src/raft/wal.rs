@@ -179,6 +179,29 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// Creates the file `name` in `dir` whole or not at all: `write` fills it under a temporary
+/// name (`name.tmp`), which is synced and renamed into place, and the directory is synced, so
+/// that a crash leaves the old file (or none) or the new one, never a part. Returns the new
+/// file, open for reading and writing.
+pub(super) fn create_durably(
+    dir: &Path,
+    name: &str,
+    write: impl FnOnce(&File) -> io::Result<()>,
+) -> io::Result<File> {
+    let temporary = dir.join(format!("{name}.tmp"));
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&temporary)?;
+    write(&file)?;
+    file.sync_all()?;
+    std::fs::rename(&temporary, dir.join(name))?;
+    sync_dir(dir)?;
+    Ok(file)
+}
+
 fn corrupt(message: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, message)
 }
@@ -897,14 +920,7 @@ pub mod faults {
         let mut left = at % total;
         for (name, size) in sizes {
             if left < size {
-                use std::os::unix::fs::FileExt;
-                let file = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(dir.join(&name))?;
-                let mut byte = [0u8];
-                file.read_exact_at(&mut byte, left)?;
-                file.write_all_at(&[!byte[0]], left)?;
+                invert_byte(&dir.join(&name), left)?;
                 return Ok(Some((name, left)));
             }
             left -= size;
@@ -922,16 +938,19 @@ pub mod faults {
         }
     }
 
+    /// Inverts the byte at `offset` of the file at `path`: one flipped byte, as a rotting disk
+    /// leaves it.
+    pub fn invert_byte(path: &Path, offset: u64) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        let mut byte = [0u8];
+        file.read_exact_at(&mut byte, offset)?;
+        file.write_all_at(&[!byte[0]], offset)
+    }
+
     /// Flips one byte of the synced mark's file, as a rotting disk would.
     pub fn flip_byte_of_synced_mark(dir: &Path) -> io::Result<()> {
-        use std::os::unix::fs::FileExt;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(dir.join(SYNCED_MARK_FILE))?;
-        let mut byte = [0u8];
-        file.read_exact_at(&mut byte, 3)?;
-        file.write_all_at(&[!byte[0]], 3)
+        invert_byte(&dir.join(SYNCED_MARK_FILE), 3)
     }
 
     /// The bytes rot may hit where the log can tell it from a torn write: those of the sealed

@@ -78,9 +78,9 @@ pub enum FaultFamily {
     TornTails,
     /// A stopped replica (the leader a third of the time) gets one byte flipped in its WAL
     /// where its synced mark vouches for it (the final record included), or (a third of the
-    /// time, if it has one) in its stored
-    /// snapshot: rot, which no crash leaves. It must come back, refuse to vote while it lacks
-    /// what it had acknowledged, and be repaired from the peers.
+    /// time, if it has one) in its stored snapshot: rot, which no crash leaves. It must come
+    /// back, refuse to vote while it lacks what it had acknowledged, and be repaired from the
+    /// peers.
     Corruption,
     /// Cut links with nftables: the leader from its peers (both ways, or only what it sends)
     /// while its clients still reach it, a follower from everyone, or the job's containers

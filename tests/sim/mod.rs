@@ -1578,26 +1578,18 @@ impl Sim {
         }
         let record = std::mem::take(&mut *self.record());
         if self.config.rot_one_disk {
-            report
-                .faults
-                .insert("wal bytes flipped", record.bytes_flipped);
-            report.faults.insert(
-                "wal final record bytes flipped",
-                record.final_record_bytes_flipped,
-            );
-            report
-                .faults
-                .insert("snapshot bytes flipped", record.snapshot_bytes_flipped);
-            report
-                .faults
-                .insert("vote copies flipped", record.vote_copies_flipped);
-            report
-                .faults
-                .insert("synced writes lost", record.synced_writes_lost);
-            report
-                .faults
-                .insert("sled votes rolled back", record.sled_votes_rolled_back);
-            report.faults.insert("repairs begun", record.repairs_begun);
+            report.faults.extend([
+                ("wal bytes flipped", record.bytes_flipped),
+                (
+                    "wal final record bytes flipped",
+                    record.final_record_bytes_flipped,
+                ),
+                ("snapshot bytes flipped", record.snapshot_bytes_flipped),
+                ("vote copies flipped", record.vote_copies_flipped),
+                ("synced writes lost", record.synced_writes_lost),
+                ("sled votes rolled back", record.sled_votes_rolled_back),
+                ("repairs begun", record.repairs_begun),
+            ]);
         }
         for (_, raft, _) in running {
             let _ = raft.shutdown().await;

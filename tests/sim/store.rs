@@ -17,14 +17,15 @@ use std::sync::Mutex;
 
 use ctrlog::client::{ApiError, FetchRequest};
 use ctrlog::jobs::JobState;
-use ctrlog::log::{decode, encode, Filter, LogEntry, Offset};
+use ctrlog::log::{Filter, LogEntry, Offset};
+use ctrlog::raft::log_store::faults as sled_vote;
 use ctrlog::raft::log_store::{Flushing, LogStore};
-use ctrlog::raft::meta_store::{Closed, MetaStore};
+use ctrlog::raft::meta_store::Closed;
 use ctrlog::raft::reader::read_committed;
 use ctrlog::raft::state_machine::{faults as snapshot_faults, StateMachineStore};
 use ctrlog::raft::storage::{log_dir, meta_dir, open_storage_with};
 use ctrlog::raft::types::Vote;
-use ctrlog::raft::vote_file::{faults as vote_faults, VOTE_FILE};
+use ctrlog::raft::vote_file::{faults as vote_file_faults, VOTE_FILE};
 use ctrlog::raft::wal::faults;
 
 /// One replica's data directory, which outlives each of its incarnations.
@@ -143,7 +144,7 @@ impl Disk {
     pub fn rot_vote_copy(&self, copy: usize, at: u64) -> bool {
         let log = log_dir(&self.dir);
         log.join(VOTE_FILE).exists() && {
-            vote_faults::flip_vote_byte(&log, copy, at).unwrap();
+            vote_file_faults::flip_vote_byte(&log, copy, at).unwrap();
             true
         }
     }
@@ -151,17 +152,10 @@ impl Disk {
     /// Puts a vote of the term before into sled's copy of the vote, as sled's recovery would
     /// leave it after dropping its last writes; `false` when sled holds no vote.
     pub fn roll_back_sleds_vote(&self) -> bool {
-        let meta = MetaStore::open(&meta_dir(&self.dir)).unwrap();
-        let Some(bytes) = meta.get("vote").unwrap() else {
-            return false;
-        };
-        let vote: Vote = decode(&bytes, 1 << 10).unwrap();
-        let older = Vote::new(
-            vote.leader_id.term.saturating_sub(1),
-            vote.leader_id.node_id,
-        );
-        meta.put_durable("vote", &encode(&older)).unwrap();
-        true
+        sled_vote::replace_sleds_vote(&meta_dir(&self.dir), |vote| {
+            vote.map(|v| Vote::new(v.leader_id.term.saturating_sub(1), v.leader_id.node_id))
+        })
+        .unwrap()
     }
 
     /// Flips one byte of the stored snapshot at `at` (modulo its bytes), as rot that sled's
