@@ -181,11 +181,20 @@ async fn a_crash_between_snapshot_install_and_its_purge_recovers() {
     let (mut cluster, leader, client) = snapshotting_cluster(dir.path()).await;
     let mut acked = append(&client, "before", 20).await;
     let follower = cluster.follower_of(leader);
+    let follower_last = cluster.replica(follower).metrics().last_log_index;
     cluster.stop(follower).await;
     acked.extend(append(&client, "while away", 60).await);
     for replica in cluster.running() {
         replica.snapshot().await.unwrap();
     }
+    // openraft purges nothing a replication stream still has in flight, and the one to the
+    // stopped follower may hold its last request until the follower is back: restarted
+    // before the purge, the follower would catch up from the log and install nothing.
+    eventually("the leader to purge what the follower lacks", || {
+        let purged = cluster.replica(leader).metrics().purged;
+        (purged.map(|id| id.index) > follower_last).then_some(())
+    })
+    .await;
     fail::cfg("snapshot-install", "1*return").unwrap();
     cluster.restart(follower).await.unwrap();
     let victims = restart_stopped(&mut cluster, "snapshot-install").await;
