@@ -7,8 +7,8 @@ use std::path::Path;
 use ctrlog::log::{Batch, Command, Proposal, Target};
 use ctrlog::raft::log_store::faults as sled_vote;
 use ctrlog::raft::storage::{log_dir, meta_dir, open_storage, Storage};
+use ctrlog::raft::two_copies::{faults as two_copies_faults, REPAIR, VOTE};
 use ctrlog::raft::types::{Entry, LogId, Snapshot, Vote};
-use ctrlog::raft::vote_file::{faults as vote_faults, VOTE_FILE};
 use openraft::storage::{RaftLogReader, RaftLogStorage, RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{CommittedLeaderId, EntryPayload};
 
@@ -239,7 +239,7 @@ async fn a_vote_sled_rolled_back_is_kept_by_the_vote_file() {
     );
     close(storage).await;
     // And sled's copy was mended at the open: it holds the vote again.
-    std::fs::remove_file(log_dir(dir.path()).join(VOTE_FILE)).unwrap();
+    std::fs::remove_file(log_dir(dir.path()).join(VOTE.file_name)).unwrap();
     let mut storage = open_storage(dir.path()).unwrap();
     assert_eq!(
         storage.log.read_vote().await.unwrap(),
@@ -264,7 +264,7 @@ async fn a_vote_older_than_the_log_is_raised_to_its_last_entrys_leader() {
         storage.log.append_durable(&entry).unwrap();
     }
     close(storage).await;
-    std::fs::remove_file(log_dir(dir.path()).join(VOTE_FILE)).unwrap();
+    std::fs::remove_file(log_dir(dir.path()).join(VOTE.file_name)).unwrap();
     roll_back_sleds_vote(dir.path(), Vote::new(2, 1));
     let mut storage = open_storage(dir.path()).unwrap();
     assert_eq!(
@@ -282,9 +282,77 @@ async fn a_vote_file_damaged_in_both_copies_is_refused() {
     storage.log.save_vote(&Vote::new(4, 1)).await.unwrap();
     close(storage).await;
     for copy in 0..2 {
-        vote_faults::flip_vote_byte(&log_dir(dir.path()), copy, 9).unwrap();
+        assert!(two_copies_faults::flip_copy_byte(&log_dir(dir.path()), &VOTE, copy, 9).unwrap());
     }
     let refused = open_storage(dir.path()).err().expect("refused");
     assert_eq!(refused.kind(), std::io::ErrorKind::InvalidData);
-    assert!(refused.to_string().contains(VOTE_FILE), "{refused}");
+    assert!(refused.to_string().contains(VOTE.file_name), "{refused}");
+}
+
+/// Goal: a replica repairing a damaged log never forgets it is repairing (it would vote with a
+/// log that lacks entries it acknowledged): sled losing its latest writes takes nothing from
+/// the repair, which is kept in a file of two checksummed copies; one damaged copy leaves the
+/// other; both damaged is refused; and the repair's end is as durable as its start. On the
+/// build that kept the repair in sled, sled losing the write forgot it.
+#[tokio::test]
+async fn a_repair_under_way_survives_sled_losing_writes_and_one_damaged_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = open_storage(dir.path()).unwrap();
+    for index in 1..=10 {
+        storage.log.append_durable(&entry(index)).unwrap();
+    }
+    close(storage).await;
+    let log = log_dir(dir.path());
+    ctrlog::raft::wal::faults::flip_synced_byte(&log, 200)
+        .unwrap()
+        .expect("a byte to flip");
+    let storage = open_storage(dir.path()).unwrap();
+    let repair = storage
+        .log
+        .repairing()
+        .unwrap()
+        .expect("the damage is found");
+    assert_eq!(repair.held.index, 10);
+    close(storage).await;
+
+    // sled's recovery drops its latest writes: whatever it held of the repair is gone.
+    let meta = ctrlog::raft::meta_store::MetaStore::open(&meta_dir(dir.path())).unwrap();
+    meta.remove_durable("repair").unwrap();
+    drop(meta);
+    let storage = open_storage(dir.path()).unwrap();
+    assert_eq!(storage.log.repairing().unwrap(), Some(repair.clone()));
+    close(storage).await;
+
+    for copy in 0..2 {
+        assert!(two_copies_faults::flip_copy_byte(&log, &REPAIR, copy, 30).unwrap());
+        let storage = open_storage(dir.path()).unwrap();
+        let case = format!("copy {copy} damaged");
+        assert_eq!(
+            storage.log.repairing().unwrap(),
+            Some(repair.clone()),
+            "{case}"
+        );
+        close(storage).await;
+    }
+    for copy in 0..2 {
+        assert!(two_copies_faults::flip_copy_byte(&log, &REPAIR, copy, 30).unwrap());
+    }
+    let refused = open_storage(dir.path()).err().expect("both copies damaged");
+    assert_eq!(refused.kind(), std::io::ErrorKind::InvalidData);
+    assert!(refused.to_string().contains(REPAIR.file_name), "{refused}");
+
+    // Mended by hand for the rest of the test: the repair ends once the log holds entry 10
+    // again, and stays ended.
+    for copy in 0..2 {
+        assert!(two_copies_faults::flip_copy_byte(&log, &REPAIR, copy, 30).unwrap());
+    }
+    let storage = open_storage(dir.path()).unwrap();
+    let next = storage.log.last_log_id().map_or(1, |id| id.index + 1);
+    assert!(next < 10, "the damage cut the log");
+    for index in next..=10 {
+        storage.log.append_durable(&entry(index)).unwrap();
+    }
+    assert_eq!(storage.log.repairing().unwrap(), None);
+    let storage = reopen(storage, dir.path()).await;
+    assert_eq!(storage.log.repairing().unwrap(), None);
 }

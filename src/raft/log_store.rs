@@ -43,10 +43,10 @@ use tokio::sync::watch;
 use super::meta_store::{MetaStore, VALUE_BYTES_MAX};
 use super::recent::RecentEntries;
 use super::stages::{CommitStages, Stage};
+use super::two_copies::{TwoCopies, REPAIR, VOTE};
 use super::types::{
     AppendEntriesRequest, Entry, LogId, StorageError, StorageIOError, TypeConfig, Vote,
 };
-use super::vote_file::VoteFile;
 use super::wal::{Damage, SyncedMark, Wal, RECORD_BYTES_MAX};
 use crate::log::{decode, encode};
 use crate::wire::protocol::Repairing;
@@ -55,8 +55,9 @@ use crate::NodeId;
 const VOTE_KEY: &str = "vote";
 const PURGED_KEY: &str = "purged";
 const COMMITTED_KEY: &str = "committed";
-/// Where a [`Repair`] is kept while one is under way. Older builds never read it: a damaged log
-/// is new to this build, and a log it repaired is an ordinary log again.
+/// Where builds before the repair file kept a [`Repair`] under way; read once at open and moved
+/// into the file. v0.1.0 never reads either: a damaged log is new to later builds, and a log
+/// they repaired is an ordinary log again.
 const REPAIR_KEY: &str = "repair";
 
 /// What damage to the log took, that this replica must get back from its peers before it
@@ -172,13 +173,14 @@ struct Shared {
     own_id: std::sync::OnceLock<NodeId>,
     /// The vote as last saved, to recognise the leader's own appends.
     vote: Mutex<Option<Vote>>,
-    /// Where the vote is durable first (see [`super::vote_file`]); sled keeps a copy.
-    vote_file: Mutex<VoteFile>,
+    /// Where the vote is durable first (see [`super::two_copies`]); sled keeps a copy.
+    vote_file: Mutex<TwoCopies<Vote>>,
     /// The newest entries, changed only with the WAL under its lock (see
     /// [`RecentEntries`]).
     recent: RecentEntries,
-    /// The repair under way, if the log was found damaged (see [`LogStore::repairing`]).
-    repair: Mutex<Option<Repair>>,
+    /// The repair under way, if the log was found damaged (see [`LogStore::repairing`]), kept
+    /// where a rollback shows (see [`super::two_copies`]).
+    repair: Mutex<TwoCopies<Option<Repair>>>,
 }
 
 /// How far the log is known to be on disk: an index along the log as it is now.
@@ -334,22 +336,25 @@ impl LogStore {
     ) -> io::Result<LogStore> {
         let last_purged: Option<LogId> = read_meta(&meta, PURGED_KEY)?;
         std::fs::create_dir_all(dir)?;
-        let mut vote_file = VoteFile::open(dir)?;
+        let mut vote_file = TwoCopies::open(dir, &VOTE)?;
         let in_sled: Option<Vote> = read_meta(&meta, VOTE_KEY)?;
-        let vote = later_vote(vote_file.vote(), in_sled);
-        let unfinished: Option<Repair> = read_meta(&meta, REPAIR_KEY)?;
-        let mut repair = unfinished.clone();
+        let vote = later_vote(vote_file.value().copied(), in_sled);
+        let mut repair = TwoCopies::open(dir, &REPAIR)?;
+        if let Some(in_sled) = read_meta::<Repair>(&meta, REPAIR_KEY)? {
+            let unfinished = in_sled.merged(repair.value().cloned().flatten());
+            repair.save(&Some(unfinished))?;
+            meta.remove_durable(REPAIR_KEY)?;
+        }
         // Recorded before the log is cut: a crash right after the cut must not leave a
         // replica that forgot it had held more.
         let record_repair = |damage: &Damage| {
-            let needed = Repair::of(damage, vote).merged(unfinished);
-            meta.put_durable(REPAIR_KEY, &encode(&needed))?;
+            let needed = Repair::of(damage, vote).merged(repair.value().cloned().flatten());
+            repair.save(&Some(needed.clone()))?;
             tracing::error!(
                 %needed,
                 "this replica's log is damaged; it neither votes nor stands until the leader \
                  has sent it the damaged entries again"
             );
-            repair = Some(needed);
             Ok(())
         };
         let (wal, _) = Wal::open_repairing(
@@ -367,7 +372,7 @@ impl LogStore {
             mark.raise(last.index);
         }
         let vote = no_older_than_the_log(vote, last_log_id);
-        if let Some(vote) = vote.filter(|v| Some(*v) != vote_file.vote()) {
+        if let Some(vote) = vote.filter(|v| Some(v) != vote_file.value()) {
             vote_file.save(&vote)?;
         }
         if let Some(vote) = vote.filter(|v| Some(*v) != in_sled) {
@@ -412,18 +417,17 @@ impl LogStore {
     /// the log is on disk up to what it held again, which ends the repair, durably.
     pub fn repairing(&self) -> io::Result<Option<Repair>> {
         let mut repair = self.shared.repair.lock().expect("never poisoned");
-        let Some(needed) = repair.as_ref() else {
+        let Some(needed) = repair.value().cloned().flatten() else {
             return Ok(None);
         };
         if !self.shared.durable.borrow().covers(Some(needed.held)) {
-            return Ok(repair.clone());
+            return Ok(Some(needed));
         }
-        self.shared.meta.remove_durable(REPAIR_KEY)?;
+        repair.save(&None)?;
         tracing::info!(
             repaired = %needed,
             "the damaged entries are on disk again, from the leader; this replica votes again"
         );
-        *repair = None;
         Ok(None)
     }
 
@@ -444,14 +448,13 @@ impl LogStore {
                 segment: kept.join("snapshot").display().to_string(),
                 byte: 0,
             }
-            .merged(repair.take());
-            self.shared.meta.put_durable(REPAIR_KEY, &encode(&needed))?;
+            .merged(repair.value().cloned().flatten());
+            repair.save(&Some(needed.clone()))?;
             tracing::error!(
                 %needed,
                 "this replica's stored snapshot is damaged; it starts over from the leader's \
                  snapshot and neither votes nor stands until it holds what it held"
             );
-            *repair = Some(needed);
         }
         state.wal.set_aside_everything(kept)?;
         self.shared.meta.remove_durable(COMMITTED_KEY)?;
@@ -606,7 +609,8 @@ impl LogStore {
 
     /// The vote as last made durable.
     pub fn vote(&self) -> Option<Vote> {
-        self.shared.vote_file.lock().expect("never poisoned").vote()
+        let vote_file = self.shared.vote_file.lock().expect("never poisoned");
+        vote_file.value().copied()
     }
 
     /// Makes `vote` durable before returning: in the vote file, which is the authority, then

@@ -44,8 +44,8 @@ pub mod recover;
 pub mod stages;
 pub mod state_machine;
 pub mod storage;
+pub mod two_copies;
 pub mod types;
-pub mod vote_file;
 pub mod wal;
 
 pub use types::TypeConfig;

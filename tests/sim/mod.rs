@@ -50,6 +50,7 @@ use ctrlog::log::{
 use ctrlog::raft::elector::{ElectionTimer, ElectionTiming};
 use ctrlog::raft::node::{MemberLevels, Node, NodeConfig};
 use ctrlog::raft::proposer::BATCHES_IN_FLIGHT_MAX;
+use ctrlog::raft::two_copies::{REPAIR, VOTE};
 use ctrlog::raft::types::LogId;
 use ctrlog::raft::types::Raft;
 use ctrlog::server::ReplicaConfig;
@@ -210,6 +211,7 @@ struct Record {
     final_record_bytes_flipped: u32,
     snapshot_bytes_flipped: u32,
     vote_copies_flipped: u32,
+    repair_copies_flipped: u32,
     synced_writes_lost: u32,
     sled_votes_rolled_back: u32,
     repairs_begun: u32,
@@ -456,9 +458,10 @@ impl Sim {
                         }
                     }
                 }
-                // And, each a quarter of the time, one copy of the vote file rots, and sled's
-                // recovery rolls its copy of the vote back a term.
-                let (vote_rots, copy, at, sled_rolls_back) = self.net.random(|rng| {
+                // And, each a quarter of the time, one copy of the vote file rots (and the other
+                // copy of the repair file, if a repair is under way), and sled's recovery rolls
+                // its copy of the vote back a term.
+                let (records_rot, copy, at, sled_rolls_back) = self.net.random(|rng| {
                     (
                         rng.gen_bool(0.25),
                         rng.gen_range(0..2),
@@ -466,9 +469,14 @@ impl Sim {
                         rng.gen_bool(0.25),
                     )
                 });
-                if vote_rots && disk.rot_vote_copy(copy, at) {
+                if records_rot && disk.rot_record_copy(&VOTE, copy, at) {
                     self.fault(format!("flip a byte of copy {copy} of {id}'s vote file"));
                     self.record().vote_copies_flipped += 1;
+                }
+                if records_rot && disk.rot_record_copy(&REPAIR, 1 - copy, at) {
+                    let other = 1 - copy;
+                    self.fault(format!("flip a byte of copy {other} of {id}'s repair file"));
+                    self.record().repair_copies_flipped += 1;
                 }
                 if sled_rolls_back && disk.roll_back_sleds_vote() {
                     self.fault(format!("roll {id}'s vote in sled back a term"));
@@ -1586,6 +1594,7 @@ impl Sim {
                 ),
                 ("snapshot bytes flipped", record.snapshot_bytes_flipped),
                 ("vote copies flipped", record.vote_copies_flipped),
+                ("repair copies flipped", record.repair_copies_flipped),
                 ("synced writes lost", record.synced_writes_lost),
                 ("sled votes rolled back", record.sled_votes_rolled_back),
                 ("repairs begun", record.repairs_begun),

@@ -24,8 +24,8 @@ use ctrlog::raft::meta_store::Closed;
 use ctrlog::raft::reader::read_committed;
 use ctrlog::raft::state_machine::{faults as snapshot_faults, StateMachineStore};
 use ctrlog::raft::storage::{log_dir, meta_dir, open_storage_with};
+use ctrlog::raft::two_copies::{faults as two_copies_faults, Record};
 use ctrlog::raft::types::Vote;
-use ctrlog::raft::vote_file::{faults as vote_file_faults, VOTE_FILE};
 use ctrlog::raft::wal::faults;
 
 /// One replica's data directory, which outlives each of its incarnations.
@@ -139,14 +139,10 @@ impl Disk {
         faults::lose_synced_records(&log_dir(&self.dir), records).unwrap()
     }
 
-    /// Flips one byte (at `at`, modulo a copy's length) of copy `copy` of the vote file, as a
-    /// rotting disk would; `false` when the replica has not voted yet.
-    pub fn rot_vote_copy(&self, copy: usize, at: u64) -> bool {
-        let log = log_dir(&self.dir);
-        log.join(VOTE_FILE).exists() && {
-            vote_file_faults::flip_vote_byte(&log, copy, at).unwrap();
-            true
-        }
+    /// Flips one byte (at `at`, modulo a copy's length) of copy `copy` of `record`'s file (the
+    /// vote's or the repair's), as a rotting disk would; `false` when there is no such file.
+    pub fn rot_record_copy(&self, record: &Record, copy: usize, at: u64) -> bool {
+        two_copies_faults::flip_copy_byte(&log_dir(&self.dir), record, copy, at).unwrap()
     }
 
     /// Puts a vote of the term before into sled's copy of the vote, as sled's recovery would
