@@ -13,9 +13,10 @@ use sim::{run, SimConfig, DEPOSED_AND_LEADING_AGAIN};
 /// Seeds per cluster size in CI: a few minutes in all on two cores.
 const CI_SEEDS: u64 = 4;
 
-/// Runs of the rotting disk in CI whose rotting replica crashes and finds damage, in its WAL
-/// and in its stored snapshot.
-const ROTTING_SEEDS: [(u64, u64); 2] = [(1, 3), (1, 5)];
+/// Runs of the rotting disk in CI whose rotting replica crashes and finds damage: in its WAL
+/// (the final record too), in its stored snapshot, in sled's data file, and in writes the disk
+/// lost.
+const ROTTING_SEEDS: [(u64, u64); 2] = [(7, 3), (1, 5)];
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| {
@@ -210,16 +211,19 @@ fn a_deposed_leader_caught_up_by_snapshot_leads_again_and_takes_appends() {
 /// Issue 34: one replica's disk rots (at each of its crashes, a byte of its WAL flipped at a
 /// random offset of the records its synced mark vouches for, in the final one a quarter of
 /// the time, or its last synced records lost, or a byte of its stored snapshot; and now and
-/// then a byte of one copy of its vote file, or sled's vote rolled back): it finds the damage, neither votes nor stands
-/// until the leader has sent it what it held again (entries, or its snapshot and log), and is
-/// voting again once the cluster settles, with no acknowledged append lost and no divergence.
+/// then a byte of one copy of its vote file or of its repair file, sled's vote rolled back, or
+/// a byte of sled's data file, whose recovery may drop sled's later writes): it finds the
+/// damage, neither votes nor stands until the leader has sent it what it held again (entries,
+/// or its snapshot and log), and is voting again once the cluster settles, with no
+/// acknowledged append lost and no divergence. Only sled refusing its own damaged files may
+/// stop it (counted as "sled stops").
 /// On the build before it, WAL damage was cut as a torn tail and the replica voted with a log
 /// that had forgotten what it acknowledged, and a damaged snapshot kept the replica from
 /// starting; before the synced mark, rot in the final record was cut as a torn tail.
 #[test]
 fn one_rotting_disk_loses_nothing_and_is_repaired_from_the_peers() {
     let (mut snapshot_bytes_flipped, mut final_record_bytes_flipped) = (0, 0);
-    let mut synced_writes_lost = 0;
+    let (mut synced_writes_lost, mut sled_bytes_flipped) = (0, 0);
     for (seed, replicas) in ROTTING_SEEDS {
         let mut config = SimConfig::new(seed, replicas);
         config.rot_one_disk = true;
@@ -232,6 +236,7 @@ fn one_rotting_disk_loses_nothing_and_is_repaired_from_the_peers() {
         snapshot_bytes_flipped += report.faults["snapshot bytes flipped"];
         final_record_bytes_flipped += report.faults["wal final record bytes flipped"];
         synced_writes_lost += report.faults["synced writes lost"];
+        sled_bytes_flipped += report.faults["sled bytes flipped"];
         assert!(
             report.violations.is_empty(),
             "seed {seed} ({}): {:#?}",
@@ -248,4 +253,5 @@ fn one_rotting_disk_loses_nothing_and_is_repaired_from_the_peers() {
         "no seed rotted a final record"
     );
     assert!(synced_writes_lost > 0, "no seed lost a synced write");
+    assert!(sled_bytes_flipped > 0, "no seed rotted sled's data file");
 }

@@ -6,7 +6,8 @@ use std::path::Path;
 
 use ctrlog::log::{Batch, Command, Proposal, Target};
 use ctrlog::raft::log_store::faults as sled_vote;
-use ctrlog::raft::storage::{log_dir, meta_dir, open_storage, Storage};
+use ctrlog::raft::log_store::Flushing;
+use ctrlog::raft::storage::{log_dir, meta_dir, open_storage, open_storage_with, Storage};
 use ctrlog::raft::two_copies::{faults as two_copies_faults, REPAIR, VOTE};
 use ctrlog::raft::types::{Entry, LogId, Snapshot, Vote};
 use openraft::storage::{RaftLogReader, RaftLogStorage, RaftSnapshotBuilder, RaftStateMachine};
@@ -355,4 +356,67 @@ async fn a_repair_under_way_survives_sled_losing_writes_and_one_damaged_copy() {
     assert_eq!(storage.log.repairing().unwrap(), None);
     let storage = reopen(storage, dir.path()).await;
     assert_eq!(storage.log.repairing().unwrap(), None);
+}
+
+/// Goal: sled losing its latest writes (its recovery drops a damaged tail of its own log) can
+/// take a snapshot the WAL was purged behind, leaving an older snapshot that stops short of
+/// the log: the entries between are in neither. The replica must start over from the
+/// leader's snapshot as for a damaged one, repairing (no vote, no candidacy) until it holds
+/// what it held, rather than come up unable to rebuild its state. Seen on d818a4e: it
+/// opened as if whole, with a snapshot at 60 and a log from 153.
+#[tokio::test]
+async fn a_snapshot_sled_lost_behind_a_purged_log_starts_the_replica_over() {
+    const SEGMENT_BYTES: u64 = 4 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let open = |dir: &Path| open_storage_with(dir, Flushing::GroupCommit, SEGMENT_BYTES).unwrap();
+    let mut storage = open(dir.path());
+    append_and_apply(&mut storage, 1, 60).await;
+    storage
+        .state_machine
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    close(storage).await;
+    let sled_then = dir.path().join("sled then");
+    copy_dir(&meta_dir(dir.path()), &sled_then);
+
+    let mut storage = open(dir.path());
+    append_and_apply(&mut storage, 61, 200).await;
+    storage
+        .state_machine
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    storage.log.purge(entry(195).log_id).await.unwrap();
+    let first = storage.log.first_index();
+    assert!(
+        first > 61,
+        "the purge removed whole segments (the log starts at {first})"
+    );
+    close(storage).await;
+
+    std::fs::remove_dir_all(meta_dir(dir.path())).unwrap();
+    copy_dir(&sled_then, &meta_dir(dir.path()));
+    let mut storage = open(dir.path());
+    let repair = storage.log.repairing().unwrap().expect("a repair begins");
+    assert_eq!(repair.held.index, 200, "{repair}");
+    assert!(repair.segment.contains("damaged"), "{repair}");
+    assert_eq!(storage.state_machine.stored_snapshot_last().unwrap(), None);
+    assert_contiguous_log(&mut storage).await;
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for item in std::fs::read_dir(from).unwrap() {
+        let item = item.unwrap();
+        let target = to.join(item.file_name());
+        match item.file_type().unwrap().is_dir() {
+            true => copy_dir(&item.path(), &target),
+            false => drop(std::fs::copy(item.path(), target).unwrap()),
+        }
+    }
 }

@@ -49,11 +49,21 @@ impl Closed {
 impl MetaStore {
     pub fn open(dir: &Path) -> io::Result<MetaStore> {
         wait_for_lock(dir)?;
-        let db = sled::Config::new()
-            .path(dir)
-            .cache_capacity(CACHE_BYTES)
-            .open()
-            .map_err(io::Error::other)?;
+        let config = sled::Config::new().path(dir).cache_capacity(CACHE_BYTES);
+        // sled's recovery may panic on files damaged in ways its checks did not foresee: that
+        // is a refusal to open, reported as one, naming the directory.
+        // Nothing of `config` is used after a panic, so no broken invariant can be observed.
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| config.open()));
+        let opened = opened.map_err(|panic| {
+            let why = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("a panic");
+            io::Error::other(format!("sled could not open {}: {why}", dir.display()))
+        })?;
+        let db = opened
+            .map_err(|e| io::Error::other(format!("sled could not open {}: {e}", dir.display())))?;
         let data_file = File::open(dir.join("db"))?;
         Ok(MetaStore {
             db,

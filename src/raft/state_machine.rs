@@ -458,7 +458,7 @@ fn remove_orphaned_chunks(
 /// A stored snapshot that fails its checks: a header that does not decode, a missing chunk,
 /// or bytes whose length or checksum are not the header's. [`StateMachineStore::open`] fails
 /// with it (inside an [`io::ErrorKind::InvalidData`] error) rather than restore the snapshot.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[error("the stored snapshot is damaged: {problem}")]
 pub struct DamagedSnapshot {
     /// The last entry it covered, if its header still says.

@@ -109,16 +109,20 @@ fn write_format(data_dir: &Path, format: u32) -> io::Result<()> {
 
 /// Opens the metadata and the log (the WAL) of the replica whose data is in `data_dir`.
 pub fn open_log(data_dir: &Path) -> io::Result<(Arc<MetaStore>, LogStore)> {
-    open_log_with(data_dir, Flushing::GroupCommit)
+    open_log_with(data_dir, Flushing::GroupCommit, SEGMENT_BYTES_MAX)
 }
 
-fn open_log_with(data_dir: &Path, flushing: Flushing) -> io::Result<(Arc<MetaStore>, LogStore)> {
+fn open_log_with(
+    data_dir: &Path,
+    flushing: Flushing,
+    segment_bytes_max: u64,
+) -> io::Result<(Arc<MetaStore>, LogStore)> {
     check_format(data_dir)?;
     let meta = Arc::new(MetaStore::open(&meta_dir(data_dir))?);
     let log = LogStore::open_with(
         &log_dir(data_dir),
         meta.clone(),
-        SEGMENT_BYTES_MAX,
+        segment_bytes_max,
         flushing,
     )?;
     Ok((meta, log))
@@ -138,21 +142,34 @@ pub struct Storage {
 /// Blocking: recovery reads the whole retained log, and opening may wait for the directory's
 /// lock. Call it off the async runtime's workers.
 pub fn open_storage(data_dir: &Path) -> io::Result<Storage> {
-    open_storage_with(data_dir, Flushing::GroupCommit)
+    open_storage_with(data_dir, Flushing::GroupCommit, SEGMENT_BYTES_MAX)
 }
 
-/// [`open_storage`], flushing appends as `flushing` says (the simulation flushes inline).
-pub fn open_storage_with(data_dir: &Path, flushing: Flushing) -> io::Result<Storage> {
-    let (meta, log) = open_log_with(data_dir, flushing)?;
+/// [`open_storage`], flushing appends as `flushing` says (the simulation flushes inline), in
+/// WAL segments of `segment_bytes_max` bytes (the simulation's are small, so that it purges
+/// whole segments).
+pub fn open_storage_with(
+    data_dir: &Path,
+    flushing: Flushing,
+    segment_bytes_max: u64,
+) -> io::Result<Storage> {
+    let (meta, log) = open_log_with(data_dir, flushing, segment_bytes_max)?;
     let closed = meta.closed();
-    let state_machine = match StateMachineStore::open(meta.clone(), log.clone()) {
+    let damaged = match StateMachineStore::open(meta.clone(), log.clone()) {
+        Ok(state_machine) => match short_of_the_log(&state_machine, &log)? {
+            None => Ok(state_machine),
+            Some(damaged) => Err(damaged),
+        },
+        Err(error) => match DamagedSnapshot::in_error(&error) {
+            Some(damaged) => Err(damaged.clone()),
+            None => return Err(error),
+        },
+    };
+    let state_machine = match damaged {
         Ok(state_machine) => state_machine,
-        Err(error) => {
-            let Some(damaged) = DamagedSnapshot::in_error(&error) else {
-                return Err(error);
-            };
-            // Rot in sled's values that sled's own checks passed (ARCHITECTURE.md, "The
-            // storage fault model"): the snapshot is fetched from the leader again.
+        Err(damaged) => {
+            // The snapshot is fetched from the leader again (ARCHITECTURE.md, "The storage
+            // fault model").
             let kept = new_damaged_folder(&log_dir(data_dir))?;
             tracing::error!(
                 %damaged,
@@ -171,6 +188,30 @@ pub fn open_storage_with(data_dir: &Path, flushing: Flushing) -> io::Result<Stor
         state_machine,
         closed,
     })
+}
+
+/// The stored snapshot as damage, if it stops short of the log: the log starts after the entry
+/// following it, so the entries between are in neither, and the state cannot be rebuilt.
+/// Nothing this build does leaves that (a purge never passes the durable snapshot): sled's
+/// recovery dropped the writes of a later snapshot, after the log was purged behind it.
+fn short_of_the_log(
+    state_machine: &StateMachineStore,
+    log: &LogStore,
+) -> io::Result<Option<DamagedSnapshot>> {
+    let stored = state_machine.stored_snapshot_last()?;
+    let reaches = stored.map_or(0, |last| last.index) + 1;
+    let first = log.first_index();
+    let log_holds_entries = log.last_log_id().is_some_and(|last| last.index >= first);
+    Ok(
+        (log_holds_entries && first > reaches).then(|| DamagedSnapshot {
+            last: stored,
+            problem: format!(
+                "it reaches entry {} but the log starts at entry {first}: sled lost the writes \
+             of a later snapshot",
+                reaches - 1
+            ),
+        }),
+    )
 }
 
 #[cfg(test)]

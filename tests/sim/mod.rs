@@ -214,7 +214,11 @@ struct Record {
     repair_copies_flipped: u32,
     synced_writes_lost: u32,
     sled_votes_rolled_back: u32,
+    sled_bytes_flipped: u32,
+    /// Replicas stopped because sled refused to open its damaged files.
+    sled_stopped: BTreeSet<NodeId>,
     repairs_begun: u32,
+    repairs_from_nothing: u32,
 }
 
 struct Sim {
@@ -343,8 +347,24 @@ impl Sim {
                     let repair = self.disks[&id].without_folder(&repair.to_string());
                     self.fault(format!("{id} starts {repair}"));
                     self.record().repairs_begun += 1;
+                    // Started over from the leader's snapshot: a damaged one, or one sled's
+                    // recovery lost behind the purged log.
+                    self.record().repairs_from_nothing += u32::from(repair.contains("snapshot"));
                 }
                 storage
+            }
+            Err(error) if self.rots(id) && self.record().sled_bytes_flipped > 0 => {
+                // The one stop the fault model allows (RELIABILITY.md): sled refusing its
+                // own damaged files. The replica stays down (each later restart fails the
+                // same way), as it would until its operator replaced its data directory.
+                let stop = format!("{id} stops: its storage did not open: {error}");
+                if self.record().sled_stopped.insert(id) {
+                    // Printed, for RELIABILITY.md's count of these stops and their causes.
+                    let stop = self.disks[&id].without_folder(&stop);
+                    eprintln!("seed {}: {stop}", self.config.seed);
+                }
+                self.fault(stop);
+                return;
             }
             Err(error) => {
                 let anomaly = format!("replica {id}'s storage did not open: {error}");
@@ -481,6 +501,14 @@ impl Sim {
                 if sled_rolls_back && disk.roll_back_sleds_vote() {
                     self.fault(format!("roll {id}'s vote in sled back a term"));
                     self.record().sled_votes_rolled_back += 1;
+                }
+                // And a quarter of the time a byte of sled's own data file rots, which sled's
+                // recovery may answer by dropping what it wrote after it: an older snapshot,
+                // purge point and vote, or a refusal to open.
+                let (sled_rots, at) = self.net.random(|rng| (rng.gen_bool(0.25), rng.gen()));
+                if let Some(byte) = sled_rots.then(|| disk.rot_sled(at)).flatten() {
+                    self.fault(format!("flip byte {byte} of {id}'s sled data file"));
+                    self.record().sled_bytes_flipped += 1;
                 }
             }
         }
@@ -1597,7 +1625,10 @@ impl Sim {
                 ("repair copies flipped", record.repair_copies_flipped),
                 ("synced writes lost", record.synced_writes_lost),
                 ("sled votes rolled back", record.sled_votes_rolled_back),
+                ("sled bytes flipped", record.sled_bytes_flipped),
+                ("sled stops", record.sled_stopped.len() as u32),
                 ("repairs begun", record.repairs_begun),
+                ("repairs from nothing", record.repairs_from_nothing),
             ]);
         }
         for (_, raft, _) in running {

@@ -28,6 +28,11 @@ use ctrlog::raft::two_copies::{faults as two_copies_faults, Record};
 use ctrlog::raft::types::Vote;
 use ctrlog::raft::wal::faults;
 
+/// The WAL's segment size in the simulation: small, so that a run fills many segments, rots
+/// sealed ones as well as the last, and purges whole ones (which a rollback of sled's snapshot
+/// then leaves behind a hole).
+const SEGMENT_BYTES: u64 = 32 << 10;
+
 /// One replica's data directory, which outlives each of its incarnations.
 pub struct Disk {
     dir: PathBuf,
@@ -73,7 +78,7 @@ impl Disk {
 
     /// Opens the directory as a replica starting on it does.
     pub fn open(&self) -> std::io::Result<Storage> {
-        let storage = open_storage_with(&self.dir, Flushing::Inline)?;
+        let storage = open_storage_with(&self.dir, Flushing::Inline, SEGMENT_BYTES)?;
         *self.closed.lock().unwrap() = Some(storage.closed);
         Ok(Storage {
             log: storage.log,
@@ -152,6 +157,16 @@ impl Disk {
             vote.map(|v| Vote::new(v.leader_id.term.saturating_sub(1), v.leader_id.node_id))
         })
         .unwrap()
+    }
+
+    /// Flips one byte of sled's data file at `at` (modulo its length), under sled's own
+    /// checks, as a rotting disk would; returns the byte's offset.
+    pub fn rot_sled(&self, at: u64) -> Option<u64> {
+        let db = meta_dir(&self.dir).join("db");
+        let len = std::fs::metadata(&db).ok()?.len();
+        let byte = at.checked_rem(len)?;
+        faults::invert_byte(&db, byte).unwrap();
+        Some(byte)
     }
 
     /// Flips one byte of the stored snapshot at `at` (modulo its bytes), as rot that sled's
