@@ -40,6 +40,12 @@ async fn append_and_apply(storage: &mut Storage, from: u64, to: u64) {
     storage.state_machine.apply(entries).await.unwrap();
 }
 
+/// Builds (and stores) a snapshot of what the storage applied.
+async fn build_snapshot(storage: &mut Storage) -> Snapshot {
+    let mut builder = storage.state_machine.get_snapshot_builder().await;
+    builder.build_snapshot().await.unwrap()
+}
+
 /// Closes the storage, waiting until sled has released the directory.
 async fn close(storage: Storage) {
     let Storage {
@@ -84,8 +90,7 @@ async fn assert_contiguous_log(storage: &mut Storage) -> (u64, u64) {
 async fn a_follower_behind_a_snapshot(dir: &Path) -> (Snapshot, std::path::PathBuf, Storage) {
     let mut leader = open_storage(&dir.join("leader")).unwrap();
     append_and_apply(&mut leader, 1, 50).await;
-    let mut builder = leader.state_machine.get_snapshot_builder().await;
-    let snapshot = builder.build_snapshot().await.unwrap();
+    let snapshot = build_snapshot(&mut leader).await;
     let follower_dir = dir.join("follower");
     let mut follower = open_storage(&follower_dir).unwrap();
     append_and_apply(&mut follower, 1, 5).await;
@@ -371,26 +376,14 @@ async fn a_snapshot_sled_lost_behind_a_purged_log_starts_the_replica_over() {
     let open = |dir: &Path| open_storage_with(dir, Flushing::GroupCommit, SEGMENT_BYTES).unwrap();
     let mut storage = open(dir.path());
     append_and_apply(&mut storage, 1, 60).await;
-    storage
-        .state_machine
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .unwrap();
+    build_snapshot(&mut storage).await;
     close(storage).await;
     let sled_then = dir.path().join("sled then");
     copy_dir(&meta_dir(dir.path()), &sled_then);
 
     let mut storage = open(dir.path());
     append_and_apply(&mut storage, 61, 200).await;
-    storage
-        .state_machine
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .unwrap();
+    build_snapshot(&mut storage).await;
     storage.log.purge(entry(195).log_id).await.unwrap();
     let first = storage.log.first_index();
     assert!(

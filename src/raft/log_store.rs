@@ -341,14 +341,14 @@ impl LogStore {
         let vote = later_vote(vote_file.value().copied(), in_sled);
         let mut repair = TwoCopies::open(dir, &REPAIR)?;
         if let Some(in_sled) = read_meta::<Repair>(&meta, REPAIR_KEY)? {
-            let unfinished = in_sled.merged(repair.value().cloned().flatten());
-            repair.save(&Some(unfinished))?;
+            let merged = in_sled.merged(unfinished(&repair));
+            repair.save(&Some(merged))?;
             meta.remove_durable(REPAIR_KEY)?;
         }
         // Recorded before the log is cut: a crash right after the cut must not leave a
         // replica that forgot it had held more.
         let record_repair = |damage: &Damage| {
-            let needed = Repair::of(damage, vote).merged(repair.value().cloned().flatten());
+            let needed = Repair::of(damage, vote).merged(unfinished(&repair));
             repair.save(&Some(needed.clone()))?;
             tracing::error!(
                 %needed,
@@ -417,7 +417,7 @@ impl LogStore {
     /// the log is on disk up to what it held again, which ends the repair, durably.
     pub fn repairing(&self) -> io::Result<Option<Repair>> {
         let mut repair = self.shared.repair.lock().expect("never poisoned");
-        let Some(needed) = repair.value().cloned().flatten() else {
+        let Some(needed) = unfinished(&repair) else {
             return Ok(None);
         };
         if !self.shared.durable.borrow().covers(Some(needed.held)) {
@@ -448,7 +448,7 @@ impl LogStore {
                 segment: kept.join("snapshot").display().to_string(),
                 byte: 0,
             }
-            .merged(repair.value().cloned().flatten());
+            .merged(unfinished(&repair));
             repair.save(&Some(needed.clone()))?;
             tracing::error!(
                 %needed,
@@ -739,6 +739,11 @@ pub mod faults {
         meta.put_durable(VOTE_KEY, &encode(&vote))?;
         Ok(true)
     }
+}
+
+/// The repair the repair file holds, if one is under way.
+fn unfinished(repair: &TwoCopies<Option<Repair>>) -> Option<Repair> {
+    repair.value().cloned().flatten()
 }
 
 /// The vote this replica made durable last, from the vote file's (`in_file`) and sled's copy.
