@@ -402,6 +402,45 @@ async fn a_snapshot_sled_lost_behind_a_purged_log_starts_the_replica_over() {
     assert_contiguous_log(&mut storage).await;
 }
 
+/// Regression (seed 315 of the five-replica rotting-disk scan: "try to get log at index 2425 but
+/// got None" at restart): sled lost the purge point after the WAL had removed the segments it
+/// allowed, while the snapshot that covers them survived. The log then started past the entry
+/// after its purge point, and openraft, which reads the log from there, found nothing.
+/// Steps: entries 1..=200 and a snapshot at 200 (sled copied then, before any purge); entries
+/// up to 220 and a purge up to 195, which removes whole segments; sled put back as copied.
+/// Opened, the log is contiguous from its purge point, no repair begins (nothing is lost: the
+/// snapshot covers the gap), and it keeps entries 201..=220.
+#[tokio::test]
+async fn a_purge_point_sled_lost_after_the_segments_went_is_recorded_again() {
+    const SEGMENT_BYTES: u64 = 4 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let open = |dir: &Path| open_storage_with(dir, Flushing::GroupCommit, SEGMENT_BYTES).unwrap();
+    let mut storage = open(dir.path());
+    append_and_apply(&mut storage, 1, 200).await;
+    build_snapshot(&mut storage).await;
+    append_and_apply(&mut storage, 201, 220).await;
+    close(storage).await;
+    let sled_then = dir.path().join("sled then");
+    copy_dir(&meta_dir(dir.path()), &sled_then);
+
+    let mut storage = open(dir.path());
+    storage.log.purge(entry(195).log_id).await.unwrap();
+    let first = storage.log.first_index();
+    assert!(
+        first > 1,
+        "the purge removed whole segments (the log starts at {first})"
+    );
+    close(storage).await;
+
+    std::fs::remove_dir_all(meta_dir(dir.path())).unwrap();
+    copy_dir(&sled_then, &meta_dir(dir.path()));
+    let mut storage = open(dir.path());
+    assert_eq!(storage.log.repairing().unwrap(), None, "nothing is lost");
+    assert_eq!(assert_contiguous_log(&mut storage).await, (200, 220));
+    let mut storage = reopen(storage, dir.path()).await;
+    assert_eq!(assert_contiguous_log(&mut storage).await, (200, 220));
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for item in std::fs::read_dir(from).unwrap() {

@@ -509,8 +509,8 @@ impl LogStore {
     }
 
     /// Purges what the durable snapshot allows of what is wanted: the purge openraft asked
-    /// for, or everything up to the snapshot when the log has a hole before its next entry or
-    /// ends behind the snapshot.
+    /// for, or everything up to the snapshot when the log has a hole before its next entry,
+    /// ends behind the snapshot or starts past its purge point.
     fn purge_behind_snapshot(&self) -> io::Result<()> {
         let Some(SnapshotGuard {
             durable: Some(snapshot),
@@ -519,10 +519,17 @@ impl LogStore {
         else {
             return Ok(());
         };
-        let (hole_end, ends_behind) = {
+        let (hole_end, ends_behind, starts_past_the_purge_point) = {
             let state = self.lock();
             let ends_behind = index_of(state.last_log_id) < Some(snapshot.index);
-            (state.wal.hole_end(), ends_behind)
+            let after_purge_point = index_of(state.last_purged).map_or(0, |p| p + 1);
+            let starts_past_the_purge_point =
+                !state.wal.is_empty() && state.wal.first_index() > after_purge_point;
+            (
+                state.wal.hole_end(),
+                ends_behind,
+                starts_past_the_purge_point,
+            )
         };
         let target = match (hole_end, wanted) {
             (Some(end), _) if end <= snapshot.index + 1 => Some(snapshot),
@@ -538,6 +545,11 @@ impl LogStore {
             // A log that ends behind the snapshot (one cut before damage, at open) would
             // continue after the snapshot and so leave the hole above: purge it first.
             (None, _) if ends_behind => Some(snapshot),
+            // The log starts past the entry after the purge point: sled lost a purge point
+            // whose segments the WAL had removed, and openraft would look for the entries in
+            // between. The snapshot covers them (`storage::short_of_the_log` checked that):
+            // purge up to it, which records a purge point again.
+            (None, _) if starts_past_the_purge_point => Some(snapshot),
             (None, Some(wanted)) => Some(wanted.min(snapshot)),
             (None, None) => None,
         };
