@@ -215,8 +215,9 @@ fn a_deposed_leader_caught_up_by_snapshot_leads_again_and_takes_appends() {
 /// a byte of sled's data file, whose recovery may drop sled's later writes): it finds the
 /// damage, neither votes nor stands until the leader has sent it what it held again (entries,
 /// or its snapshot and log), and is voting again once the cluster settles, with no
-/// acknowledged append lost and no divergence. Only sled refusing its own damaged files may
-/// stop it (counted as "sled stops").
+/// acknowledged append lost and no divergence. Nothing stops it: sled refusing its own damaged
+/// files sets them aside and starts the replica over from the leader's snapshot (counted as
+/// "sleds set aside").
 /// On the build before it, WAL damage was cut as a torn tail and the replica voted with a log
 /// that had forgotten what it acknowledged, and a damaged snapshot kept the replica from
 /// starting; before the synced mark, rot in the final record was cut as a torn tail.

@@ -441,6 +441,84 @@ async fn a_purge_point_sled_lost_after_the_segments_went_is_recorded_again() {
     assert_eq!(assert_contiguous_log(&mut storage).await, (200, 220));
 }
 
+/// Goal: sled refusing to open its own damaged files does not stop the replica (before, it
+/// stayed down until its operator replaced the directory): the files are set aside, as found,
+/// in a `log/damaged/` folder, sled starts over empty, and the replica starts over from the
+/// leader's snapshot, neither voting nor standing until it holds its last entry again. The
+/// vote, kept outside sled, survives.
+/// Steps: entries 1..=200, a snapshot at 200, entries up to 220, a purge up to 195 (whole
+/// segments go), a vote; closed; a bit of sled's `conf` file flipped (sled then reports
+/// corruption: a refusal). Opened twice: one repair up to 220, one damaged folder.
+#[tokio::test]
+async fn a_sled_refusing_its_files_is_set_aside_and_the_replica_starts_over() {
+    const SEGMENT_BYTES: u64 = 4 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let open = |dir: &Path| open_storage_with(dir, Flushing::GroupCommit, SEGMENT_BYTES).unwrap();
+    let mut storage = open(dir.path());
+    append_and_apply(&mut storage, 1, 200).await;
+    build_snapshot(&mut storage).await;
+    append_and_apply(&mut storage, 201, 220).await;
+    storage.log.purge(entry(195).log_id).await.unwrap();
+    storage.log.save_vote(&Vote::new(3, 2)).await.unwrap();
+    close(storage).await;
+    let sled_conf = meta_dir(dir.path()).join("conf");
+    let mut bytes = std::fs::read(&sled_conf).unwrap();
+    bytes[0] ^= 1;
+    std::fs::write(&sled_conf, &bytes).unwrap();
+
+    for _ in 0..2 {
+        let mut storage = open(dir.path());
+        let repair = storage
+            .log
+            .repairing()
+            .unwrap()
+            .expect("a repair is under way");
+        assert_eq!(repair.held.index, 220, "{repair}");
+        assert!(repair.segment.ends_with("meta"), "{repair}");
+        assert_eq!(storage.state_machine.stored_snapshot_last().unwrap(), None);
+        assert_eq!(
+            storage.log.read_vote().await.unwrap(),
+            Some(Vote::new(3, 2))
+        );
+        assert_contiguous_log(&mut storage).await;
+        close(storage).await;
+    }
+    let damaged: Vec<_> = std::fs::read_dir(log_dir(dir.path()).join("damaged"))
+        .unwrap()
+        .map(|folder| folder.unwrap().path())
+        .collect();
+    assert_eq!(damaged.len(), 1, "{damaged:?}");
+    assert_eq!(
+        std::fs::read(damaged[0].join("meta").join("conf")).unwrap(),
+        bytes,
+        "sled's files are kept as found"
+    );
+}
+
+/// Goal: a replica whose sled is gone (deleted, or lost whole to a crash while it was being
+/// set aside) and whose log holds no entry does not vote as an empty replica: the name of its
+/// WAL segment says where its log stood, and it repairs up to there.
+/// Steps: a follower holding entries 1..=5 installs the leader's snapshot at 50 (its log
+/// starts over, empty, at 51); closed; sled's folder removed; opened: a repair up to 50.
+/// On the build before, it opened with an empty log and no repair.
+#[tokio::test]
+async fn a_replica_whose_sled_is_gone_with_an_empty_log_repairs_up_to_its_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let (snapshot, follower_dir, mut follower) = a_follower_behind_a_snapshot(dir.path()).await;
+    follower
+        .state_machine
+        .install_snapshot(&snapshot.meta, snapshot.snapshot)
+        .await
+        .unwrap();
+    assert_eq!(follower.log.first_index(), 51, "the log starts over at 51");
+    close(follower).await;
+    std::fs::remove_dir_all(meta_dir(&follower_dir)).unwrap();
+    let mut follower = open_storage(&follower_dir).unwrap();
+    let repair = follower.log.repairing().unwrap().expect("a repair begins");
+    assert_eq!(repair.held.index, 50, "{repair}");
+    assert_contiguous_log(&mut follower).await;
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for item in std::fs::read_dir(from).unwrap() {

@@ -82,10 +82,18 @@ pub struct Repair {
     pub byte: u64,
 }
 
+/// The leader of `vote`, which stands in for the term of an entry known only by its index: no
+/// entry is of a later term than the vote, so an id with it is no less up to date than the
+/// true one.
+fn vote_leader(vote: Option<Vote>) -> CommittedLeaderId<NodeId> {
+    vote.map_or_else(CommittedLeaderId::default, |v| {
+        CommittedLeaderId::new(v.leader_id.term, v.leader_id.node_id)
+    })
+}
+
 impl Repair {
     /// The repair that `damage` calls for; `vote` is the durable vote, whose leader stands in
-    /// for the last entry's when no valid record after the damage says it (that is no less up
-    /// to date than the true one: no entry is of a later term than the vote).
+    /// for the last entry's when no valid record after the damage says it.
     fn of(damage: &Damage, vote: Option<Vote>) -> Repair {
         let last_index = damage.end_at_least - 1;
         let decoded = damage
@@ -94,12 +102,7 @@ impl Repair {
             .and_then(|bytes| decode::<Entry>(bytes, RECORD_BYTES_MAX as u64).ok())
             .map(|entry| entry.log_id)
             .filter(|id| id.index >= last_index);
-        let held = decoded.unwrap_or_else(|| {
-            let leader = vote.map_or_else(CommittedLeaderId::default, |v| {
-                CommittedLeaderId::new(v.leader_id.term, v.leader_id.node_id)
-            });
-            LogId::new(leader, last_index)
-        });
+        let held = decoded.unwrap_or_else(|| LogId::new(vote_leader(vote), last_index));
         Repair {
             first_damaged: damage.first,
             held,
@@ -431,21 +434,36 @@ impl LogStore {
         Ok(None)
     }
 
-    /// Starts the log over, empty, for a replica whose stored snapshot is damaged (`lost`:
-    /// what it covered, if its header still says; `kept`: where the damaged snapshot was set
-    /// aside, which names the repair). Without the snapshot the retained log cannot be applied,
-    /// so the replica must be sent the leader's snapshot and log again, and it must not vote
-    /// before it holds what it held: a [`Repair`] up to the later of the log's last entry and
-    /// the snapshot's is recorded durably first, then the segments are set aside in `kept`
-    /// and the purge and commit points forgotten. Called at open, before Raft runs on the log.
-    pub fn start_over_for_lost_snapshot(&self, lost: Option<LogId>, kept: &Path) -> io::Result<()> {
+    /// Starts the log over, empty, for a replica whose stored snapshot is damaged or gone
+    /// (`lost`: what it covered, if its header still says; `damaged`: where what was lost was
+    /// set aside, which names the repair; `kept`: the folder that holds it). Without the
+    /// snapshot the retained log cannot be applied, so the replica must be sent the leader's
+    /// snapshot and log again, and it must not vote before it holds what it held: a [`Repair`]
+    /// up to the latest of the log's last entry, the snapshot's and the entry before the WAL's
+    /// first (what its segments' names show it held, should sled have lost its purge point
+    /// too) is recorded durably first, then the segments are set aside in `kept` and the purge
+    /// and commit points forgotten. Called at open, before Raft runs on the log.
+    pub fn start_over_for_lost_snapshot(
+        &self,
+        lost: Option<LogId>,
+        damaged: &Path,
+        kept: &Path,
+    ) -> io::Result<()> {
         let mut state = self.lock();
         let mut repair = self.shared.repair.lock().expect("never poisoned");
-        if let Some(held) = state.last_log_id.max(lost) {
+        let vote = *self.shared.vote.lock().expect("never poisoned");
+        let reached = (state.wal.next_index().checked_sub(1))
+            .map(|index| LogId::new(vote_leader(vote), index));
+        // Of equal indexes, the last is kept: a real entry's id over one that stands in.
+        let held = [reached, lost, state.last_log_id]
+            .into_iter()
+            .flatten()
+            .max_by_key(|id| id.index);
+        if let Some(held) = held {
             let needed = Repair {
                 first_damaged: 0,
                 held,
-                segment: kept.join("snapshot").display().to_string(),
+                segment: damaged.display().to_string(),
                 byte: 0,
             }
             .merged(unfinished(&repair));

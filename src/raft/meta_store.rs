@@ -10,7 +10,7 @@
 
 use std::fs::File;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -36,6 +36,28 @@ pub struct MetaStore {
     closed_when_dropped: watch::Sender<()>,
 }
 
+/// sled refusing to open its own files as damaged (its recovery reports corruption, or
+/// panics): they hold nothing that cannot be fetched from the leader again, so the replica's
+/// storage sets them aside and starts sled over (`raft::storage`). Other errors (the lock,
+/// permissions, I/O) are not damage and stop the replica.
+#[derive(Debug, thiserror::Error)]
+#[error("sled could not open {}: {why}", dir.display())]
+pub struct SledRefused {
+    pub dir: PathBuf,
+    pub why: String,
+}
+
+impl SledRefused {
+    /// The refusal `error` reports, if it is one.
+    pub fn in_error(error: &io::Error) -> Option<&SledRefused> {
+        error.get_ref()?.downcast_ref()
+    }
+
+    fn into_io(self) -> io::Error {
+        io::Error::new(io::ErrorKind::InvalidData, self)
+    }
+}
+
 /// Resolves once the store it came from is dropped, with sled closed.
 pub struct Closed(watch::Receiver<()>);
 
@@ -54,16 +76,28 @@ impl MetaStore {
         // is a refusal to open, reported as one, naming the directory.
         // Nothing of `config` is used after a panic, so no broken invariant can be observed.
         let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| config.open()));
+        let refused = |why: String| SledRefused {
+            dir: dir.to_path_buf(),
+            why,
+        };
         let opened = opened.map_err(|panic| {
             let why = panic
                 .downcast_ref::<String>()
                 .map(String::as_str)
                 .or_else(|| panic.downcast_ref::<&str>().copied())
                 .unwrap_or("a panic");
-            io::Error::other(format!("sled could not open {}: {why}", dir.display()))
+            refused(why.to_owned()).into_io()
         })?;
-        let db = opened
-            .map_err(|e| io::Error::other(format!("sled could not open {}: {e}", dir.display())))?;
+        let db = opened.map_err(|error| match error {
+            sled::Error::Corruption { .. } | sled::Error::ReportableBug(_) => {
+                refused(error.to_string()).into_io()
+            }
+            sled::Error::Io(error) => io::Error::new(
+                error.kind(),
+                format!("sled could not open {}: {error}", dir.display()),
+            ),
+            error => io::Error::other(format!("sled could not open {}: {error}", dir.display())),
+        })?;
         let data_file = File::open(dir.join("db"))?;
         Ok(MetaStore {
             db,

@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::log_store::{Flushing, LogStore, SEGMENT_BYTES_MAX};
-use super::meta_store::{Closed, MetaStore};
+use super::meta_store::{Closed, MetaStore, SledRefused};
 use super::state_machine::{set_aside_damaged_snapshot, DamagedSnapshot, StateMachineStore};
-use super::wal::{create_durably, new_damaged_folder};
+use super::wal::{create_durably, new_damaged_folder, sync_dir};
 
 /// Where a replica keeps sled (metadata and snapshots) inside its data directory.
 pub fn meta_dir(data_dir: &Path) -> PathBuf {
@@ -107,26 +107,44 @@ fn write_format(data_dir: &Path, format: u32) -> io::Result<()> {
     .map(drop)
 }
 
-/// Opens the metadata and the log (the WAL) of the replica whose data is in `data_dir`.
+/// Opens the metadata and the log (the WAL) of the replica whose data is in `data_dir`, for
+/// disaster recovery, which keeps everything the replica holds: sled refusing its files is an
+/// error here, left to the operator (a replica's start sets them aside, [`open_storage`]).
 pub fn open_log(data_dir: &Path) -> io::Result<(Arc<MetaStore>, LogStore)> {
-    open_log_with(data_dir, Flushing::GroupCommit, SEGMENT_BYTES_MAX)
-}
-
-fn open_log_with(
-    data_dir: &Path,
-    flushing: Flushing,
-    segment_bytes_max: u64,
-) -> io::Result<(Arc<MetaStore>, LogStore)> {
     check_format(data_dir)?;
     let meta = Arc::new(MetaStore::open(&meta_dir(data_dir))?);
-    let log = LogStore::open_with(
-        &log_dir(data_dir),
-        meta.clone(),
-        segment_bytes_max,
-        flushing,
-    )?;
+    let log = LogStore::open(&log_dir(data_dir), meta.clone())?;
     Ok((meta, log))
 }
+
+/// Opens sled. If it refuses its own files as damaged ([`SledRefused`]), they are moved, as
+/// found, into a new folder of `log/damaged/` (returned), and sled starts over, empty: what
+/// it held (the snapshot, the purge and commit points, a copy of the vote) is fetched from the
+/// leader again or kept outside it, so the replica repairs rather than stops.
+fn open_meta(data_dir: &Path) -> io::Result<(MetaStore, Option<PathBuf>)> {
+    let dir = meta_dir(data_dir);
+    let refused = match MetaStore::open(&dir) {
+        Ok(meta) => return Ok((meta, None)),
+        Err(error) => match SledRefused::in_error(&error) {
+            Some(refused) => refused.to_string(),
+            None => return Err(error),
+        },
+    };
+    let kept = new_damaged_folder(&log_dir(data_dir))?;
+    std::fs::rename(&dir, kept.join(SLED_SET_ASIDE))?;
+    sync_dir(&kept)?;
+    sync_dir(data_dir)?;
+    tracing::error!(
+        %refused,
+        kept = %kept.display(),
+        "sled's files are set aside and sled starts over, empty; the replica starts over from \
+         the leader's snapshot"
+    );
+    Ok((MetaStore::open(&dir)?, Some(kept)))
+}
+
+/// The name sled's refused files take in their `log/damaged/` folder.
+pub const SLED_SET_ASIDE: &str = "meta";
 
 /// A replica's storage, opened: what Raft runs on.
 pub struct Storage {
@@ -153,34 +171,39 @@ pub fn open_storage_with(
     flushing: Flushing,
     segment_bytes_max: u64,
 ) -> io::Result<Storage> {
-    let (meta, log) = open_log_with(data_dir, flushing, segment_bytes_max)?;
+    check_format(data_dir)?;
+    let (meta, sled_set_aside) = open_meta(data_dir)?;
+    let meta = Arc::new(meta);
+    let log = LogStore::open_with(
+        &log_dir(data_dir),
+        meta.clone(),
+        segment_bytes_max,
+        flushing,
+    )?;
     let closed = meta.closed();
-    let damaged = match StateMachineStore::open(meta.clone(), log.clone()) {
-        Ok(state_machine) => match short_of_the_log(&state_machine, &log)? {
-            None => Ok(state_machine),
-            Some(damaged) => Err(damaged),
-        },
-        Err(error) => match DamagedSnapshot::in_error(&error) {
-            Some(damaged) => Err(damaged.clone()),
-            None => return Err(error),
-        },
-    };
-    let state_machine = match damaged {
-        Ok(state_machine) => state_machine,
-        Err(damaged) => {
-            // The snapshot is fetched from the leader again (ARCHITECTURE.md, "The storage
-            // fault model").
-            let kept = new_damaged_folder(&log_dir(data_dir))?;
-            tracing::error!(
-                %damaged,
-                last = ?damaged.last,
-                kept = %kept.display(),
-                "the stored snapshot is set aside and fetched from the leader again"
-            );
-            log.start_over_for_lost_snapshot(damaged.last, &kept)?;
-            set_aside_damaged_snapshot(&meta, &kept)?;
+    let state_machine = match sled_set_aside {
+        // Without sled's snapshot (and purge point) the log cannot be applied: start over.
+        Some(kept) => {
+            log.start_over_for_lost_snapshot(None, &kept.join(SLED_SET_ASIDE), &kept)?;
             StateMachineStore::open(meta, log.clone())?
         }
+        None => match restore(&meta, &log)? {
+            Ok(state_machine) => state_machine,
+            Err(damaged) => {
+                // The snapshot is fetched from the leader again (ARCHITECTURE.md, "The
+                // storage fault model").
+                let kept = new_damaged_folder(&log_dir(data_dir))?;
+                tracing::error!(
+                    %damaged,
+                    last = ?damaged.last,
+                    kept = %kept.display(),
+                    "the stored snapshot is set aside and fetched from the leader again"
+                );
+                log.start_over_for_lost_snapshot(damaged.last, &kept.join("snapshot"), &kept)?;
+                set_aside_damaged_snapshot(&meta, &kept)?;
+                StateMachineStore::open(meta, log.clone())?
+            }
+        },
     };
     log.guard_with_snapshots(state_machine.stored_snapshot_last()?)?;
     Ok(Storage {
@@ -188,6 +211,24 @@ pub fn open_storage_with(
         state_machine,
         closed,
     })
+}
+
+/// The state machine restored from the stored snapshot, or the damage that keeps it from being
+/// restored: a snapshot that fails its checks or stops short of the log.
+fn restore(
+    meta: &Arc<MetaStore>,
+    log: &LogStore,
+) -> io::Result<Result<StateMachineStore, DamagedSnapshot>> {
+    match StateMachineStore::open(meta.clone(), log.clone()) {
+        Ok(state_machine) => Ok(match short_of_the_log(&state_machine, log)? {
+            None => Ok(state_machine),
+            Some(damaged) => Err(damaged),
+        }),
+        Err(error) => match DamagedSnapshot::in_error(&error) {
+            Some(damaged) => Ok(Err(damaged.clone())),
+            None => Err(error),
+        },
+    }
 }
 
 /// The stored snapshot as damage, if it stops short of the log: the log starts after the entry
@@ -200,18 +241,16 @@ fn short_of_the_log(
 ) -> io::Result<Option<DamagedSnapshot>> {
     let stored = state_machine.stored_snapshot_last()?;
     let reaches = stored.map_or(0, |last| last.index) + 1;
+    // An empty log counts too: it starts where its segment's name says, after its purge point.
     let first = log.first_index();
-    let log_holds_entries = log.last_log_id().is_some_and(|last| last.index >= first);
-    Ok(
-        (log_holds_entries && first > reaches).then(|| DamagedSnapshot {
-            last: stored,
-            problem: format!(
-                "it reaches entry {} but the log starts at entry {first}: sled lost the writes \
-             of a later snapshot",
-                reaches - 1
-            ),
-        }),
-    )
+    Ok((first > reaches).then(|| DamagedSnapshot {
+        last: stored,
+        problem: format!(
+            "it reaches entry {} but the log starts at entry {first}: sled lost the writes of \
+             a later snapshot",
+            reaches - 1
+        ),
+    }))
 }
 
 #[cfg(test)]

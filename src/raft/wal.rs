@@ -175,7 +175,7 @@ fn segment_path(dir: &Path, first_index: u64) -> PathBuf {
     dir.join(format!("{first_index:020}.{SEGMENT_SUFFIX}"))
 }
 
-fn sync_dir(dir: &Path) -> io::Result<()> {
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 

@@ -215,8 +215,8 @@ struct Record {
     synced_writes_lost: u32,
     sled_votes_rolled_back: u32,
     sled_bytes_flipped: u32,
-    /// Replicas stopped because sled refused to open its damaged files.
-    sled_stopped: BTreeSet<NodeId>,
+    /// Restarts that found sled refusing its damaged files and set them aside.
+    sleds_set_aside: u32,
     repairs_begun: u32,
     repairs_from_nothing: u32,
 }
@@ -338,6 +338,7 @@ impl Sim {
         }
         .validate()
         .expect("a valid openraft config");
+        let sleds_set_aside_before = self.disks[&id].sleds_set_aside();
         let storage = match self.disks[&id].open() {
             Ok(storage) => {
                 storage.log.serve_as(id);
@@ -347,25 +348,18 @@ impl Sim {
                     let repair = self.disks[&id].without_folder(&repair.to_string());
                     self.fault(format!("{id} starts {repair}"));
                     self.record().repairs_begun += 1;
-                    // Started over from the leader's snapshot: a damaged one, or one sled's
-                    // recovery lost behind the purged log.
-                    self.record().repairs_from_nothing += u32::from(repair.contains("snapshot"));
+                    // Started over from the leader's snapshot: a damaged one, one sled's
+                    // recovery lost behind the purged log, or sled's files refused and set
+                    // aside.
+                    let sled_set_aside = self.disks[&id].sleds_set_aside() > sleds_set_aside_before;
+                    self.record().sleds_set_aside += u32::from(sled_set_aside);
+                    self.record().repairs_from_nothing +=
+                        u32::from(sled_set_aside || repair.contains("snapshot"));
                 }
                 storage
             }
-            Err(error) if self.rots(id) && self.record().sled_bytes_flipped > 0 => {
-                // The one stop the fault model allows (RELIABILITY.md): sled refusing its
-                // own damaged files. The replica stays down (each later restart fails the
-                // same way), as it would until its operator replaced its data directory.
-                let stop = format!("{id} stops: its storage did not open: {error}");
-                if self.record().sled_stopped.insert(id) {
-                    // Printed, for RELIABILITY.md's count of these stops and their causes.
-                    let stop = self.disks[&id].without_folder(&stop);
-                    eprintln!("seed {}: {stop}", self.config.seed);
-                }
-                self.fault(stop);
-                return;
-            }
+            // Every damage the fault model names, sled refusing its own files included, is
+            // repaired from the peers: a replica that cannot open its storage is a failure.
             Err(error) => {
                 let anomaly = format!("replica {id}'s storage did not open: {error}");
                 self.record().anomalies.push(anomaly);
@@ -1626,7 +1620,7 @@ impl Sim {
                 ("synced writes lost", record.synced_writes_lost),
                 ("sled votes rolled back", record.sled_votes_rolled_back),
                 ("sled bytes flipped", record.sled_bytes_flipped),
-                ("sled stops", record.sled_stopped.len() as u32),
+                ("sleds set aside", record.sleds_set_aside),
                 ("repairs begun", record.repairs_begun),
                 ("repairs from nothing", record.repairs_from_nothing),
             ]);
