@@ -14,9 +14,9 @@ use sim::{run, SimConfig, DEPOSED_AND_LEADING_AGAIN};
 const CI_SEEDS: u64 = 4;
 
 /// Runs of the rotting disk in CI whose rotting replica crashes and finds damage: in its WAL
-/// (the final record too), in its stored snapshot, in sled's data file, and in writes the disk
-/// lost.
-const ROTTING_SEEDS: [(u64, u64); 2] = [(7, 3), (1, 5)];
+/// (the final record too), in its stored snapshot, in sled's data file (which sled refuses
+/// once), in writes the disk lost, and under sectors that fail reads (once while it runs).
+const ROTTING_SEEDS: [(u64, u64); 2] = [(10, 3), (28, 3)];
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| {
@@ -212,19 +212,22 @@ fn a_deposed_leader_caught_up_by_snapshot_leads_again_and_takes_appends() {
 /// random offset of the records its synced mark vouches for, in the final one a quarter of
 /// the time, or its last synced records lost, or a byte of its stored snapshot; and now and
 /// then a byte of one copy of its vote file or of its repair file, sled's vote rolled back, or
-/// a byte of sled's data file, whose recovery may drop sled's later writes): it finds the
+/// a byte of sled's data file, whose recovery may drop sled's later writes; and a sector of
+/// its WAL that fails reads from then on, at its restart or once it runs): it finds the
 /// damage, neither votes nor stands until the leader has sent it what it held again (entries,
 /// or its snapshot and log), and is voting again once the cluster settles, with no
 /// acknowledged append lost and no divergence. Nothing stops it: sled refusing its own damaged
 /// files sets them aside and starts the replica over from the leader's snapshot (counted as
-/// "sleds set aside").
+/// "sleds set aside"); a read failing while it runs stops its Raft core, and its restart
+/// repairs the range (counted as "restarts after a failed read").
 /// On the build before it, WAL damage was cut as a torn tail and the replica voted with a log
 /// that had forgotten what it acknowledged, and a damaged snapshot kept the replica from
 /// starting; before the synced mark, rot in the final record was cut as a torn tail.
 #[test]
 fn one_rotting_disk_loses_nothing_and_is_repaired_from_the_peers() {
     let (mut snapshot_bytes_flipped, mut final_record_bytes_flipped) = (0, 0);
-    let (mut synced_writes_lost, mut sled_bytes_flipped) = (0, 0);
+    let (mut synced_writes_lost, mut sled_bytes_flipped, mut sleds_set_aside) = (0, 0, 0);
+    let (mut sectors_failing_reads, mut restarts_after_a_failed_read) = (0, 0);
     for (seed, replicas) in ROTTING_SEEDS {
         let mut config = SimConfig::new(seed, replicas);
         config.rot_one_disk = true;
@@ -238,6 +241,9 @@ fn one_rotting_disk_loses_nothing_and_is_repaired_from_the_peers() {
         final_record_bytes_flipped += report.faults["wal final record bytes flipped"];
         synced_writes_lost += report.faults["synced writes lost"];
         sled_bytes_flipped += report.faults["sled bytes flipped"];
+        sleds_set_aside += report.faults["sleds set aside"];
+        sectors_failing_reads += report.faults["sectors failing reads"];
+        restarts_after_a_failed_read += report.faults["restarts after a failed read"];
         assert!(
             report.violations.is_empty(),
             "seed {seed} ({}): {:#?}",
@@ -255,4 +261,10 @@ fn one_rotting_disk_loses_nothing_and_is_repaired_from_the_peers() {
     );
     assert!(synced_writes_lost > 0, "no seed lost a synced write");
     assert!(sled_bytes_flipped > 0, "no seed rotted sled's data file");
+    assert!(sleds_set_aside > 0, "sled refused no seed's files");
+    assert!(sectors_failing_reads > 0, "no seed's sector failed reads");
+    assert!(
+        restarts_after_a_failed_read > 0,
+        "no seed's read failed while the replica ran"
+    );
 }

@@ -192,6 +192,34 @@ fn wait_for_lock(dir: &Path) -> io::Result<()> {
     }
 }
 
+/// Rot in a stopped replica's sled files, for the tools and tests that inject it. None of this
+/// is called by a running replica.
+pub mod faults {
+    use std::io;
+    use std::path::Path;
+
+    /// The file in sled's directory that holds its log and pages.
+    const DATA_FILE: &str = "db";
+
+    /// Flips one byte of sled's data file in `meta_dir`, at `at` modulo its length, under
+    /// sled's own checks, as a rotting disk would: sled's recovery may drop its later writes
+    /// or refuse the files. Returns the byte's offset, `None` when there is no data file. The
+    /// replica must be stopped.
+    pub fn flip_data_file_byte(meta_dir: &Path, at: u64) -> io::Result<Option<u64>> {
+        let path = meta_dir.join(DATA_FILE);
+        let len = match std::fs::metadata(&path) {
+            Ok(metadata) => metadata.len(),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(error) => return Err(error),
+        };
+        let Some(byte) = at.checked_rem(len) else {
+            return Ok(None);
+        };
+        crate::raft::wal::faults::invert_byte(&path, byte)?;
+        Ok(Some(byte))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

@@ -30,6 +30,7 @@
 // in our helpers would only add a conversion at every call.
 #![allow(clippy::result_large_err)]
 
+pub mod bad_sectors;
 pub mod elector;
 pub mod lease;
 pub mod log_matching;

@@ -40,6 +40,11 @@
 //! tells them apart: the last index an `fdatasync` covered, written beside the segments after
 //! each one. A bad or missing record at or below the mark was on disk once, so it is damage
 //! wherever it is.
+//!
+//! A sector that fails reads (`EIO`, [`super::bad_sectors`]) is bad bytes like any other: at
+//! open the records it touches are judged by the rules above, and the segment is kept for
+//! the operator as far as it reads. A read while the log is open returns the error; openraft
+//! stops on it and the restart's recovery repairs the range from the peers.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -47,6 +52,8 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use super::bad_sectors::{self, Salvaged};
 
 /// Bytes of a record header: payload length and checksum.
 const RECORD_HEADER_BYTES: usize = 8;
@@ -73,6 +80,8 @@ struct RecordPos {
 
 struct Segment {
     first_index: u64,
+    /// Where the file is, which names its sectors for [`bad_sectors`].
+    path: PathBuf,
     file: Arc<File>,
     records: Vec<RecordPos>,
     /// Bytes in use; the next record is written here.
@@ -309,8 +318,8 @@ fn describe_damage(scanned: &[ScannedSegment], at: usize, synced_end: u64) -> io
         };
         if let Some(record) = record {
             let mut bytes = vec![0u8; record.len as usize];
-            File::open(&segment.path)?
-                .read_exact_at(&mut bytes, record.pos + RECORD_HEADER_BYTES as u64)?;
+            let at = record.pos + RECORD_HEADER_BYTES as u64;
+            bad_sectors::read_exact_at(&File::open(&segment.path)?, &segment.path, &mut bytes, at)?;
             last_record = Some(bytes);
             break;
         }
@@ -336,8 +345,11 @@ fn keep_damaged(dir: &Path, segments: &[ScannedSegment]) -> io::Result<PathBuf> 
     for (i, segment) in segments.iter().enumerate() {
         let name = segment.path.file_name().expect("a segment has a name");
         if i == 0 {
-            std::fs::copy(&segment.path, kept.join(name))?;
-            File::open(kept.join(name))?.sync_all()?;
+            // Copied as far as it reads: a bad sector's bytes are kept as zeros.
+            let salvaged = bad_sectors::read_salvaging(&segment.path)?;
+            let mut copy = File::create(kept.join(name))?;
+            io::Write::write_all(&mut copy, &salvaged.bytes)?;
+            copy.sync_all()?;
         } else {
             std::fs::rename(&segment.path, kept.join(name))?;
         }
@@ -432,8 +444,22 @@ impl Wal {
         let mut scanned = Vec::with_capacity(names.len());
         for &name in &names {
             let path = segment_path(dir, name);
-            let bytes = std::fs::read(&path)?;
-            let (records, valid_len) = scan_records(&bytes);
+            let Salvaged {
+                bytes,
+                unreadable_from,
+            } = bad_sectors::read_salvaging(&path)?;
+            if let Some(byte) = unreadable_from {
+                tracing::error!(
+                    segment = %path.display(),
+                    byte,
+                    "a sector of the log cannot be read (EIO): the records from there on are \
+                     damaged"
+                );
+            }
+            // A record is valid only if it was read whole: it ends before the first sector
+            // that could not be read.
+            let readable = unreadable_from.map_or(bytes.len(), |byte| byte as usize);
+            let (records, valid_len) = scan_records(&bytes[..readable]);
             let damaged = valid_len < bytes.len() as u64;
             let last_after_damage = damaged
                 .then(|| last_record_after(&bytes, valid_len as usize))
@@ -499,12 +525,14 @@ impl Wal {
                     );
                 }
                 file.set_len(segment.valid_len)?;
+                bad_sectors::forget_from(&segment.path, segment.valid_len);
                 file.sync_data()?;
             }
             wal.segments.insert(
                 segment.first_index,
                 Segment {
                     first_index: segment.first_index,
+                    path: segment.path,
                     file: Arc::new(file),
                     records: segment.records,
                     len: segment.valid_len,
@@ -608,10 +636,12 @@ impl Wal {
             .truncate(true)
             .open(&path)?;
         sync_dir(&self.dir)?;
+        bad_sectors::forget(&path);
         self.segments.insert(
             first_index,
             Segment {
                 first_index,
+                path,
                 file: Arc::new(file),
                 records: Vec::new(),
                 len: 0,
@@ -710,7 +740,7 @@ impl Wal {
             return Ok(None); // a hole between segments
         };
         let mut bytes = vec![0u8; RECORD_HEADER_BYTES + record.len as usize];
-        segment.file.read_exact_at(&mut bytes, record.pos)?;
+        bad_sectors::read_exact_at(&segment.file, &segment.path, &mut bytes, record.pos)?;
         let crc = u32::from_le_bytes(bytes[4..8].try_into().unwrap());
         let payload = bytes.split_off(RECORD_HEADER_BYTES);
         if crc32fast::hash(&payload) != crc {
@@ -751,6 +781,7 @@ impl Wal {
         active.records.truncate(keep);
         active.len = new_len;
         active.file.set_len(new_len)?;
+        bad_sectors::forget_from(&active.path, new_len);
         active.file.sync_data()?;
         // Everything kept is synced now, and nothing after it is.
         self.mark.set_durably(index.checked_sub(1))
@@ -829,9 +860,9 @@ impl Wal {
     }
 }
 
-/// The faults a crash leaves in a stopped replica's log, for the tools and tests that inject
-/// them: the storage owns its fault model, so that each injector does not re-derive the
-/// segment layout. None of these is called by a running replica.
+/// The faults a crash or a rotting disk leaves in a stopped replica's log, for the tools and
+/// tests that inject them: the storage owns its fault model, so that each injector does not
+/// re-derive the segment layout. None of these is called by a running replica.
 pub mod faults {
     use std::collections::BTreeMap;
     use std::fs::OpenOptions;
@@ -912,6 +943,29 @@ pub mod faults {
     /// oldest first, `at` taken modulo their total size. Returns the segment's file name and
     /// the offset in it, or `None` for an empty log.
     pub fn flip_byte(dir: &Path, at: u64) -> io::Result<Option<(String, u64)>> {
+        let found = locate_byte(dir, at)?;
+        if let Some((name, offset)) = &found {
+            invert_byte(&dir.join(name), *offset)?;
+        }
+        Ok(found)
+    }
+
+    /// A bad sector: the sector that holds byte `at` of the log's bytes (counted as
+    /// [`flip_byte`] counts them) fails every read from now on, while the replica runs or at
+    /// its next start, until the log cuts it away ([`super::bad_sectors`]). Returns the
+    /// segment's file name and the byte's offset in it, or `None` for an empty log.
+    pub fn make_sector_unreadable(dir: &Path, at: u64) -> io::Result<Option<(String, u64)>> {
+        let found = locate_byte(dir, at)?;
+        if let Some((name, offset)) = &found {
+            super::bad_sectors::faults::make_unreadable(&dir.join(name), *offset);
+        }
+        Ok(found)
+    }
+
+    /// The segment's file name and the offset in it of byte `at` of the log's bytes counted
+    /// over its segments oldest first, `at` taken modulo their total size; `None` for an
+    /// empty log.
+    fn locate_byte(dir: &Path, at: u64) -> io::Result<Option<(String, u64)>> {
         let sizes = segment_sizes(dir)?;
         let total: u64 = sizes.values().sum();
         if total == 0 {
@@ -920,7 +974,6 @@ pub mod faults {
         let mut left = at % total;
         for (name, size) in sizes {
             if left < size {
-                invert_byte(&dir.join(&name), left)?;
                 return Ok(Some((name, left)));
             }
             left -= size;
@@ -1320,6 +1373,94 @@ mod tests {
                 let wal = Wal::open(dir.path(), None, 64).unwrap_or_else(|e| panic!("{case}: {e}"));
                 assert_eq!(wal.next_index(), index, "{case}: reopened");
             }
+        }
+    }
+
+    /// A sector that cannot be read (EIO) under the first, a middle and the last record of the
+    /// first, a middle and the last segment: a read of it while the log is open fails with the
+    /// error (no record is made up); at open the records from the first one it touches on are
+    /// damaged, by the rules for damaged bytes (a valid record after them, or a sealed
+    /// segment: damage; the very end of the last segment, which the synced mark does not
+    /// cover here: a torn tail). The damaged segment is kept as far as it reads, and cutting
+    /// it gives the bad sector back, so the log reopens clean.
+    #[test]
+    fn an_unreadable_sector_anywhere_is_damage_unless_it_is_the_tail() {
+        const LAST: u64 = 40;
+        const SEGMENT_BYTES: u64 = 12 << 10;
+        let big = |i: u64| vec![i as u8; 1500];
+        let fill_big = |wal: &mut Wal| {
+            for i in 1..=LAST {
+                wal.append(i, &[big(i)]).unwrap();
+            }
+        };
+        let positions = {
+            let dir = tempfile::tempdir().unwrap();
+            let mut wal = Wal::open(dir.path(), None, SEGMENT_BYTES).unwrap();
+            fill_big(&mut wal);
+            let segments: Vec<(u64, u64)> = (wal.segments.values())
+                .map(|s| (s.first_index, s.end_index()))
+                .collect();
+            assert!(segments.len() >= 4, "{segments:?}");
+            let picked = [0, segments.len() / 2, segments.len() - 1].map(|i| segments[i]);
+            picked
+                .into_iter()
+                .flat_map(|(first, end)| [first, (first + end) / 2, end - 1])
+                .collect::<Vec<_>>()
+        };
+        for index in positions {
+            let dir = tempfile::tempdir().unwrap();
+            let mut wal = Wal::open(dir.path(), None, SEGMENT_BYTES).unwrap();
+            fill_big(&mut wal);
+            let (_, segment) = wal.segments.range(..=index).next_back().unwrap();
+            let record = segment.records[(index - segment.first_index) as usize];
+            let path = segment.path.clone();
+            let is_last_segment = wal.segments.keys().next_back() == Some(&segment.first_index);
+            let bad_byte = record.pos + u64::from(record.len) / 2;
+            let sector = bad_byte / bad_sectors::SECTOR_BYTES * bad_sectors::SECTOR_BYTES;
+            // The first record the sector touches, and whether a whole record follows it.
+            let touches = |r: &RecordPos| {
+                r.pos + RECORD_HEADER_BYTES as u64 + u64::from(r.len) > sector
+                    && r.pos < sector + bad_sectors::SECTOR_BYTES
+            };
+            let first_bad =
+                segment.first_index + segment.records.iter().position(touches).unwrap() as u64;
+            let valid_after = segment.records.iter().any(|r| r.pos >= sector + 4096);
+            let size_as_found = std::fs::metadata(&path).unwrap().len();
+            bad_sectors::faults::make_unreadable(&path, bad_byte);
+            let case = format!("a bad sector under record {index}");
+
+            let error = wal.read(index).unwrap_err();
+            assert!(bad_sectors::is_medium_error(&error), "{case}: {error}");
+            drop(wal);
+            let torn_tail = is_last_segment && !valid_after;
+            assert!(
+                Wal::open(dir.path(), None, SEGMENT_BYTES).is_err() || torn_tail,
+                "{case}: opened"
+            );
+            let (wal, found) = Wal::open_repairing(dir.path(), None, SEGMENT_BYTES, |_| Ok(()))
+                .unwrap_or_else(|e| panic!("{case}: {e}"));
+            assert_eq!(wal.next_index(), first_bad, "{case}: cut before the sector");
+            for kept in 1..first_bad {
+                assert_eq!(wal.read(kept).unwrap(), Some(big(kept)), "{case}");
+            }
+            match torn_tail {
+                true => assert_eq!(found, None, "{case}: a torn tail"),
+                false => {
+                    let found = found.unwrap_or_else(|| panic!("{case}: taken for a torn tail"));
+                    assert_eq!((found.first, &found.segment), (first_bad, &path), "{case}");
+                    assert_eq!(found.last_record, Some(big(LAST)), "{case}");
+                    let kept = dir.path().join(DAMAGED_DIR).join("1");
+                    let name = path.file_name().unwrap();
+                    let copy = std::fs::read(kept.join(name)).unwrap();
+                    assert_eq!(copy.len() as u64, size_as_found, "{case}: kept whole");
+                    let sector = sector as usize..(sector as usize + 4096).min(copy.len());
+                    assert!(copy[sector].iter().all(|&b| b == 0), "{case}: zeros kept");
+                }
+            }
+            drop(wal);
+            let wal = Wal::open(dir.path(), None, SEGMENT_BYTES)
+                .unwrap_or_else(|e| panic!("{case}: reopened: {e}"));
+            assert_eq!(wal.next_index(), first_bad, "{case}: reopened");
         }
     }
 

@@ -69,6 +69,10 @@ use store::{Disk, Fetched, Storage, Tail};
 /// The fault count of [`SimConfig::deposed_leader_leads_again`]'s path.
 pub const DEPOSED_AND_LEADING_AGAIN: &str =
     "deposed leaders back by snapshot install, leading again";
+/// How a failed read of the disk (EIO) reads in the error openraft stops with: openraft keeps
+/// a storage error's source only as text.
+const MEDIUM_ERROR: &str = "(os error 5)";
+
 /// How long a client waits for one call before it counts the call's fate as unknown.
 const CLIENT_TIMEOUT: Duration = Duration::from_millis(1_000);
 /// How long the end of a run (heal, catch up, drain) may take in simulated time before the run
@@ -217,6 +221,12 @@ struct Record {
     sled_bytes_flipped: u32,
     /// Restarts that found sled refusing its damaged files and set them aside.
     sleds_set_aside: u32,
+    /// Sectors of the WAL made to fail reads, and the restarts of a replica that stopped on
+    /// one while it ran (as its supervisor restarts a replica that exits).
+    sectors_failing_reads: u32,
+    restarts_after_a_failed_read: u32,
+    /// A sector to fail once the rotting replica runs again, as if it went bad then.
+    sector_to_fail_once_running: Option<u64>,
     repairs_begun: u32,
     repairs_from_nothing: u32,
 }
@@ -243,6 +253,9 @@ struct Sim {
     log_matching: Mutex<LogMatchingWatch>,
     /// The replica whose disk rots, once one crashed ([`Sim::rots`]).
     rotting: std::sync::OnceLock<NodeId>,
+    /// Replicas being started, which a second start must leave alone: the supervisor's
+    /// restart after a failed read runs beside the fault schedule.
+    starting: Mutex<BTreeSet<NodeId>>,
 }
 
 /// The monitor's log matching: every entry any replica holds, compared by log id.
@@ -290,6 +303,7 @@ impl Sim {
             nodes: Mutex::default(),
             log_matching: Mutex::default(),
             rotting: std::sync::OnceLock::new(),
+            starting: Mutex::default(),
         })
     }
 
@@ -320,7 +334,16 @@ impl Sim {
 
     // ---- replicas ----------------------------------------------------------------------------
 
+    /// Starts replica `id` on its disk, unless it is running or being started already.
     async fn start_replica(self: &Arc<Self>, id: NodeId) {
+        if self.net.is_up(id) || !self.starting.lock().unwrap().insert(id) {
+            return;
+        }
+        self.start_replica_on_its_disk(id).await;
+        self.starting.lock().unwrap().remove(&id);
+    }
+
+    async fn start_replica_on_its_disk(self: &Arc<Self>, id: NodeId) {
         // The product's election timer, seeded from the run's seed; openraft's own (off here,
         // as in a replica) draws from a thread-local generator.
         let seed = self.net.random(|rng| rng.gen());
@@ -399,7 +422,11 @@ impl Sim {
             Ok((node, _tasks)) => {
                 let raft = node.raft().clone();
                 self.nodes.lock().unwrap().insert(id, (node, stop));
-                self.net.bring_up(id, raft, storage, elections)
+                self.net.bring_up(id, raft, storage, elections);
+                let to_fail = self.record().sector_to_fail_once_running.take();
+                if let Some(at) = to_fail.filter(|_| self.rots(id)) {
+                    self.fail_reads_of_a_sector(id, at, "while it runs");
+                }
             }
             // openraft refuses storage that lost what it had acknowledged.
             Err(error) => self
@@ -504,8 +531,41 @@ impl Sim {
                     self.fault(format!("flip byte {byte} of {id}'s sled data file"));
                     self.record().sled_bytes_flipped += 1;
                 }
+                // And a quarter of the time a sector of its WAL goes bad, failing every read
+                // (EIO): now, for its restart's recovery to meet, or half the time once it
+                // runs again, for a read while it runs (openraft stops on it, and the replica
+                // is restarted) or its next restart to meet.
+                let (sector_fails, now, at) = self
+                    .net
+                    .random(|rng| (rng.gen_bool(0.25), rng.gen_bool(0.5), rng.gen()));
+                match (sector_fails, now) {
+                    (true, true) => self.fail_reads_of_a_sector(id, at, "at its restart"),
+                    (true, false) => self.record().sector_to_fail_once_running = Some(at),
+                    (false, _) => {}
+                }
             }
         }
+    }
+
+    /// Makes the sector of `id`'s WAL that holds byte `at` (over its segments) fail reads.
+    fn fail_reads_of_a_sector(&self, id: NodeId, at: u64, when: &str) {
+        if let Some((segment, byte)) = self.disks[&id].fail_reads_of_a_sector(at) {
+            self.fault(format!(
+                "the sector of {id}'s {segment} under byte {byte} fails reads ({when})"
+            ));
+            self.record().sectors_failing_reads += 1;
+        }
+    }
+
+    /// What a replica's supervisor does for one that exited because a read of its disk
+    /// failed (the server exits once its Raft core stops): restarts it, and its recovery
+    /// finds the bad sector and repairs the log from the peers.
+    async fn restart_after_a_failed_read(self: Arc<Self>, id: NodeId) {
+        self.fault(format!("{id} stops on a failed read and is restarted"));
+        self.record().restarts_after_a_failed_read += 1;
+        self.crash(id).await;
+        self.pause(100..500).await;
+        self.start_replica(id).await;
     }
 
     /// Whether `id`'s disk rots ([`SimConfig::rot_one_disk`]): the first replica to crash is the
@@ -670,7 +730,7 @@ impl Sim {
                         return;
                     }
                 }
-                Err(_) => {
+                Err(_) | Ok(Fetched::Unavailable(_)) => {
                     deliver(Delivery::Resumed { from: next });
                     node = self.random_replica();
                     self.pause(10..50).await;
@@ -986,10 +1046,17 @@ impl Sim {
                     acting.insert(id);
                 }
                 if let Err(fatal) = &metrics.running_state {
-                    let anomaly = format!("replica {id}'s Raft stopped: {fatal}");
-                    let mut record = self.record();
-                    if !record.anomalies.contains(&anomaly) {
-                        record.anomalies.push(anomaly);
+                    let medium_error = fatal.to_string().contains(MEDIUM_ERROR);
+                    if medium_error && self.rots(id) && self.record().sectors_failing_reads > 0 {
+                        // The restart's crash takes it off the network before this loop's
+                        // next round, which so does not restart it twice.
+                        tokio::spawn(self.clone().restart_after_a_failed_read(id));
+                    } else {
+                        let anomaly = format!("replica {id}'s Raft stopped: {fatal}");
+                        let mut record = self.record();
+                        if !record.anomalies.contains(&anomaly) {
+                            record.anomalies.push(anomaly);
+                        }
                     }
                 }
                 if metrics.state == ServerState::Leader {
@@ -1590,7 +1657,10 @@ impl Sim {
         let running = self.net.running();
         let replica_logs: Vec<(String, Vec<LogEntry>)> = running
             .iter()
-            .map(|(id, _, storage)| (format!("replica-{id}"), storage.retained_log()))
+            .map(|(id, _, storage)| {
+                let log = self.disks[id].beneath_bad_sectors(|| storage.retained_log());
+                (format!("replica-{id}"), log)
+            })
             .collect();
         // A damaged replica must be whole again once the cluster settled.
         for (id, _, storage) in &running {
@@ -1621,6 +1691,11 @@ impl Sim {
                 ("sled votes rolled back", record.sled_votes_rolled_back),
                 ("sled bytes flipped", record.sled_bytes_flipped),
                 ("sleds set aside", record.sleds_set_aside),
+                ("sectors failing reads", record.sectors_failing_reads),
+                (
+                    "restarts after a failed read",
+                    record.restarts_after_a_failed_read,
+                ),
                 ("repairs begun", record.repairs_begun),
                 ("repairs from nothing", record.repairs_from_nothing),
             ]);

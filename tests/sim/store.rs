@@ -18,9 +18,10 @@ use std::sync::Mutex;
 use ctrlog::client::{ApiError, FetchRequest};
 use ctrlog::jobs::JobState;
 use ctrlog::log::{Filter, LogEntry, Offset};
+use ctrlog::raft::bad_sectors::faults as bad_sectors;
 use ctrlog::raft::log_store::faults as sled_vote;
 use ctrlog::raft::log_store::{Flushing, LogStore};
-use ctrlog::raft::meta_store::Closed;
+use ctrlog::raft::meta_store::{faults as sled_faults, Closed};
 use ctrlog::raft::reader::read_committed;
 use ctrlog::raft::state_machine::{faults as snapshot_faults, StateMachineStore};
 use ctrlog::raft::storage::{log_dir, meta_dir, open_storage_with, SLED_SET_ASIDE};
@@ -57,6 +58,8 @@ pub enum Fetched {
         offset: Offset,
         state: Box<JobState>,
     },
+    /// The replica could not read its log (a bad sector): ask another.
+    Unavailable(String),
 }
 
 /// What a crash leaves after the last whole record of the last segment.
@@ -116,14 +119,39 @@ impl Disk {
     /// (`None`: nothing), as a power loss would: a leader's own appends, which the log
     /// acknowledges to openraft before their `fdatasync` (`raft::log_store`).
     pub fn lose_unsynced(&self, synced: Option<u64>) {
-        faults::lose_entries_after(&log_dir(&self.dir), synced).unwrap();
+        self.beneath_bad_sectors(|| faults::lose_entries_after(&log_dir(&self.dir), synced))
+            .unwrap();
     }
 
     /// Drops the last `entries` of the log, as a crash would if appends were acknowledged
     /// before they were durable. Only the test that shows the simulation catches such a store
     /// calls this.
     pub fn lose_acknowledged_tail(&self, entries: u64) {
-        faults::lose_last_entries(&log_dir(&self.dir), entries).unwrap();
+        self.beneath_bad_sectors(|| faults::lose_last_entries(&log_dir(&self.dir), entries))
+            .unwrap();
+    }
+
+    /// Makes the sector of the WAL that holds byte `at` (over all its segments' bytes) fail
+    /// every read, as a bad sector does, until the log cuts it away; returns the segment and
+    /// the byte, `None` for an empty log.
+    pub fn fail_reads_of_a_sector(&self, at: u64) -> Option<(String, u64)> {
+        faults::make_sector_unreadable(&log_dir(&self.dir), at).unwrap()
+    }
+
+    /// Runs `read` on what the disk holds beneath its bad sectors: for an injector that reads
+    /// the log whole (a crash's loss of what was not synced acts on the bytes, readable or
+    /// not), and for the end of a run's comparison of the replicas, which a bad sector that no
+    /// read has met yet would otherwise hide (scrubbing finds those). The sectors still there
+    /// afterwards fail reads again.
+    pub fn beneath_bad_sectors<T>(&self, read: impl FnOnce() -> T) -> T {
+        let marked = bad_sectors::take_unreadable_under(&self.dir);
+        let done = read();
+        for (path, byte) in marked {
+            if std::fs::metadata(&path).is_ok_and(|file| file.len() > byte) {
+                bad_sectors::make_unreadable(&path, byte);
+            }
+        }
+        done
     }
 
     /// Flips one byte of the WAL at `at` (modulo the bytes its synced mark vouches for, the
@@ -162,11 +190,7 @@ impl Disk {
     /// Flips one byte of sled's data file at `at` (modulo its length), under sled's own
     /// checks, as a rotting disk would; returns the byte's offset.
     pub fn rot_sled(&self, at: u64) -> Option<u64> {
-        let db = meta_dir(&self.dir).join("db");
-        let len = std::fs::metadata(&db).ok()?.len();
-        let byte = at.checked_rem(len)?;
-        faults::invert_byte(&db, byte).unwrap();
-        Some(byte)
+        sled_faults::flip_data_file_byte(&meta_dir(&self.dir), at).unwrap()
     }
 
     /// Flips one byte of the stored snapshot at `at` (modulo its bytes), as rot that sled's
@@ -223,6 +247,7 @@ impl Storage {
                     state: Box::new(JobState::clone(&state)),
                 }
             }
+            Err(ApiError::Unavailable(why)) => Fetched::Unavailable(why),
             Err(error) => panic!("reading the log of a running replica: {error}"),
         }
     }
@@ -243,6 +268,7 @@ impl Storage {
                 }
                 // Purged while we read: what was read stands.
                 Fetched::Compacted { .. } => return all,
+                Fetched::Unavailable(why) => panic!("reading the retained log: {why}"),
             }
         }
     }
