@@ -46,8 +46,14 @@ pub enum FormatError {
          {found}, or restore a backup taken before the upgrade"
     )]
     Newer { path: String, found: u32 },
-    /// The file does not say `format = N`.
-    #[error("{path} does not name a data directory format (`format = N`): {reason}")]
+    /// The file does not say `format = N` with a format some build wrote: damaged, or not
+    /// ctrlog's. Nothing is guessed: a newer build's directory read as this one's would be
+    /// misread.
+    #[error(
+        "{path} does not name a data directory format (`format = N`): {reason}. If the file \
+         was damaged and the build that last ran this replica reads format {DATA_FORMAT}, \
+         write `format = {DATA_FORMAT}` into it; the rest of the directory is checked at start"
+    )]
     Unreadable { path: String, reason: String },
 }
 
@@ -56,14 +62,17 @@ pub enum FormatError {
 pub fn check_format(data_dir: &Path) -> io::Result<u32> {
     let path = data_dir.join(FORMAT_FILE);
     let invalid = |error: FormatError| io::Error::new(io::ErrorKind::InvalidData, error);
-    match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            let found = parse_format(&text).map_err(|reason| {
-                invalid(FormatError::Unreadable {
-                    path: path.display().to_string(),
-                    reason,
-                })
-            })?;
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let text = String::from_utf8(bytes).map_err(|_| "it is not UTF-8 text".to_string());
+            let found = text
+                .and_then(|text| parse_format(&text))
+                .map_err(|reason| {
+                    invalid(FormatError::Unreadable {
+                        path: path.display().to_string(),
+                        reason,
+                    })
+                })?;
             if found > DATA_FORMAT {
                 return Err(invalid(FormatError::Newer {
                     path: path.display().to_string(),
@@ -81,6 +90,8 @@ pub fn check_format(data_dir: &Path) -> io::Result<u32> {
     }
 }
 
+/// The format the first line that is not a comment names. Format 0 was never written: a flip
+/// of the `1` gives it, so it is refused rather than read as an older format.
 fn parse_format(text: &str) -> Result<u32, String> {
     let line = text
         .lines()
@@ -91,7 +102,11 @@ fn parse_format(text: &str) -> Result<u32, String> {
         .strip_prefix("format")
         .and_then(|rest| rest.trim_start().strip_prefix('='))
         .ok_or_else(|| format!("`{line}`"))?;
-    value.trim().parse().map_err(|e| format!("`{line}`: {e}"))
+    match value.trim().parse() {
+        Ok(0) => Err(format!("`{line}`: no build writes format 0")),
+        Ok(format) => Ok(format),
+        Err(e) => Err(format!("`{line}`: {e}")),
+    }
 }
 
 /// Writes the `format` file durably: a temporary file, synced, renamed over, and the
@@ -276,7 +291,7 @@ mod tests {
         );
         assert!(refused.contains("Downgrading is refused"), "{refused}");
 
-        for garbage in ["", "format two", "version = 1"] {
+        for garbage in ["", "format two", "version = 1", "format = 0"] {
             std::fs::write(data.join(FORMAT_FILE), garbage).unwrap();
             let refused = check_format(&data).unwrap_err().to_string();
             assert!(
@@ -284,5 +299,40 @@ mod tests {
                 "{refused}"
             );
         }
+    }
+
+    /// Goal: the format file has no checksum, and needs none: each bit of it flipped in turn
+    /// either leaves format 1 (a comment, trailing space) or is refused naming the file, so
+    /// a rotted format file never has the directory read as another format.
+    #[test]
+    fn any_flipped_bit_of_the_format_file_reads_as_written_or_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        check_format(&data).unwrap();
+        let path = data.join(FORMAT_FILE);
+        let written = std::fs::read(&path).unwrap();
+        let (mut read_as_written, mut refused) = (0, 0);
+        for byte in 0..written.len() {
+            for bit in 0..8 {
+                let mut flipped = written.clone();
+                flipped[byte] ^= 1 << bit;
+                std::fs::write(&path, &flipped).unwrap();
+                match check_format(&data) {
+                    Ok(format) => {
+                        assert_eq!(format, 1, "byte {byte} bit {bit}");
+                        read_as_written += 1;
+                    }
+                    Err(error) => {
+                        let error = error.to_string();
+                        assert!(error.contains(&*path.to_string_lossy()), "{error}");
+                        refused += 1;
+                    }
+                }
+            }
+        }
+        assert!(
+            read_as_written > 0 && refused > 0,
+            "{read_as_written} {refused}"
+        );
     }
 }
