@@ -43,8 +43,9 @@ use crate::log::{
     decode, Command, Filter, LogEntry, Offset, ProducerSeq, Proposal, Target,
     COMMAND_BYTES_MAX_DEFAULT,
 };
+use crate::raft::meta_store::faults as sled_faults;
 use crate::raft::state_machine::faults as snapshot_faults;
-use crate::raft::storage::{log_dir, meta_dir};
+use crate::raft::storage::{log_dir, meta_dir, SLED_SET_ASIDE};
 use crate::raft::types::Entry;
 use crate::raft::wal::{self, Wal, RECORD_BYTES_MAX};
 
@@ -77,10 +78,10 @@ pub enum FaultFamily {
     /// A killed follower's WAL gets zeros or garbage after its last record.
     TornTails,
     /// A stopped replica (the leader a third of the time) gets one byte flipped in its WAL
-    /// where its synced mark vouches for it (the final record included), or (a third of the
-    /// time, if it has one) in its stored snapshot: rot, which no crash leaves. It must come
-    /// back, refuse to vote while it lacks what it had acknowledged, and be repaired from the
-    /// peers.
+    /// where its synced mark vouches for it (the final record included), or (a quarter of the
+    /// time each) in its stored snapshot, if it has one, or in sled's data file: rot, which no
+    /// crash leaves. It must come back, refuse to vote while it lacks what it had acknowledged,
+    /// and be repaired from the peers; sled refusing its files has them set aside.
     Corruption,
     /// Cut links with nftables: the leader from its peers (both ways, or only what it sends)
     /// while its clients still reach it, a follower from everyone, or the job's containers
@@ -117,6 +118,19 @@ pub fn seed_from_clock() -> u64 {
         .map_or(1, |d| d.as_secs())
 }
 
+/// Which of a stopped replica's files a [`Fault::Corrupt`] flips a byte of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rotted {
+    /// A WAL record its synced mark vouches for: always found, always repaired.
+    Wal,
+    /// Its stored snapshot, if it has one (else its WAL): always found, fetched again.
+    Snapshot,
+    /// sled's data file, under sled's own checks: sled's recovery may drop its later writes
+    /// (what the replica checks it against then tells), refuse the files (set aside, and the
+    /// replica starts over from the leader's snapshot), or miss the byte altogether.
+    Sled,
+}
+
 /// One fault. Replicas are 0-based indices into the process cluster.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fault {
@@ -127,11 +141,10 @@ enum Fault {
     SnapshotCatchUp(usize),
     /// Killed, with zeros (`true`) or garbage after the last record of its WAL.
     TornTail(usize, bool),
-    /// Stopped, one byte of its WAL flipped where its synced mark vouches (or of its stored
-    /// snapshot, `in_snapshot`, if it has one), restarted.
+    /// Stopped, one byte of its files flipped, restarted.
     Corrupt {
         replica: usize,
-        in_snapshot: bool,
+        rotted: Rotted,
     },
     /// The leader's peer links cut both ways; its clients still reach it.
     CutLeader,
@@ -444,6 +457,8 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
         power_losses: Vec::new(),
         repairs: Vec::new(),
         snapshots_rotted: 0,
+        sleds_rotted: 0,
+        sleds_set_aside: 0,
     };
     for round in 0..options.rounds {
         tokio::time::sleep(Duration::from_millis(rng.gen_range(300..1_000))).await;
@@ -563,6 +578,8 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
         "power_loss_back_ms": quantiles(&mut power_loss_back),
         "corruptions_repaired": injector.repairs.len(),
         "snapshots_rotted": injector.snapshots_rotted,
+        "sleds_rotted": injector.sleds_rotted,
+        "sleds_set_aside": injector.sleds_set_aside,
         "repair_ms": quantiles(&mut injector.repairs),
     });
     if !violations.is_empty() || job_settled.is_err() {
@@ -677,6 +694,10 @@ struct Injector {
     repairs: Vec<Duration>,
     /// Corruptions that flipped a byte of a stored snapshot rather than of the WAL.
     snapshots_rotted: u64,
+    /// Corruptions that flipped a byte of sled's data file, and how many of those sled
+    /// refused, so that the replica set its files aside and started over.
+    sleds_rotted: u64,
+    sleds_set_aside: u64,
 }
 
 /// What one power loss did.
@@ -716,7 +737,11 @@ impl Injector {
                 } else {
                     follower
                 },
-                in_snapshot: rng.gen_bool(1.0 / 3.0),
+                rotted: match rng.gen_range(0..4) {
+                    0 => Rotted::Snapshot,
+                    1 => Rotted::Sled,
+                    _ => Rotted::Wal,
+                },
             },
             FaultFamily::Partitions => match rng.gen_range(0..4) {
                 0 => Fault::CutLeader,
@@ -797,36 +822,49 @@ impl Injector {
                 self.cluster.restart(i)?;
                 wait_until_back(&mut self.cluster, i, &options).await?;
             }
-            Fault::Corrupt {
-                replica: i,
-                in_snapshot,
-            } => {
+            Fault::Corrupt { replica: i, rotted } => {
                 self.cluster.kill(i);
                 if i == leader {
                     self.failover("corrupt", leader, before, started).await?;
                 }
                 let dir = self.cluster.replica_dir(i);
                 let kept_before = damaged_kept(&dir)?;
+                let sleds_before = sleds_set_aside(&dir)?;
                 let at = rand::thread_rng().gen();
-                let in_snapshot = match in_snapshot {
-                    true => snapshot_faults::flip_snapshot_byte(&meta_dir(&dir), at)?,
-                    false => None,
+                let flipped = match rotted {
+                    Rotted::Sled => sled_faults::flip_data_file_byte(&meta_dir(&dir), at)?
+                        .map(|byte| (Rotted::Sled, format!("byte {byte} of sled's data file"))),
+                    Rotted::Snapshot => snapshot_faults::flip_snapshot_byte(&meta_dir(&dir), at)?
+                        .map(|byte| (Rotted::Snapshot, format!("byte {byte} of the snapshot"))),
+                    Rotted::Wal => None,
                 };
-                let flipped = match in_snapshot {
-                    Some(byte) => {
-                        self.snapshots_rotted += 1;
-                        Some(format!("byte {byte} of the stored snapshot"))
-                    }
+                let flipped = match flipped {
+                    Some(flipped) => Some(flipped),
                     None => wal::faults::flip_synced_byte(&log_dir(&dir), at)?
-                        .map(|(segment, byte)| format!("byte {byte} of {segment}")),
+                        .map(|(segment, byte)| (Rotted::Wal, format!("byte {byte} of {segment}"))),
                 };
                 tracing::info!(replica = i + 1, ?flipped, "flipped");
                 let restarted = Instant::now();
                 self.cluster.restart(i)?;
                 wait_until_back(&mut self.cluster, i, &options).await?;
-                if flipped.is_some() {
-                    wait_until_repaired(&mut self.cluster, i, kept_before, &options).await?;
-                    self.repairs.push(restarted.elapsed());
+                match flipped {
+                    // sled may drop its later writes, refuse its files or miss the byte: in
+                    // each case the replica is whole and voting again.
+                    Some((Rotted::Sled, _)) => {
+                        self.sleds_rotted += 1;
+                        wait_until_repaired(&mut self.cluster, i, None, &options).await?;
+                        if sleds_set_aside(&dir)? > sleds_before {
+                            self.sleds_set_aside += 1;
+                            self.repairs.push(restarted.elapsed());
+                        }
+                    }
+                    Some((rotted, _)) => {
+                        self.snapshots_rotted += u64::from(rotted == Rotted::Snapshot);
+                        let found = Some(kept_before);
+                        wait_until_repaired(&mut self.cluster, i, found, &options).await?;
+                        self.repairs.push(restarted.elapsed());
+                    }
+                    None => {}
                 }
             }
             Fault::CutLeader | Fault::CutLeaderOneWay => {
@@ -1164,13 +1202,24 @@ fn damaged_kept(data_dir: &std::path::Path) -> anyhow::Result<usize> {
     }
 }
 
-/// Waits until replica `i`, restarted with a damaged WAL, has found the damage (kept one more
-/// damaged part than `kept_before`) and reports its storage whole again: repaired from the
-/// leader, voting.
+/// How many times the replica in `data_dir` has set sled's refused files aside.
+fn sleds_set_aside(data_dir: &std::path::Path) -> anyhow::Result<usize> {
+    match std::fs::read_dir(log_dir(data_dir).join(wal::DAMAGED_DIR)) {
+        Ok(entries) => Ok((entries.flatten())
+            .filter(|kept| kept.path().join(SLED_SET_ASIDE).exists())
+            .count()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Waits until replica `i`, restarted with damaged files, reports its storage whole again:
+/// repaired from the leader, voting. With `kept_before`, it must also have found the damage
+/// (kept one more damaged part than that).
 async fn wait_until_repaired(
     cluster: &mut ProcessCluster,
     i: usize,
-    kept_before: usize,
+    kept_before: Option<usize>,
     options: &ClientOptions,
 ) -> anyhow::Result<()> {
     let dir = cluster.replica_dir(i);
@@ -1179,8 +1228,10 @@ async fn wait_until_repaired(
         i + 1
     );
     let repaired = poll_until(&what, REPAIR_MAX, POLL_INTERVAL, || async {
-        if damaged_kept(&dir).map_err(|e| e.to_string())? <= kept_before {
-            return Err("it kept no damaged segment".to_string());
+        if let Some(kept_before) = kept_before {
+            if damaged_kept(&dir).map_err(|e| e.to_string())? <= kept_before {
+                return Err("it kept no damaged part".to_string());
+            }
         }
         let client = client_of(cluster, i, options)
             .await
