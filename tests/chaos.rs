@@ -9,8 +9,8 @@ use serde_json::Value;
 
 /// Goal: under SIGKILLs of replicas and of the leader, a SIGSTOPped leader, a follower that
 /// catches up by snapshot install and is restarted twice right after, a WAL tail left torn by
-/// a crash, a byte of a stopped replica's WAL flipped anywhere its synced mark vouches for (rot, repaired
-/// from the peers), a partition (nftables between real processes), a fourth replica replacing a voter,
+/// a crash, a byte of a stopped replica's WAL flipped anywhere its synced mark vouches for, or
+/// of its stored snapshot or sled's data file (rot, repaired from the peers), a partition (nftables between real processes), a fourth replica replacing a voter,
 /// and a power loss of the whole cluster (the leader's WAL syncs stalled, then SIGKILL of all
 /// three and everything each wrote after its last completed sync dropped, the old leader back
 /// 300 ms before the others), with
