@@ -99,9 +99,17 @@ fn replay() {
     println!("{first:#?}");
     assert!(first.violations.is_empty(), "{:#?}", first.violations);
     let second = run(&config);
+    let parted = (first.fault_timeline.iter())
+        .zip(&second.fault_timeline)
+        .position(|(a, b)| a != b)
+        .map(|at| (&first.fault_timeline[at], &second.fault_timeline[at]));
     assert_eq!(
-        first.digest, second.digest,
-        "two runs of seed {seed} differ; the simulation is not deterministic"
+        first.digest,
+        second.digest,
+        "two runs of seed {seed} differ; the simulation is not deterministic. Their faults \
+         part at {parted:?} ({} and {} faults)",
+        first.fault_timeline.len(),
+        second.fault_timeline.len()
     );
 }
 

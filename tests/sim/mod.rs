@@ -177,6 +177,9 @@ pub struct SimReport {
     pub simulated: Duration,
     /// A fingerprint of the run: the canonical log, the leaders per term and the faults.
     pub digest: u64,
+    /// The faults as they happened (simulated ms, what), which the digest covers: where two
+    /// runs of one seed part.
+    pub fault_timeline: Vec<(u64, String)>,
 }
 
 /// Runs one simulation on a fresh single-threaded runtime with a paused clock.
@@ -1769,6 +1772,7 @@ impl Sim {
                 .violations
                 .push(format!("the run's faults (ms: fault): {fault_timeline:?}"));
         }
+        report.fault_timeline = fault_timeline;
         report
     }
 }
