@@ -24,14 +24,14 @@
 //! Reproducibility: every random choice (faults, network, election timeouts, client pauses)
 //! comes from the seed, the clock is virtual, the runtime is single-threaded, and appends are
 //! made durable inline rather than on a thread. What is left is tokio's `select!`, which picks
-//! among ready branches with a generator the runtime seeds at random; built with
-//! `RUSTFLAGS="--cfg tokio_unstable"` (in a target directory of its own, e.g.
-//! `CARGO_TARGET_DIR=target/seeded`, so that the usual one is not rebuilt), the run seeds it
-//! from its own seed (tokio offers that only there); failing seeds print that replay command. Without the flag about 2 % of seeds give one of two runs; with it, replays of
-//! one seed agree, and a scan run beside two others differed in 3 of 200 seeds, which sled's
-//! own threads (its flusher runs on the wall clock) are the likely cause of.
-//! [`SimReport::digest`] fingerprints a run and a test holds two runs of one seed to the same
-//! digest.
+//! among ready branches with a generator the runtime seeds at random. Built with
+//! `RUSTFLAGS="--cfg tokio_unstable"` (in a target directory of its own, such as
+//! `CARGO_TARGET_DIR=target/seeded`, so that the usual one is not rebuilt), a run seeds it
+//! from its own seed, which tokio allows only there; a failing seed prints that replay
+//! command. Without the flag about 2 % of seeds end one of two ways; with it, replays of one
+//! seed agree, and one of three scans run at once differed in 3 of 200 seeds, most likely
+//! through sled's own threads (its flusher runs on the wall clock). [`SimReport::digest`]
+//! fingerprints a run and a test holds two runs of one seed to the same digest.
 
 pub mod network;
 pub mod store;
