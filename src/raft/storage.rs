@@ -17,7 +17,7 @@ use std::sync::Arc;
 use super::log_store::{Flushing, LogStore, SEGMENT_BYTES_MAX};
 use super::meta_store::{Closed, MetaStore, SledRefused};
 use super::state_machine::{set_aside_damaged_snapshot, DamagedSnapshot, StateMachineStore};
-use super::wal::{create_durably, new_damaged_folder, sync_dir};
+use super::wal::{create_durably, new_damaged_folder, sync_dir, DAMAGED_DIR};
 
 /// Where a replica keeps sled (metadata and snapshots) inside its data directory.
 pub fn meta_dir(data_dir: &Path) -> PathBuf {
@@ -160,6 +160,18 @@ fn open_meta(data_dir: &Path) -> io::Result<(MetaStore, Option<PathBuf>)> {
 
 /// The name sled's refused files take in their `log/damaged/` folder.
 pub const SLED_SET_ASIDE: &str = "meta";
+
+/// How many times the replica in `data_dir` has set sled's refused files aside: the folders
+/// of `log/damaged/` that hold them. For the tools and tests that count the repairs.
+pub fn sleds_set_aside(data_dir: &Path) -> io::Result<usize> {
+    match std::fs::read_dir(log_dir(data_dir).join(DAMAGED_DIR)) {
+        Ok(folders) => Ok((folders.flatten())
+            .filter(|folder| folder.path().join(SLED_SET_ASIDE).exists())
+            .count()),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(0),
+        Err(error) => Err(error),
+    }
+}
 
 /// A replica's storage, opened: what Raft runs on.
 pub struct Storage {

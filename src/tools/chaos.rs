@@ -45,7 +45,7 @@ use crate::log::{
 };
 use crate::raft::meta_store::faults as sled_faults;
 use crate::raft::state_machine::faults as snapshot_faults;
-use crate::raft::storage::{log_dir, meta_dir, SLED_SET_ASIDE};
+use crate::raft::storage::{log_dir, meta_dir, sleds_set_aside};
 use crate::raft::types::Entry;
 use crate::raft::wal::{self, Wal, RECORD_BYTES_MAX};
 
@@ -1197,17 +1197,6 @@ async fn wait_until_back(
 fn damaged_kept(data_dir: &std::path::Path) -> anyhow::Result<usize> {
     match std::fs::read_dir(log_dir(data_dir).join(wal::DAMAGED_DIR)) {
         Ok(entries) => Ok(entries.count()),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(0),
-        Err(error) => Err(error.into()),
-    }
-}
-
-/// How many times the replica in `data_dir` has set sled's refused files aside.
-fn sleds_set_aside(data_dir: &std::path::Path) -> anyhow::Result<usize> {
-    match std::fs::read_dir(log_dir(data_dir).join(wal::DAMAGED_DIR)) {
-        Ok(entries) => Ok((entries.flatten())
-            .filter(|kept| kept.path().join(SLED_SET_ASIDE).exists())
-            .count()),
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(0),
         Err(error) => Err(error.into()),
     }

@@ -24,10 +24,10 @@ use ctrlog::raft::log_store::{Flushing, LogStore};
 use ctrlog::raft::meta_store::{faults as sled_faults, Closed};
 use ctrlog::raft::reader::read_committed;
 use ctrlog::raft::state_machine::{faults as snapshot_faults, StateMachineStore};
-use ctrlog::raft::storage::{log_dir, meta_dir, open_storage_with, SLED_SET_ASIDE};
+use ctrlog::raft::storage::{self, log_dir, meta_dir, open_storage_with};
 use ctrlog::raft::two_copies::{faults as two_copies_faults, Record};
 use ctrlog::raft::types::Vote;
-use ctrlog::raft::wal::{faults, DAMAGED_DIR};
+use ctrlog::raft::wal::faults;
 
 /// The WAL's segment size in the simulation: small, so that a run fills many segments, rots
 /// sealed ones as well as the last, and purges whole ones (which a rollback of sled's snapshot
@@ -201,12 +201,7 @@ impl Disk {
 
     /// How many times sled's files were refused and set aside in `log/damaged/`.
     pub fn sleds_set_aside(&self) -> usize {
-        let damaged = log_dir(&self.dir).join(DAMAGED_DIR);
-        std::fs::read_dir(damaged).map_or(0, |folders| {
-            (folders.flatten())
-                .filter(|folder| folder.path().join(SLED_SET_ASIDE).exists())
-                .count()
-        })
+        storage::sleds_set_aside(&self.dir).unwrap()
     }
 
     /// `text` with this disk's folder named `DATA`.
