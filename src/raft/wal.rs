@@ -860,9 +860,10 @@ impl Wal {
     }
 }
 
-/// The faults a crash or a rotting disk leaves in a stopped replica's log, for the tools and
-/// tests that inject them: the storage owns its fault model, so that each injector does not
-/// re-derive the segment layout. None of these is called by a running replica.
+/// The faults a crash or a rotting disk leaves in a replica's log, for the tools and tests
+/// that inject them: the storage owns its fault model, so that each injector does not
+/// re-derive the segment layout. Each wants the replica stopped but a bad sector, which may go
+/// bad under a running one; none is called by a replica itself.
 pub mod faults {
     use std::collections::BTreeMap;
     use std::fs::OpenOptions;
