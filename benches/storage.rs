@@ -47,7 +47,7 @@ fn storage(c: &mut Criterion) {
             let payloads: Vec<Vec<u8>> =
                 (first..first + 4).map(|i| encode(&entry(i, 64))).collect();
             wal.append(first, &payloads).unwrap();
-            wal.active_file().sync_data().unwrap();
+            wal.active_file().sync().unwrap();
         })
     });
     // What each flush adds since the synced mark: one 12-byte write, never synced.

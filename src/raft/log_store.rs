@@ -28,7 +28,6 @@
 //! itself, by moving a joint configuration on to the next.
 
 use std::fmt::Debug;
-use std::fs::File;
 use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
@@ -47,7 +46,7 @@ use super::two_copies::{TwoCopies, REPAIR, VOTE};
 use super::types::{
     AppendEntriesRequest, Entry, LogId, StorageError, StorageIOError, TypeConfig, Vote,
 };
-use super::wal::{Damage, SyncedMark, Wal, RECORD_BYTES_MAX};
+use super::wal::{Damage, SegmentFile, SyncedMark, Wal, RECORD_BYTES_MAX};
 use crate::log::{decode, encode};
 use crate::wire::protocol::Repairing;
 use crate::NodeId;
@@ -246,12 +245,21 @@ fn mark_synced(
     written_after: u64,
 ) {
     durable.send_if_modified(|d| {
-        let raised = d.truncations == written_after && !d.covers(Some(synced));
+        let raised =
+            d.failed.is_none() && d.truncations == written_after && !d.covers(Some(synced));
         if raised {
             d.synced = Some(synced);
             mark.raise(synced.index);
         }
         raised
+    });
+}
+
+/// Records that an `fdatasync` of the log failed with `kind`: from now on the mark is never
+/// raised again, and no later `fdatasync` is attempted ([`sync_file`]).
+fn mark_failed(durable: &watch::Sender<Durable>, kind: io::ErrorKind) {
+    durable.send_modify(|d| {
+        d.failed.get_or_insert(kind);
     });
 }
 
@@ -368,7 +376,7 @@ impl LogStore {
         )?;
         // A crash of the process (not of the machine) can leave written but unsynced entries
         // in the page cache, which the log would now count as durable: sync them first.
-        wal.active_file().sync_data()?;
+        wal.active_file().sync()?;
         let last_log_id = last_log_id(&wal, last_purged)?;
         let mark = wal.synced_mark();
         if let Some(last) = last_log_id {
@@ -659,14 +667,14 @@ impl LogStore {
     /// failure.
     fn sync_inline(
         &self,
-        file: &File,
+        file: &SegmentFile,
         last: LogId,
         written_after: u64,
-    ) -> Result<(), io::ErrorKind> {
-        let synced = sync_file(file);
-        match synced {
+    ) -> Result<(), SyncFailed> {
+        let synced = sync_file(file, &self.shared.durable);
+        match &synced {
             Ok(()) => mark_synced(&self.shared.durable, &self.shared.mark, last, written_after),
-            Err(kind) => self.shared.durable.send_modify(|d| d.failed = Some(kind)),
+            Err(failure) => mark_failed(&self.shared.durable, failure.kind),
         }
         synced
     }
@@ -734,7 +742,7 @@ impl LogStore {
     /// thread.
     pub fn append_durable(&self, entry: &Entry) -> io::Result<()> {
         let mut state = self.write(std::slice::from_ref(entry))?;
-        state.wal.active_file().sync_data()?;
+        state.wal.active_file().sync()?;
         state.last_log_id = Some(entry.log_id);
         let truncations = self.truncations();
         mark_synced(
@@ -1054,6 +1062,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         if log_id.index >= state.wal.next_index() {
             return Ok(());
         }
+        if let Some(kind) = self.durable().borrow().failed {
+            // The truncation's own `fdatasync` would vouch for what is kept: after a failed
+            // one, it cannot (see `sync_file`).
+            return Err(write_err(io::Error::new(
+                kind,
+                "not truncating the log: an fdatasync of it failed before",
+            )));
+        }
         self.shared.recent.truncate_from(log_id.index);
         // Whatever the outcome, an `fdatasync` of what was written before no longer vouches
         // for the log's end; on success, the truncation's own `fdatasync` vouches for all
@@ -1097,7 +1113,7 @@ struct Syncer {
 }
 
 struct SyncRequest {
-    file: Arc<File>,
+    file: Arc<SegmentFile>,
     callback: Option<LogFlushed<TypeConfig>>,
     written: Written,
 }
@@ -1112,14 +1128,48 @@ struct Written {
     truncations: u64,
 }
 
-/// `fdatasync`s one segment. The `wal-sync` fail point makes it fail, as a crash before the
-/// flush would leave the entries unacknowledged; `wal-synced` fails it after the flush, as a
-/// crash between the flush and the acknowledgement would.
-fn sync_file(file: &File) -> Result<(), io::ErrorKind> {
-    fail::fail_point!("wal-sync", |_| Err(io::ErrorKind::Other));
-    file.sync_data().map_err(|e| e.kind())?;
-    fail::fail_point!("wal-synced", |_| Err(io::ErrorKind::Other));
+/// `fdatasync`s one segment, unless one failed before: then nothing written since can be
+/// vouched for, and another `fdatasync` that succeeds would say it is on disk when the page
+/// cache may have dropped it ([`super::write_faults`]). The error names the segment.
+///
+/// The `wal-sync` fail point makes it fail, as a crash before the flush would leave the entries
+/// unacknowledged; `wal-synced` fails it after the flush, as a crash between the flush and the
+/// acknowledgement would.
+fn sync_file(file: &SegmentFile, durable: &watch::Sender<Durable>) -> Result<(), SyncFailed> {
+    if let Some(earlier) = durable.borrow().failed {
+        return Err(SyncFailed {
+            kind: earlier,
+            message: format!(
+                "not flushing {}: an fdatasync of the log failed before ({earlier}), so \
+                 nothing written since can be vouched for",
+                file.path().display()
+            ),
+        });
+    }
+    let failed = |error: io::Error| SyncFailed {
+        kind: error.kind(),
+        message: error.to_string(),
+    };
+    fail::fail_point!("wal-sync", |_| Err(failed(io::Error::other("wal-sync"))));
+    file.sync().map_err(failed)?;
+    fail::fail_point!("wal-synced", |_| Err(failed(io::Error::other(
+        "wal-synced"
+    ))));
     Ok(())
+}
+
+/// An `fdatasync` of the log that failed: its kind, for [`Durable::failed`], and its message,
+/// which names the segment, for openraft's error and the operator.
+#[derive(Clone, Debug)]
+struct SyncFailed {
+    kind: io::ErrorKind,
+    message: String,
+}
+
+impl From<SyncFailed> for io::Error {
+    fn from(failed: SyncFailed) -> io::Error {
+        io::Error::new(failed.kind, failed.message)
+    }
 }
 
 impl Syncer {
@@ -1137,25 +1187,25 @@ impl Syncer {
                 while let Ok(first) = incoming.recv() {
                     let mut batch = vec![first];
                     batch.extend(incoming.try_iter());
-                    let mut synced: Vec<(Arc<File>, Result<(), io::ErrorKind>)> = Vec::new();
+                    let mut synced: Vec<(Arc<SegmentFile>, Result<(), SyncFailed>)> = Vec::new();
                     for request in batch {
                         let result =
                             match synced.iter().find(|(f, _)| Arc::ptr_eq(f, &request.file)) {
-                                Some((_, result)) => *result,
+                                Some((_, result)) => result.clone(),
                                 None => {
-                                    let result = sync_file(&request.file);
-                                    synced.push((request.file.clone(), result));
+                                    let result = sync_file(&request.file, &thread_durable);
+                                    synced.push((request.file.clone(), result.clone()));
                                     result
                                 }
                             };
-                        match result {
+                        match &result {
                             Ok(()) => mark_synced(
                                 &thread_durable,
                                 &mark,
                                 request.written.last,
                                 request.written.truncations,
                             ),
-                            Err(kind) => thread_durable.send_modify(|d| d.failed = Some(kind)),
+                            Err(failure) => mark_failed(&thread_durable, failure.kind),
                         }
                         stages.observe(Stage::log_sync, request.written.at.elapsed());
                         if let Some(callback) = request.callback {
@@ -1168,7 +1218,12 @@ impl Syncer {
         Syncer { requests, durable }
     }
 
-    fn sync(&self, file: Arc<File>, callback: Option<LogFlushed<TypeConfig>>, written: Written) {
+    fn sync(
+        &self,
+        file: Arc<SegmentFile>,
+        callback: Option<LogFlushed<TypeConfig>>,
+        written: Written,
+    ) {
         let request = SyncRequest {
             file,
             callback,
@@ -1176,10 +1231,54 @@ impl Syncer {
         };
         if let Err(mpsc::SendError(request)) = self.requests.send(request) {
             // An append acknowledged already will never be durable: fail the mark too.
-            (self.durable).send_modify(|d| d.failed = Some(io::ErrorKind::Other));
+            mark_failed(&self.durable, io::ErrorKind::Other);
             if let Some(callback) = request.callback {
                 callback.log_io_completed(Err(io::Error::other("the wal sync thread has stopped")));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::CommittedLeaderId;
+
+    use super::*;
+    use crate::raft::write_faults::{faults, Operation};
+
+    /// Goal: once an `fdatasync` of the log failed, none is attempted again and the durable
+    /// mark never rises, though the device answers again: the page cache may have dropped
+    /// what the failed one was asked to write, and a second one would not say so.
+    #[test]
+    fn an_fdatasync_that_failed_is_never_retried_and_raises_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut wal = Wal::open(dir.path(), None, 1 << 20).unwrap();
+        wal.append(0, &[b"entry".to_vec()]).unwrap();
+        let (file, mark) = (wal.active_file(), wal.synced_mark());
+        let durable = watch::Sender::new(Durable::default());
+        let entry = LogId::new(CommittedLeaderId::new(1, 1), 0);
+
+        faults::fail_under(dir.path(), Operation::Sync, libc::EIO);
+        let failed = sync_file(&file, &durable).unwrap_err();
+        assert!(
+            failed.message.contains(&*file.path().to_string_lossy()),
+            "{}",
+            failed.message
+        );
+        mark_failed(&durable, failed.kind);
+        faults::heal_under(dir.path());
+
+        let retried = sync_file(&file, &durable).unwrap_err();
+        assert!(
+            retried.message.contains("failed before"),
+            "{}",
+            retried.message
+        );
+        mark_synced(&durable, &mark, entry, 0);
+        assert_eq!(durable.borrow().synced, None, "nothing is vouched for");
+        assert_eq!(
+            super::super::wal::faults::synced_mark(dir.path()).unwrap(),
+            None
+        );
     }
 }

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use super::write_faults::{self, Operation};
+
 /// The largest value written to sled: 16 items of this size keep a leaf at 64 KiB, half of the
 /// 128 KiB above which sled would move the node into an unsynced blob file.
 pub const VALUE_BYTES_MAX: usize = 4 << 10;
@@ -32,6 +34,7 @@ const LOCK_WAIT_MAX: Duration = Duration::from_secs(2);
 pub struct MetaStore {
     db: sled::Db,
     data_file: File,
+    data_path: PathBuf,
     /// Declared last, so dropped after sled and the data file: see [`MetaStore::closed`].
     closed_when_dropped: watch::Sender<()>,
 }
@@ -98,10 +101,12 @@ impl MetaStore {
             ),
             error => io::Error::other(format!("sled could not open {}: {error}", dir.display())),
         })?;
-        let data_file = File::open(dir.join("db"))?;
+        let data_path = dir.join("db");
+        let data_file = File::open(&data_path)?;
         Ok(MetaStore {
             db,
             data_file,
+            data_path,
             closed_when_dropped: watch::Sender::new(()),
         })
     }
@@ -117,9 +122,20 @@ impl MetaStore {
     }
 
     /// Makes every write so far durable: sled's own flush, then `fdatasync` of its data file.
+    /// The error names the file ([`write_faults`]).
     pub fn sync(&self) -> io::Result<()> {
-        self.db.flush().map_err(io::Error::other)?;
-        self.data_file.sync_data()
+        write_faults::attempt(&self.data_path, Operation::Sync, || {
+            self.db.flush().map_err(|error| match error {
+                sled::Error::Io(error) => error,
+                error => io::Error::other(error),
+            })?;
+            self.data_file.sync_data()
+        })
+    }
+
+    /// Where sled's data file is: what names sled in errors.
+    pub fn data_path(&self) -> &Path {
+        &self.data_path
     }
 
     pub fn get(&self, key: &str) -> io::Result<Option<Vec<u8>>> {

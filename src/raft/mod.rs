@@ -48,5 +48,6 @@ pub mod storage;
 pub mod two_copies;
 pub mod types;
 pub mod wal;
+pub mod write_faults;
 
 pub use types::TypeConfig;

@@ -26,6 +26,7 @@ use super::types::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StorageIOError, StoredMembership,
     TypeConfig,
 };
+use super::write_faults::{attempt, Operation};
 use crate::jobs::{JobState, Outcome, RecordedRejection, RejectionLog};
 use crate::log::vocabulary::{kinds, LEVEL_MAX};
 use crate::log::{decode, encode, Batch, Level, LogEntry, Offset, Proposal};
@@ -392,9 +393,11 @@ impl StateMachineStore {
         }
         let storage_id = self.shared.next_storage_id.fetch_add(1, Ordering::Relaxed);
         let mut chunks = 0u32;
+        let data_path = self.shared.meta.data_path();
         for chunk in bytes.chunks(VALUE_BYTES_MAX) {
-            tree.insert(chunk_key(storage_id, chunks), chunk)
-                .map_err(io::Error::other)?;
+            attempt(data_path, Operation::Write, || {
+                (tree.insert(chunk_key(storage_id, chunks), chunk)).map_err(io::Error::other)
+            })?;
             chunks += 1;
         }
         let header = StoredSnapshotHeader {

@@ -313,6 +313,25 @@ mod tests {
         }
     }
 
+    /// Goal: a disk that is full when a new directory's format is recorded fails the start
+    /// with an error naming the file, and leaves no format file that a later start misreads.
+    #[test]
+    fn a_full_disk_while_recording_the_format_is_an_error_naming_the_file() {
+        use crate::raft::write_faults::{faults, Operation};
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        faults::fail_under(&data, Operation::Write, libc::ENOSPC);
+        let error = check_format(&data).unwrap_err().to_string();
+        faults::heal_under(&data);
+        let named = data.join(format!("{FORMAT_FILE}.tmp"));
+        assert!(
+            error.contains(&*named.to_string_lossy()) && error.contains("No space left"),
+            "{error}"
+        );
+        assert!(!data.join(FORMAT_FILE).exists());
+        assert_eq!(check_format(&data).unwrap(), DATA_FORMAT);
+    }
+
     /// Goal: the format file has no checksum, and needs none: each bit of it flipped in turn
     /// either leaves format 1 (a comment, trailing space) or is refused naming the file, so
     /// a rotted format file never has the directory read as another format.

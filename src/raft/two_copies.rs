@@ -32,6 +32,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::wal::create_durably;
+use super::write_faults::{attempt, Operation};
 use crate::log::{decode, encode};
 
 /// Which record a file keeps: its name in the log's directory (without a `.wal` suffix, so the
@@ -198,9 +199,10 @@ impl<T: Serialize + DeserializeOwned + Clone + PartialEq> TwoCopies<T> {
         let copy = encode_copy(self.sequence + 1, &record);
         match &self.file {
             Some(file) => {
+                let path = self.dir.join(self.record.file_name);
                 for at in COPY_AT {
-                    file.write_all_at(&copy, at)?;
-                    file.sync_data()?;
+                    attempt(&path, Operation::Write, || file.write_all_at(&copy, at))?;
+                    attempt(&path, Operation::Sync, || file.sync_data())?;
                 }
             }
             None => {

@@ -54,6 +54,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::bad_sectors::{self, Salvaged};
+use super::write_faults::{attempt, Operation};
 
 /// Bytes of a record header: payload length and checksum.
 const RECORD_HEADER_BYTES: usize = 8;
@@ -78,11 +79,39 @@ struct RecordPos {
     len: u32,
 }
 
+/// A segment's open file and its path, which names it in errors and its sectors for
+/// [`bad_sectors`].
+pub struct SegmentFile {
+    file: File,
+    path: PathBuf,
+}
+
+impl SegmentFile {
+    /// `fdatasync`s the segment; the error names it ([`write_faults`]).
+    pub fn sync(&self) -> io::Result<()> {
+        attempt(&self.path, Operation::Sync, || self.file.sync_data())
+    }
+
+    /// Writes `bytes` at `offset`; the error names the segment.
+    fn write_at(&self, bytes: &[u8], offset: u64) -> io::Result<()> {
+        attempt(&self.path, Operation::Write, || {
+            self.file.write_all_at(bytes, offset)
+        })
+    }
+
+    /// Reads exactly `buf.len()` bytes at `offset`, failing on a bad sector.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        bad_sectors::read_exact_at(&self.file, &self.path, buf, offset)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
 struct Segment {
     first_index: u64,
-    /// Where the file is, which names its sectors for [`bad_sectors`].
-    path: PathBuf,
-    file: Arc<File>,
+    file: Arc<SegmentFile>,
     records: Vec<RecordPos>,
     /// Bytes in use; the next record is written here.
     len: u64,
@@ -184,8 +213,10 @@ fn segment_path(dir: &Path, first_index: u64) -> PathBuf {
     dir.join(format!("{first_index:020}.{SEGMENT_SUFFIX}"))
 }
 
+/// `fsync`s the directory `dir`, so that the files created, renamed or removed in it stay so;
+/// the error names it.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+    attempt(dir, Operation::Sync, || File::open(dir)?.sync_all())
 }
 
 /// Creates the file `name` in `dir` whole or not at all: `write` fills it under a temporary
@@ -198,15 +229,20 @@ pub(super) fn create_durably(
     write: impl FnOnce(&File) -> io::Result<()>,
 ) -> io::Result<File> {
     let temporary = dir.join(format!("{name}.tmp"));
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&temporary)?;
-    write(&file)?;
-    file.sync_all()?;
-    std::fs::rename(&temporary, dir.join(name))?;
+    let file = attempt(&temporary, Operation::Write, || {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&temporary)?;
+        write(&file)?;
+        Ok(file)
+    })?;
+    attempt(&temporary, Operation::Sync, || file.sync_all())?;
+    attempt(&temporary, Operation::Write, || {
+        std::fs::rename(&temporary, dir.join(name))
+    })?;
     sync_dir(dir)?;
     Ok(file)
 }
@@ -532,8 +568,10 @@ impl Wal {
                 segment.first_index,
                 Segment {
                     first_index: segment.first_index,
-                    path: segment.path,
-                    file: Arc::new(file),
+                    file: Arc::new(SegmentFile {
+                        file,
+                        path: segment.path,
+                    }),
                     records: segment.records,
                     len: segment.valid_len,
                 },
@@ -618,7 +656,7 @@ impl Wal {
     }
 
     /// The file that holds the most recent appends: what the syncer must `fdatasync`.
-    pub fn active_file(&self) -> Arc<File> {
+    pub fn active_file(&self) -> Arc<SegmentFile> {
         self.segments
             .values()
             .next_back()
@@ -629,20 +667,18 @@ impl Wal {
 
     fn create_segment(&mut self, first_index: u64) -> io::Result<()> {
         let path = segment_path(&self.dir, first_index);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)?;
+        let file = attempt(&path, Operation::Write, || {
+            (OpenOptions::new().read(true).write(true).create(true))
+                .truncate(true)
+                .open(&path)
+        })?;
         sync_dir(&self.dir)?;
         bad_sectors::forget(&path);
         self.segments.insert(
             first_index,
             Segment {
                 first_index,
-                path,
-                file: Arc::new(file),
+                file: Arc::new(SegmentFile { file, path }),
                 records: Vec::new(),
                 len: 0,
             },
@@ -706,7 +742,7 @@ impl Wal {
             return Ok(());
         }
         let active = self.active();
-        active.file.write_all_at(buffer, active.len)?;
+        active.file.write_at(buffer, active.len)?;
         active.len += buffer.len() as u64;
         active.records.append(pending);
         buffer.clear();
@@ -721,7 +757,7 @@ impl Wal {
 
     /// Seals the active segment durably and starts one at `first_index`.
     fn rotate_to(&mut self, first_index: u64) -> io::Result<()> {
-        self.active().file.sync_data()?;
+        self.active().file.sync()?;
         self.create_segment(first_index)
     }
 
@@ -740,7 +776,7 @@ impl Wal {
             return Ok(None); // a hole between segments
         };
         let mut bytes = vec![0u8; RECORD_HEADER_BYTES + record.len as usize];
-        bad_sectors::read_exact_at(&segment.file, &segment.path, &mut bytes, record.pos)?;
+        segment.file.read_exact_at(&mut bytes, record.pos)?;
         let crc = u32::from_le_bytes(bytes[4..8].try_into().unwrap());
         let payload = bytes.split_off(RECORD_HEADER_BYTES);
         if crc32fast::hash(&payload) != crc {
@@ -780,9 +816,10 @@ impl Wal {
         let new_len = active.records.get(keep).map_or(active.len, |r| r.pos);
         active.records.truncate(keep);
         active.len = new_len;
-        active.file.set_len(new_len)?;
-        bad_sectors::forget_from(&active.path, new_len);
-        active.file.sync_data()?;
+        let file = &active.file;
+        attempt(&file.path, Operation::Write, || file.file.set_len(new_len))?;
+        bad_sectors::forget_from(&file.path, new_len);
+        file.sync()?;
         // Everything kept is synced now, and nothing after it is.
         self.mark.set_durably(index.checked_sub(1))
     }
@@ -1414,7 +1451,7 @@ mod tests {
             fill_big(&mut wal);
             let (_, segment) = wal.segments.range(..=index).next_back().unwrap();
             let record = segment.records[(index - segment.first_index) as usize];
-            let path = segment.path.clone();
+            let path = segment.file.path.clone();
             let is_last_segment = wal.segments.keys().next_back() == Some(&segment.first_index);
             let bad_byte = record.pos + u64::from(record.len) / 2;
             let sector = bad_byte / bad_sectors::SECTOR_BYTES * bad_sectors::SECTOR_BYTES;

@@ -351,13 +351,22 @@ pub async fn serve(
     };
     // A replica whose Raft core stopped on a fatal (storage) error must not linger as a
     // zombie: exit, so that a supervisor restarts it and recovery runs.
+    // The error names what failed: for a storage error, the file and the operation.
     let mut metrics = replica.raft().metrics();
     let fatal = async move {
-        let _ = metrics.wait_for(|m| m.running_state.is_err()).await;
+        match metrics.wait_for(|m| m.running_state.is_err()).await {
+            Ok(stopped) => match &stopped.running_state {
+                Err(fatal) => fatal.to_string(),
+                Ok(()) => "no error".into(),
+            },
+            Err(_) => "its metrics are gone".into(),
+        }
     };
     let result = tokio::select! {
         _ = shutdown => Ok(()),
-        _ = fatal => Err(StartError::Raft("the Raft core stopped on a fatal error".into())),
+        fatal = fatal => Err(StartError::Raft(format!(
+            "the Raft core stopped on a fatal error: {fatal}"
+        ))),
     };
     tracing::info!(id = replica.id(), "shutting down");
     let _ = stop_controller.send(());
