@@ -92,9 +92,11 @@ impl MetaStore {
             refused(why.to_owned()).into_io()
         })?;
         let db = opened.map_err(|error| match error {
-            sled::Error::Corruption { .. } | sled::Error::ReportableBug(_) => {
-                refused(error.to_string()).into_io()
-            }
+            // `Unsupported` at open is sled reading its `conf` as another version's: ctrlog
+            // has only ever run one sled, so that is damage too (seen: one inverted byte).
+            sled::Error::Corruption { .. }
+            | sled::Error::ReportableBug(_)
+            | sled::Error::Unsupported(_) => refused(error.to_string()).into_io(),
             sled::Error::Io(error) => io::Error::new(
                 error.kind(),
                 format!("sled could not open {}: {error}", dir.display()),
@@ -181,7 +183,7 @@ impl MetaStore {
 /// Waits up to [`LOCK_WAIT_MAX`] until nobody holds the lock sled takes on `dir/db`, then lets
 /// go of it for sled to take. It is sled's own lock (an exclusive `flock` through `fs2`, as
 /// sled 0.34 takes it), so the two can never disagree about who holds the directory.
-fn wait_for_lock(dir: &Path) -> io::Result<()> {
+pub(super) fn wait_for_lock(dir: &Path) -> io::Result<()> {
     let data_file = match File::open(dir.join("db")) {
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),

@@ -31,6 +31,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod bad_sectors;
+pub mod check;
 pub mod elector;
 pub mod lease;
 pub mod log_matching;

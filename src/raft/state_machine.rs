@@ -511,6 +511,31 @@ pub fn set_aside_damaged_snapshot(meta: &MetaStore, kept: &std::path::Path) -> i
     meta.sync()
 }
 
+/// Reads the stored snapshot in `meta` whole and verifies it (its header, every chunk, its
+/// length and checksum), changing nothing: the last entry it covers (`None`: no snapshot), or
+/// the damage found. For the offline check and the scrubber.
+pub fn verify_stored_snapshot(
+    meta: &MetaStore,
+) -> io::Result<Result<Option<LogId>, DamagedSnapshot>> {
+    let damaged = |error: io::Error, last| {
+        let problem = error.to_string();
+        Ok(Err(DamagedSnapshot { last, problem }))
+    };
+    let tree = meta.tree(SNAPSHOT_TREE)?;
+    let header = match read_header(&tree) {
+        Ok(Some(header)) => header,
+        Ok(None) => return Ok(Ok(None)),
+        Err(error) if error.kind() == io::ErrorKind::InvalidData => return damaged(error, None),
+        Err(error) => return Err(error),
+    };
+    let last = header.meta.last_log_id;
+    match read_chunks(&tree, &header) {
+        Ok(_) => Ok(Ok(last)),
+        Err(error) if error.kind() == io::ErrorKind::InvalidData => damaged(error, last),
+        Err(error) => Err(error),
+    }
+}
+
 fn read_header(tree: &sled::Tree) -> io::Result<Option<StoredSnapshotHeader>> {
     match tree.get(CURRENT_KEY).map_err(io::Error::other)? {
         Some(bytes) => {

@@ -60,6 +60,20 @@ pub enum FormatError {
 /// Checks the format of `data_dir` and records it if the directory has no `format` file yet
 /// (a new directory, or one v0.1.0 wrote). Returns the format found.
 pub fn check_format(data_dir: &Path) -> io::Result<u32> {
+    match format_of(data_dir)? {
+        Some(found) => Ok(found),
+        None => {
+            std::fs::create_dir_all(data_dir)?;
+            write_format(data_dir, DATA_FORMAT)?;
+            Ok(DATA_FORMAT)
+        }
+    }
+}
+
+/// The format `data_dir`'s `format` file names (`None`: it has none, as a new directory or
+/// v0.1.0's), read without changing anything; one this build cannot use is an
+/// [`io::ErrorKind::InvalidData`] error holding a [`FormatError`].
+pub fn format_of(data_dir: &Path) -> io::Result<Option<u32>> {
     let path = data_dir.join(FORMAT_FILE);
     let invalid = |error: FormatError| io::Error::new(io::ErrorKind::InvalidData, error);
     match std::fs::read(&path) {
@@ -79,13 +93,9 @@ pub fn check_format(data_dir: &Path) -> io::Result<u32> {
                     found,
                 }));
             }
-            Ok(found)
+            Ok(Some(found))
         }
-        Err(error) if error.kind() == io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(data_dir)?;
-            write_format(data_dir, DATA_FORMAT)?;
-            Ok(DATA_FORMAT)
-        }
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(error) => Err(error),
     }
 }

@@ -118,6 +118,39 @@ fn read_copy<T: DeserializeOwned>(file: &File, at: u64) -> io::Result<Option<(u6
         .map(|value| (sequence, value)))
 }
 
+/// What [`check`] found of a record's two copies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopiesFound {
+    /// No file: a new directory, or one an older build made.
+    Missing,
+    /// Both copies whole (one may hold the record before the other's, as a save cut short by
+    /// a crash leaves it: the next start writes the newer to both).
+    Whole,
+    /// One copy fails its checks: rot, or a save torn by a crash. The next start writes the
+    /// other to both again.
+    OneDamaged,
+    /// Both fail their checks: no crash leaves that, and the replica refuses to start.
+    BothDamaged,
+}
+
+/// Reads `record`'s file in `dir` and reports its copies, changing nothing.
+pub fn check<T: DeserializeOwned>(dir: &Path, record: &Record) -> io::Result<CopiesFound> {
+    let file = match File::open(dir.join(record.file_name)) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(CopiesFound::Missing),
+        Err(e) => return Err(e),
+    };
+    let whole = [
+        read_copy::<T>(&file, COPY_AT[0])?.is_some(),
+        read_copy::<T>(&file, COPY_AT[1])?.is_some(),
+    ];
+    Ok(match whole {
+        [true, true] => CopiesFound::Whole,
+        [false, false] => CopiesFound::BothDamaged,
+        _ => CopiesFound::OneDamaged,
+    })
+}
+
 impl<T: Serialize + DeserializeOwned + Clone + PartialEq> TwoCopies<T> {
     /// Opens `record`'s file in `dir`. Without one (a new directory, or one an older build
     /// made) it holds no value, and the file is created at the first save. Fails with

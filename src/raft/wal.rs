@@ -124,6 +124,17 @@ impl Segment {
     }
 }
 
+/// What the synced mark's file was found to hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MarkFound {
+    /// No mark: a new log, or one a build before the mark wrote.
+    Missing,
+    /// The last index an `fdatasync` covered (`None`: none yet).
+    Holds(Option<u64>),
+    /// A mark that fails its checksum, which counts as none.
+    Damaged,
+}
+
 /// The last index an `fdatasync` of the log covered, kept in its own small file: what tells
 /// an acknowledged final record that rotted from a torn final write (module docs).
 ///
@@ -148,28 +159,44 @@ impl SyncedMark {
             .create(true)
             .truncate(false)
             .open(&path)?;
-        let marked = Self::read(&file, &path)?;
-        Ok((SyncedMark { file }, marked))
-    }
-
-    /// The index the mark in `file` (at `path`) holds.
-    fn read(file: &File, path: &Path) -> io::Result<Option<u64>> {
-        let mut bytes = [0u8; SYNCED_MARK_BYTES];
-        match file.read_exact_at(&mut bytes, 0) {
-            Ok(()) => {
-                let (end, crc) = bytes.split_at(8);
-                if crc32fast::hash(end).to_le_bytes() == crc {
-                    return Ok(u64::from_le_bytes(end.try_into().unwrap()).checked_sub(1));
-                }
+        let marked = match Self::read(&file)? {
+            MarkFound::Holds(marked) => marked,
+            MarkFound::Missing => None,
+            MarkFound::Damaged => {
                 tracing::warn!(
                     file = %path.display(),
                     "the synced mark fails its checksum and is ignored: until it is written \
                      again, rot in the log's final record looks like a torn write"
                 );
-                Ok(None)
+                None
+            }
+        };
+        Ok((SyncedMark { file }, marked))
+    }
+
+    /// What the mark in `file` holds.
+    fn read(file: &File) -> io::Result<MarkFound> {
+        let mut bytes = [0u8; SYNCED_MARK_BYTES];
+        match file.read_exact_at(&mut bytes, 0) {
+            Ok(()) => {
+                let (end, crc) = bytes.split_at(8);
+                if crc32fast::hash(end).to_le_bytes() == crc {
+                    let end = u64::from_le_bytes(end.try_into().unwrap());
+                    return Ok(MarkFound::Holds(end.checked_sub(1)));
+                }
+                Ok(MarkFound::Damaged)
             }
             // New, or made by a build before the mark.
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(MarkFound::Missing),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// What the mark in the log's directory `dir` holds, read without changing anything.
+    fn read_only(dir: &Path) -> io::Result<MarkFound> {
+        match File::open(dir.join(SYNCED_MARK_FILE)) {
+            Ok(file) => Self::read(&file),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(MarkFound::Missing),
             Err(e) => Err(e),
         }
     }
@@ -420,6 +447,8 @@ struct ScannedSegment {
     path: PathBuf,
     records: Vec<RecordPos>,
     valid_len: u64,
+    /// Where the first sector that could not be read starts (EIO), if one could not.
+    unreadable_from: Option<u64>,
     /// The last valid record after the first bad one, when the segment has a bad record.
     last_after_damage: Option<RecordPos>,
     damaged: bool,
@@ -437,6 +466,134 @@ fn scan_records(bytes: &[u8]) -> (Vec<RecordPos>, u64) {
         pos += RECORD_HEADER_BYTES + len;
     }
     (records, pos as u64)
+}
+
+/// What reading every segment of the log in `dir` found, before anything is changed.
+struct Scan {
+    /// Every segment, oldest first.
+    scanned: Vec<ScannedSegment>,
+    /// The segment where damage starts, if the log is damaged (the module docs).
+    damaged_at: Option<usize>,
+}
+
+/// Reads every segment in `dir` whole, as far as it reads, and finds where damage starts,
+/// given what the synced mark says (`synced_end`: one past the index it holds). Changes
+/// nothing: [`Wal::open_repairing`] acts on what it finds, and [`check`] reports it.
+fn scan(dir: &Path, synced_end: u64) -> io::Result<Scan> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().and_then(|e| e.to_str()) != Some(SEGMENT_SUFFIX) {
+            continue;
+        }
+        let first_index = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| corrupt(format!("unexpected file {}", path.display())))?;
+        names.push(first_index);
+    }
+    names.sort_unstable();
+
+    let mut scanned = Vec::with_capacity(names.len());
+    for &name in &names {
+        let path = segment_path(dir, name);
+        let Salvaged {
+            bytes,
+            unreadable_from,
+        } = bad_sectors::read_salvaging(&path)?;
+        // A record is valid only if it was read whole: it ends before the first sector
+        // that could not be read.
+        let readable = unreadable_from.map_or(bytes.len(), |byte| byte as usize);
+        let (records, valid_len) = scan_records(&bytes[..readable]);
+        let damaged = valid_len < bytes.len() as u64;
+        let last_after_damage = damaged
+            .then(|| last_record_after(&bytes, valid_len as usize))
+            .flatten();
+        scanned.push(ScannedSegment {
+            first_index: name,
+            path,
+            records,
+            valid_len,
+            unreadable_from,
+            last_after_damage,
+            damaged,
+        });
+    }
+    let last = scanned.len().saturating_sub(1);
+    // Damage: a bad record that a valid one follows, or in a sealed segment; or the log
+    // ending (cleanly or not) before what an `fdatasync` covered.
+    let damaged_at = scanned.iter().enumerate().position(|(i, s)| {
+        let end = s.first_index + s.records.len() as u64;
+        s.damaged && (i < last || s.last_after_damage.is_some()) || (i == last && end < synced_end)
+    });
+    Ok(Scan {
+        scanned,
+        damaged_at,
+    })
+}
+
+/// What [`check`] found in a stopped replica's log, changing nothing.
+#[derive(Debug, Default)]
+pub struct WalCheck {
+    /// Segment files.
+    pub segments: usize,
+    /// The first index the oldest segment holds, and one past the last valid record.
+    pub first_index: Option<u64>,
+    pub next_index: u64,
+    /// The index the synced mark holds.
+    pub synced_mark: Option<u64>,
+    /// The synced mark fails its checksum (it counts as none).
+    pub mark_damaged: bool,
+    /// Damage, as the next start would find it and repair it from the peers.
+    pub damage: Option<Damage>,
+    /// The damage is only the log ending before the synced mark: synced records were lost,
+    /// nothing bad was read.
+    pub lost_synced_records: bool,
+    /// A torn tail past the synced mark (a segment and the byte where it starts), which a
+    /// crash leaves and the next start cuts: not a fault.
+    pub torn_tail: Option<(PathBuf, u64)>,
+    /// Sectors that fail reads (EIO): a segment and where its first one starts.
+    pub unreadable: Vec<(PathBuf, u64)>,
+}
+
+/// Reads the log in `dir` as [`Wal::open_repairing`] would, verifying every record, and
+/// reports what it finds without changing anything: for `ctrlog check` on a stopped replica.
+pub fn check(dir: &Path) -> io::Result<WalCheck> {
+    let (synced_mark, mark_damaged) = match SyncedMark::read_only(dir)? {
+        MarkFound::Holds(marked) => (marked, false),
+        MarkFound::Missing => (None, false),
+        MarkFound::Damaged => (None, true),
+    };
+    let synced_end = synced_mark.map_or(0, |index| index + 1);
+    let Scan {
+        scanned,
+        damaged_at,
+    } = scan(dir, synced_end)?;
+    let damage = match damaged_at {
+        Some(at) => Some(describe_damage(&scanned, at, synced_end)?),
+        None => None,
+    };
+    let lost_synced_records = damaged_at.is_some_and(|at| !scanned[at].damaged);
+    let torn_tail = match (damaged_at, scanned.last()) {
+        (None, Some(last)) if last.damaged => Some((last.path.clone(), last.valid_len)),
+        _ => None,
+    };
+    Ok(WalCheck {
+        segments: scanned.len(),
+        first_index: scanned.first().map(|s| s.first_index),
+        next_index: scanned
+            .last()
+            .map_or(0, |s| s.first_index + s.records.len() as u64),
+        synced_mark,
+        mark_damaged,
+        damage,
+        lost_synced_records,
+        torn_tail,
+        unreadable: (scanned.iter())
+            .filter_map(|s| Some((s.path.clone(), s.unreadable_from?)))
+            .collect(),
+    })
 }
 
 impl Wal {
@@ -462,61 +619,20 @@ impl Wal {
         std::fs::create_dir_all(dir)?;
         let (mark, marked) = SyncedMark::open(dir)?;
         let synced_end = marked.map_or(0, |index| index + 1);
-        let mut names = Vec::new();
-        for entry in std::fs::read_dir(dir)? {
-            let path = entry?.path();
-            if path.extension().and_then(|e| e.to_str()) != Some(SEGMENT_SUFFIX) {
-                continue;
-            }
-            let first_index = path
-                .file_stem()
-                .and_then(|s| s.to_str())
-                .and_then(|s| s.parse::<u64>().ok())
-                .ok_or_else(|| corrupt(format!("unexpected file {}", path.display())))?;
-            names.push(first_index);
-        }
-        names.sort_unstable();
-
-        let mut scanned = Vec::with_capacity(names.len());
-        for &name in &names {
-            let path = segment_path(dir, name);
-            let Salvaged {
-                bytes,
-                unreadable_from,
-            } = bad_sectors::read_salvaging(&path)?;
-            if let Some(byte) = unreadable_from {
+        let Scan {
+            mut scanned,
+            damaged_at,
+        } = scan(dir, synced_end)?;
+        for segment in &scanned {
+            if let Some(byte) = segment.unreadable_from {
                 tracing::error!(
-                    segment = %path.display(),
+                    segment = %segment.path.display(),
                     byte,
                     "a sector of the log cannot be read (EIO): the records from there on are \
                      damaged"
                 );
             }
-            // A record is valid only if it was read whole: it ends before the first sector
-            // that could not be read.
-            let readable = unreadable_from.map_or(bytes.len(), |byte| byte as usize);
-            let (records, valid_len) = scan_records(&bytes[..readable]);
-            let damaged = valid_len < bytes.len() as u64;
-            let last_after_damage = damaged
-                .then(|| last_record_after(&bytes, valid_len as usize))
-                .flatten();
-            scanned.push(ScannedSegment {
-                first_index: name,
-                path,
-                records,
-                valid_len,
-                last_after_damage,
-                damaged,
-            });
         }
-        let last = scanned.len().saturating_sub(1);
-        // Damage: a bad record that a valid one follows, or in a sealed segment; or the log
-        // ending (cleanly or not) before what an `fdatasync` covered.
-        let damaged_at = scanned.iter().enumerate().position(|(i, s)| {
-            let end = s.first_index + s.records.len() as u64;
-            s.damaged && (i < last || s.last_after_damage.is_some())
-                || (i == last && end < synced_end)
-        });
         let damage = match damaged_at {
             Some(at) => {
                 let damage = describe_damage(&scanned, at, synced_end)?;
@@ -907,10 +1023,9 @@ pub mod faults {
     use std::io;
     use std::path::{Path, PathBuf};
 
-    use std::fs::File;
-
     use super::{
-        RecordPos, SyncedMark, Wal, RECORD_HEADER_BYTES, SEGMENT_SUFFIX, SYNCED_MARK_FILE,
+        MarkFound, RecordPos, SyncedMark, Wal, RECORD_HEADER_BYTES, SEGMENT_SUFFIX,
+        SYNCED_MARK_FILE,
     };
 
     /// The log's segment files in `dir`, oldest first.
@@ -1021,12 +1136,10 @@ pub mod faults {
 
     /// The index the log's synced mark holds, read as a stopped replica left it.
     pub fn synced_mark(dir: &Path) -> io::Result<Option<u64>> {
-        let path = dir.join(SYNCED_MARK_FILE);
-        match File::open(&path) {
-            Ok(file) => SyncedMark::read(&file, &path),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
+        Ok(match SyncedMark::read_only(dir)? {
+            MarkFound::Holds(marked) => marked,
+            MarkFound::Missing | MarkFound::Damaged => None,
+        })
     }
 
     /// Inverts the byte at `offset` of the file at `path`: one flipped byte, as a rotting disk
