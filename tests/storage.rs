@@ -53,6 +53,7 @@ async fn close(storage: Storage) {
         log,
         state_machine,
         closed,
+        ..
     } = storage;
     drop((log, state_machine));
     closed.wait().await;
@@ -605,7 +606,8 @@ async fn check_finds_no_fault_in_a_healthy_directory_of_v0_1_0_or_of_this_build(
 /// next start still finds it and repairs it.
 #[tokio::test]
 async fn check_reports_every_fault_the_injectors_make() {
-    use ctrlog::raft::check::{check_data_dir, FaultKind};
+    use ctrlog::raft::check::check_data_dir;
+    use ctrlog::raft::fault::FaultKind;
     use ctrlog::raft::state_machine::faults as snapshot_faults;
 
     type Inject = fn(&Path);
@@ -717,7 +719,8 @@ async fn check_reports_every_fault_the_injectors_make() {
 /// after the log was purged behind it, as the rotting-disk scan's seed 315 found) is reported.
 #[tokio::test]
 async fn check_reports_a_snapshot_that_stops_short_of_the_log() {
-    use ctrlog::raft::check::{check_data_dir, FaultKind};
+    use ctrlog::raft::check::check_data_dir;
+    use ctrlog::raft::fault::FaultKind;
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     stopped_replica(&data).await;

@@ -17,8 +17,9 @@
 //! both copies of a record damaged, refuses to start on); the check says which.
 
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use super::fault::{Fault, FaultKind};
 use super::log_store::Repair;
 use super::meta_store::{wait_for_lock, MetaStore, SledRefused};
 use super::state_machine::verify_stored_snapshot;
@@ -26,66 +27,6 @@ use super::storage::{format_of, log_dir, meta_dir, sleds_set_aside, FORMAT_FILE}
 use super::two_copies::{self, CopiesFound, REPAIR, VOTE};
 use super::types::Vote;
 use super::wal::{self, DAMAGED_DIR};
-
-/// A kind of storage fault: the `kind` label of `ctrlog_storage_faults_total`, and what
-/// `ctrlog check` prints.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FaultKind {
-    /// The `format` file does not name a format this build reads.
-    Format,
-    /// A WAL record that fails its checksum where no crash leaves one.
-    LogDamaged,
-    /// The WAL ends before what an `fdatasync` covered: synced records were lost.
-    LostSyncedRecords,
-    /// A sector of a WAL segment that fails reads (EIO).
-    UnreadableSector,
-    /// The synced mark fails its checksum.
-    SyncedMarkDamaged,
-    /// One copy of `log/vote` or `log/repair` fails its checks.
-    RecordCopyDamaged,
-    /// Both copies of `log/vote` or `log/repair` fail their checks.
-    RecordLost,
-    /// sled refuses its own files.
-    SledRefused,
-    /// The stored snapshot fails its checks.
-    SnapshotDamaged,
-    /// The stored snapshot stops short of the log's first entry.
-    SnapshotShortOfLog,
-}
-
-impl FaultKind {
-    /// The label: `log_damaged`, `snapshot_damaged`, ...
-    pub fn label(self) -> &'static str {
-        match self {
-            FaultKind::Format => "format",
-            FaultKind::LogDamaged => "log_damaged",
-            FaultKind::LostSyncedRecords => "lost_synced_records",
-            FaultKind::UnreadableSector => "unreadable_sector",
-            FaultKind::SyncedMarkDamaged => "synced_mark_damaged",
-            FaultKind::RecordCopyDamaged => "record_copy_damaged",
-            FaultKind::RecordLost => "record_lost",
-            FaultKind::SledRefused => "sled_refused",
-            FaultKind::SnapshotDamaged => "snapshot_damaged",
-            FaultKind::SnapshotShortOfLog => "snapshot_short_of_log",
-        }
-    }
-}
-
-impl std::fmt::Display for FaultKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.label())
-    }
-}
-
-/// One fault found: its kind, the file it is in, and what was found and what a start does
-/// about it.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Fault {
-    pub kind: FaultKind,
-    pub file: PathBuf,
-    pub detail: String,
-}
 
 /// What the check found.
 #[derive(Debug, Default, serde::Serialize)]
@@ -266,7 +207,7 @@ fn check_sled(data_dir: &Path, first_index: Option<u64>, report: &mut Report) ->
             None => return Err(error),
         },
     };
-    match verify_stored_snapshot(&store)? {
+    match verify_stored_snapshot(&store, |_| {})? {
         Err(damaged) => report.fault(
             FaultKind::SnapshotDamaged,
             &data_file,

@@ -46,7 +46,9 @@ use super::two_copies::{TwoCopies, REPAIR, VOTE};
 use super::types::{
     AppendEntriesRequest, Entry, LogId, StorageError, StorageIOError, TypeConfig, Vote,
 };
-use super::wal::{Damage, SegmentFile, SyncedMark, Wal, RECORD_BYTES_MAX};
+use super::wal::{
+    BadRecord, Damage, RecordsToVerify, SegmentFile, SyncedMark, Wal, RECORD_BYTES_MAX,
+};
 use crate::log::{decode, encode};
 use crate::wire::protocol::Repairing;
 use crate::NodeId;
@@ -183,6 +185,8 @@ struct Shared {
     /// The repair under way, if the log was found damaged (see [`LogStore::repairing`]), kept
     /// where a rollback shows (see [`super::two_copies`]).
     repair: Mutex<TwoCopies<Option<Repair>>>,
+    /// The damage this open found (and began repairing), for `ctrlog_storage_faults_total`.
+    damage_found_at_open: Option<Damage>,
 }
 
 /// How far the log is known to be on disk: an index along the log as it is now.
@@ -368,7 +372,7 @@ impl LogStore {
             );
             Ok(())
         };
-        let (wal, _) = Wal::open_repairing(
+        let (wal, damage_found_at_open) = Wal::open_repairing(
             dir,
             last_purged.map(|l| l.index),
             segment_bytes_max,
@@ -420,8 +424,14 @@ impl LogStore {
                 vote_file: Mutex::new(vote_file),
                 recent: RecentEntries::default(),
                 repair: Mutex::new(repair),
+                damage_found_at_open,
             }),
         })
+    }
+
+    /// The damage this open of the log found, if any: the repair it began.
+    pub fn damage_found_at_open(&self) -> Option<&Damage> {
+        self.shared.damage_found_at_open.as_ref()
     }
 
     /// The repair still under way, if the log was found damaged (see [`Repair`]); `None` once
@@ -690,6 +700,32 @@ impl LogStore {
     /// there came after.
     fn truncations(&self) -> u64 {
         self.shared.durable.borrow().truncations
+    }
+
+    /// One past the last index an `fdatasync` covered (0: none): how far the scrubber reads.
+    pub fn synced_end(&self) -> u64 {
+        self.shared
+            .durable
+            .borrow()
+            .synced
+            .map_or(0, |last| last.index + 1)
+    }
+
+    /// The records from `from` to before `end` that the scrubber verifies next, up to
+    /// `bytes_max` bytes ([`Wal::records_to_verify`]).
+    pub fn records_to_verify(
+        &self,
+        from: u64,
+        end: u64,
+        bytes_max: u64,
+    ) -> Option<RecordsToVerify> {
+        let end = end.min(self.synced_end());
+        self.lock().wal.records_to_verify(from, end, bytes_max)
+    }
+
+    /// Whether a bad record the scrubber found is damage ([`Wal::confirm_bad`]).
+    pub fn confirm_bad(&self, listed: &RecordsToVerify, bad: &BadRecord) -> bool {
+        self.lock().wal.confirm_bad(listed, bad)
     }
 
     /// How far the log is on disk, as it changes.

@@ -33,6 +33,7 @@
 pub mod bad_sectors;
 pub mod check;
 pub mod elector;
+pub mod fault;
 pub mod lease;
 pub mod log_matching;
 pub mod log_store;
@@ -43,6 +44,7 @@ pub mod proposer;
 pub mod reader;
 mod recent;
 pub mod recover;
+pub mod scrub;
 pub mod stages;
 pub mod state_machine;
 pub mod storage;

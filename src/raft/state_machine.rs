@@ -336,6 +336,28 @@ impl StateMachineStore {
         f(&self.shared.state.read().expect("state lock poisoned"))
     }
 
+    /// Verifies the stored snapshot as [`verify_stored_snapshot`] does, telling `read` of
+    /// each chunk read: for the scrubber, which paces its reads.
+    pub fn verify_stored_snapshot(
+        &self,
+        read: impl FnMut(u64),
+    ) -> io::Result<Result<Option<LogId>, DamagedSnapshot>> {
+        verify_stored_snapshot(&self.shared.meta, read)
+    }
+
+    /// Where sled's data file is, which holds the stored snapshot.
+    pub fn sled_data_path(&self) -> std::path::PathBuf {
+        self.shared.meta.data_path().to_path_buf()
+    }
+
+    /// Whether damage that [`StateMachineStore::verify_stored_snapshot`] found is there:
+    /// verified again while no snapshot can be stored, so that one stored meanwhile is not
+    /// taken for damage. Blocking: call it off the runtime's workers.
+    pub fn confirm_snapshot_damage(&self) -> io::Result<Option<DamagedSnapshot>> {
+        let _no_store = self.shared.snapshot_lock.blocking_lock();
+        Ok(verify_stored_snapshot(&self.shared.meta, |_| {})?.err())
+    }
+
     /// The last offset the current snapshot covers (0 without a snapshot).
     /// An applied entry, from the log store (whose window of recent entries serves readers
     /// at the head of the log). `None` if it was purged.
@@ -513,27 +535,39 @@ pub fn set_aside_damaged_snapshot(meta: &MetaStore, kept: &std::path::Path) -> i
 
 /// Reads the stored snapshot in `meta` whole and verifies it (its header, every chunk, its
 /// length and checksum), changing nothing: the last entry it covers (`None`: no snapshot), or
-/// the damage found. For the offline check and the scrubber.
+/// the damage found. `read(bytes)` is told of each chunk as it is read, for a caller that
+/// paces its reads (the scrubber). For the offline check and the scrubber; a snapshot stored
+/// meanwhile can look damaged (its predecessor's chunks go once it is stored), which
+/// [`StateMachineStore::confirm_snapshot_damage`] tells.
 pub fn verify_stored_snapshot(
     meta: &MetaStore,
+    mut read: impl FnMut(u64),
 ) -> io::Result<Result<Option<LogId>, DamagedSnapshot>> {
-    let damaged = |error: io::Error, last| {
-        let problem = error.to_string();
-        Ok(Err(DamagedSnapshot { last, problem }))
-    };
+    let damaged = |last, problem: String| Ok(Err(DamagedSnapshot { last, problem }));
     let tree = meta.tree(SNAPSHOT_TREE)?;
     let header = match read_header(&tree) {
         Ok(Some(header)) => header,
         Ok(None) => return Ok(Ok(None)),
-        Err(error) if error.kind() == io::ErrorKind::InvalidData => return damaged(error, None),
+        Err(error) if error.kind() == io::ErrorKind::InvalidData => {
+            return damaged(None, error.to_string())
+        }
         Err(error) => return Err(error),
     };
     let last = header.meta.last_log_id;
-    match read_chunks(&tree, &header) {
-        Ok(_) => Ok(Ok(last)),
-        Err(error) if error.kind() == io::ErrorKind::InvalidData => damaged(error, last),
-        Err(error) => Err(error),
+    let (mut bytes, mut crc) = (0u64, crc32fast::Hasher::new());
+    for chunk in 0..header.chunks {
+        let key = chunk_key(header.storage_id, chunk);
+        let Some(value) = tree.get(key).map_err(io::Error::other)? else {
+            return damaged(last, format!("snapshot chunk {chunk} is missing"));
+        };
+        crc.update(&value);
+        bytes += value.len() as u64;
+        read(value.len() as u64);
     }
+    if bytes != header.bytes || crc.finalize() != header.crc {
+        return damaged(last, "stored snapshot fails its length or checksum".into());
+    }
+    Ok(Ok(last))
 }
 
 fn read_header(tree: &sled::Tree) -> io::Result<Option<StoredSnapshotHeader>> {
@@ -739,8 +773,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 }
 
-/// Rot in a stopped replica's stored snapshot, for the tools and tests that inject it. None of
-/// this is called by a running replica.
+/// Rot in a replica's stored snapshot, for the tools and tests that inject it. None of this is
+/// called by a replica itself.
 pub mod faults {
     use super::*;
 
@@ -749,7 +783,19 @@ pub mod faults {
     /// or a flip in memory before sled wrote it). Returns the byte's offset in the snapshot,
     /// `None` when there is no snapshot. The replica must be stopped.
     pub fn flip_snapshot_byte(meta_dir: &std::path::Path, at: u64) -> io::Result<Option<u64>> {
-        let meta = MetaStore::open(meta_dir)?;
+        flip_stored_snapshot_byte(&MetaStore::open(meta_dir)?, at)
+    }
+
+    /// [`flip_snapshot_byte`] in a running replica's state machine: what sled hands back
+    /// from then on, as rot under a running replica is.
+    pub fn flip_running_snapshot_byte(
+        state_machine: &StateMachineStore,
+        at: u64,
+    ) -> io::Result<Option<u64>> {
+        flip_stored_snapshot_byte(&state_machine.shared.meta, at)
+    }
+
+    fn flip_stored_snapshot_byte(meta: &MetaStore, at: u64) -> io::Result<Option<u64>> {
         let tree = meta.tree(SNAPSHOT_TREE)?;
         let Some(header) = read_header(&tree)? else {
             return Ok(None);

@@ -14,6 +14,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::fault::FaultKind;
 use super::log_store::{Flushing, LogStore, SEGMENT_BYTES_MAX};
 use super::meta_store::{Closed, MetaStore, SledRefused};
 use super::state_machine::{set_aside_damaged_snapshot, DamagedSnapshot, StateMachineStore};
@@ -189,6 +190,8 @@ pub struct Storage {
     pub state_machine: StateMachineStore,
     /// Fires once every handle to the storage is gone and sled has released its directory.
     pub closed: Closed,
+    /// The faults this open found and began repairing.
+    pub found_at_open: Vec<FaultKind>,
 }
 
 /// Opens a replica's storage in `data_dir`: its metadata and log, and the state machine
@@ -218,15 +221,20 @@ pub fn open_storage_with(
         flushing,
     )?;
     let closed = meta.closed();
+    let mut found_at_open: Vec<FaultKind> = (log.damage_found_at_open().iter())
+        .map(|_| FaultKind::LogDamaged)
+        .collect();
     let state_machine = match sled_set_aside {
         // Without sled's snapshot (and purge point) the log cannot be applied: start over.
         Some(kept) => {
+            found_at_open.push(FaultKind::SledRefused);
             log.start_over_for_lost_snapshot(None, &kept.join(SLED_SET_ASIDE), &kept)?;
             StateMachineStore::open(meta, log.clone())?
         }
         None => match restore(&meta, &log)? {
             Ok(state_machine) => state_machine,
-            Err(damaged) => {
+            Err((kind, damaged)) => {
+                found_at_open.push(kind);
                 // The snapshot is fetched from the leader again (ARCHITECTURE.md, "The
                 // storage fault model").
                 let kept = new_damaged_folder(&log_dir(data_dir))?;
@@ -247,6 +255,7 @@ pub fn open_storage_with(
         log,
         state_machine,
         closed,
+        found_at_open,
     })
 }
 
@@ -255,14 +264,14 @@ pub fn open_storage_with(
 fn restore(
     meta: &Arc<MetaStore>,
     log: &LogStore,
-) -> io::Result<Result<StateMachineStore, DamagedSnapshot>> {
+) -> io::Result<Result<StateMachineStore, (FaultKind, DamagedSnapshot)>> {
     match StateMachineStore::open(meta.clone(), log.clone()) {
         Ok(state_machine) => Ok(match short_of_the_log(&state_machine, log)? {
             None => Ok(state_machine),
-            Some(damaged) => Err(damaged),
+            Some(damaged) => Err((FaultKind::SnapshotShortOfLog, damaged)),
         }),
         Err(error) => match DamagedSnapshot::in_error(&error) {
-            Some(damaged) => Ok(Err(damaged.clone())),
+            Some(damaged) => Ok(Err((FaultKind::SnapshotDamaged, damaged.clone()))),
             None => Err(error),
         },
     }

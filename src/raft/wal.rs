@@ -596,7 +596,143 @@ pub fn check(dir: &Path) -> io::Result<WalCheck> {
     })
 }
 
+/// A run of a segment's records, listed under the WAL's lock for the scrubber to verify
+/// without it ([`Wal::records_to_verify`]).
+pub struct RecordsToVerify {
+    file: Arc<SegmentFile>,
+    /// The index of the first listed record.
+    first: u64,
+    records: Vec<RecordPos>,
+}
+
+/// A record the scrubber found bad.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadRecord {
+    pub index: u64,
+    pub segment: PathBuf,
+    pub byte: u64,
+    /// Its sector fails reads (EIO), rather than its checksum.
+    pub unreadable: bool,
+}
+
+impl RecordsToVerify {
+    /// One past the last listed index: where the next run starts.
+    pub fn end(&self) -> u64 {
+        self.first + self.records.len() as u64
+    }
+
+    /// Bytes the listed records take in the segment.
+    pub fn bytes(&self) -> u64 {
+        match (self.records.first(), self.records.last()) {
+            (Some(first), Some(last)) => {
+                last.pos + RECORD_HEADER_BYTES as u64 + last.len as u64 - first.pos
+            }
+            _ => 0,
+        }
+    }
+
+    /// Reads the listed records in one read and verifies each: the first that fails its
+    /// length or checksum, or whose sector fails reads. What it finds may be a record the log
+    /// truncated and wrote again meanwhile: [`Wal::confirm_bad`] tells.
+    pub fn verify(&self) -> io::Result<Option<BadRecord>> {
+        let Some(start) = self.records.first().map(|r| r.pos) else {
+            return Ok(None);
+        };
+        let mut bytes = vec![0u8; self.bytes() as usize];
+        let bad = |n: usize, unreadable| BadRecord {
+            index: self.first + n as u64,
+            segment: self.file.path.clone(),
+            byte: self.records[n].pos,
+            unreadable,
+        };
+        match self.file.read_exact_at(&mut bytes, start) {
+            Ok(()) => {}
+            Err(error) if bad_sectors::is_medium_error(&error) => {
+                // Which record: the first whose own read fails.
+                for n in 0..self.records.len() {
+                    if self.read_record(n).is_err() {
+                        return Ok(Some(bad(n, true)));
+                    }
+                }
+                return Ok(None);
+            }
+            Err(error) => return Err(error),
+        }
+        for (n, record) in self.records.iter().enumerate() {
+            let at = (record.pos - start) as usize;
+            if record_at(&bytes, at) != Some(record.len as usize) {
+                return Ok(Some(bad(n, false)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Reads and verifies the `n`th listed record alone: `Ok(true)` if it is whole.
+    fn read_record(&self, n: usize) -> io::Result<bool> {
+        let record = self.records[n];
+        let mut bytes = vec![0u8; RECORD_HEADER_BYTES + record.len as usize];
+        self.file.read_exact_at(&mut bytes, record.pos)?;
+        Ok(record_at(&bytes, 0) == Some(record.len as usize))
+    }
+}
+
 impl Wal {
+    /// Lists the records from `from` (or the first present, if later) to before `end`, up to
+    /// `bytes_max` bytes of them and within one segment (at least one record): what the
+    /// scrubber verifies next, without the lock. `None` when none is left before `end`.
+    pub fn records_to_verify(
+        &self,
+        from: u64,
+        end: u64,
+        bytes_max: u64,
+    ) -> Option<RecordsToVerify> {
+        let from = from.max(self.first_index);
+        let segment = self
+            .segments
+            .range(..=from)
+            .next_back()
+            .map(|(_, s)| s)
+            .filter(|s| from < s.end_index())
+            .or_else(|| self.segments.range(from..).next().map(|(_, s)| s))?;
+        let from = from.max(segment.first_index);
+        let end = end.min(segment.end_index());
+        if from >= end {
+            return None;
+        }
+        let listed = &segment.records
+            [(from - segment.first_index) as usize..(end - segment.first_index) as usize];
+        let start = listed[0].pos;
+        let count = listed
+            .iter()
+            .position(|r| r.pos + RECORD_HEADER_BYTES as u64 + r.len as u64 - start > bytes_max)
+            .unwrap_or(listed.len())
+            .max(1);
+        Some(RecordsToVerify {
+            file: segment.file.clone(),
+            first: from,
+            records: listed[..count].to_vec(),
+        })
+    }
+
+    /// Whether `bad`, found in `listed` without the lock, is damage: the log still holds that
+    /// record where it was listed (not purged, truncated or written again), and it is still bad
+    /// when read again now, under the lock, where no write can be under way.
+    pub fn confirm_bad(&self, listed: &RecordsToVerify, bad: &BadRecord) -> bool {
+        let n = (bad.index - listed.first) as usize;
+        let Some(segment) = self
+            .segments
+            .values()
+            .find(|s| Arc::ptr_eq(&s.file, &listed.file))
+        else {
+            return false;
+        };
+        let still_listed = bad.index >= self.first_index
+            && (bad.index.checked_sub(segment.first_index))
+                .and_then(|at| segment.records.get(at as usize))
+                .is_some_and(|r| r.pos == listed.records[n].pos && r.len == listed.records[n].len);
+        still_listed && !matches!(listed.read_record(n), Ok(true))
+    }
+
     /// Opens (or creates) the log in `dir`, recovering from a crash at any point. A damaged log
     /// (see the module docs) is refused, with an error that says where the damage is.
     ///
@@ -1285,6 +1421,59 @@ mod tests {
         for i in from..=to {
             wal.append(i, &[payload(i)]).unwrap();
         }
+    }
+
+    /// Goal: the scrubber's reads, made without the lock, take a record the log truncated and
+    /// wrote again meanwhile for nothing worse than stale, and confirm real rot; its runs
+    /// keep to their byte bound and to one segment.
+    #[test]
+    fn the_scrubber_tells_rot_from_a_record_written_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut wal = Wal::open(dir.path(), None, 1 << 20).unwrap();
+        fill(&mut wal, 0, 9);
+        let listed = wal.records_to_verify(0, 10, 1 << 20).unwrap();
+        assert_eq!((listed.end(), listed.verify().unwrap()), (10, None));
+        let run = wal.records_to_verify(2, 10, 30).unwrap();
+        assert_eq!(
+            (run.first, run.end()),
+            (2, 3),
+            "one record of 8 + 8 bytes fits 30"
+        );
+        assert!(wal.records_to_verify(10, 10, 1 << 20).is_none());
+
+        wal.truncate_from(5).unwrap();
+        wal.append(5, &[vec![7u8; 100], vec![8u8; 3]]).unwrap();
+        let stale = listed
+            .verify()
+            .unwrap()
+            .expect("the old listing reads as bad");
+        assert_eq!(stale.index, 5);
+        assert!(
+            !wal.confirm_bad(&listed, &stale),
+            "written again, not rotten"
+        );
+
+        let listed = wal.records_to_verify(0, 7, 1 << 20).unwrap();
+        let record = listed.records[3];
+        faults::invert_byte(listed.file.path(), record.pos + 9).unwrap();
+        let rotten = listed.verify().unwrap().expect("rot");
+        assert_eq!(
+            (rotten.index, rotten.byte, rotten.unreadable),
+            (3, record.pos, false)
+        );
+        assert!(wal.confirm_bad(&listed, &rotten));
+
+        let sector_of_record_1 = listed.records[1].pos;
+        faults::invert_byte(listed.file.path(), record.pos + 9).unwrap();
+        bad_sectors::faults::make_unreadable(listed.file.path(), sector_of_record_1);
+        let unreadable = listed.verify().unwrap().expect("a bad sector");
+        assert_eq!(
+            (unreadable.index, unreadable.unreadable),
+            (0, true),
+            "the sector holds 0.."
+        );
+        assert!(wal.confirm_bad(&listed, &unreadable));
+        bad_sectors::forget(listed.file.path());
     }
 
     #[test]

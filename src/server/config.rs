@@ -109,6 +109,13 @@ pub struct ReplicaConfig {
     /// The same over every connection of the client port: what all the clients that do not
     /// read can pin together.
     pub client_port_unwritten_answer_bytes_max: usize,
+    /// How fast the background scrubber reads back the WAL and the stored snapshot to verify
+    /// them, in MiB per second on average; 0 turns it off. Default 8.
+    pub scrub_mib_per_second: u64,
+    /// How often a scrub pass starts, in ms: every synced record of the log and the stored
+    /// snapshot are verified at least once per this period plus the time a pass takes at the
+    /// rate (retained bytes / rate). Default 3,600,000 (an hour).
+    pub scrub_interval_ms: u64,
     /// The job this replica coordinates with the others: its controller runs here and acts
     /// while this replica leads. No controller runs when unset.
     pub job: Option<JobConfig>,
@@ -145,6 +152,8 @@ impl Default for ReplicaConfig {
             client_append_bytes_in_flight_max: 64 << 20,
             client_unwritten_answer_bytes_max: 16 << 20,
             client_port_unwritten_answer_bytes_max: 256 << 20,
+            scrub_mib_per_second: 8,
+            scrub_interval_ms: 3_600_000,
             job: None,
         }
     }

@@ -16,6 +16,7 @@ use crate::controller::ControlPlane;
 use crate::jobs::{JobState, ReportedLag, Session};
 use crate::log::{Command, ContainerId, Epoch, Offset, Proposal, Target, TaskId};
 use crate::raft::node::Node;
+use crate::raft::scrub::StorageFaults;
 use crate::raft::state_machine::{Applied, SnapshotStats};
 use crate::raft::types::{Raft, RaftMetrics};
 use crate::wire::{
@@ -37,6 +38,8 @@ pub(super) struct Inner {
     pub(super) history: History,
     /// When the TLS certificates this replica loaded expire (none without TLS).
     pub(super) certificate_expiries: Vec<CertificateExpiry>,
+    /// Storage faults found at open and by the scrubber.
+    pub(super) storage_faults: Arc<StorageFaults>,
 }
 
 /// A cheap, cloneable handle to a running replica: the library API.
@@ -88,6 +91,11 @@ impl ReplicaHandle {
 
     pub(crate) fn telemetry(&self) -> &Telemetry {
         &self.inner.telemetry
+    }
+
+    /// Storage faults found at open and by the scrubber, and the scrubber's progress.
+    pub fn storage_faults(&self) -> &Arc<StorageFaults> {
+        &self.inner.storage_faults
     }
 
     /// The commit path's stage timings on this replica ([`crate::raft::stages`]).

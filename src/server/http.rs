@@ -35,6 +35,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -46,6 +47,8 @@ use super::json;
 use super::page_access::PageAccess;
 use crate::jobs::{ContainerStatus, TaskPhase};
 use crate::log::{ContainerId, Filter, TaskId};
+use crate::raft::fault::FaultKind;
+use crate::raft::scrub::StorageFaults;
 use crate::wire::FetchRequest;
 
 /// Entries the status page shows from the end of the log.
@@ -222,6 +225,44 @@ async fn record_history(replica: ReplicaHandle, mut stop: tokio::sync::watch::Re
     }
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FaultLabel {
+    kind: &'static str,
+}
+
+/// `storage_faults_total{kind}` (every kind, 0 included, so that an alert on its increase
+/// sees the first one), `scrub_passes_total` and `scrubbed_bytes_total`.
+fn register_storage_faults(registry: &mut Registry, faults: &StorageFaults) {
+    let found = faults.counts();
+    let by_kind = Family::<FaultLabel, Counter>::default();
+    for kind in FaultKind::ALL {
+        let counter = by_kind.get_or_create(&FaultLabel { kind: kind.label() });
+        counter.inc_by(found.get(&kind).copied().unwrap_or(0));
+    }
+    registry.register(
+        "storage_faults",
+        "Storage faults this process found, at open or by scrubbing, by kind (each is repaired \
+         from the peers, or stops the replica so that its restart repairs it)",
+        by_kind,
+    );
+    let counter = |value: u64| {
+        let counter: Counter = Counter::default();
+        counter.inc_by(value);
+        counter
+    };
+    registry.register(
+        "scrub_passes",
+        "Scrub passes completed: the WAL's synced records and the stored snapshot read back \
+         and verified",
+        counter(faults.passes()),
+    );
+    registry.register(
+        "scrubbed_bytes",
+        "Bytes the scrubber read back and verified",
+        counter(faults.scrubbed_bytes()),
+    );
+}
+
 fn gauge(registry: &mut Registry, name: &str, help: &str, value: i64) {
     let gauge: Gauge = Gauge::default();
     gauge.set(value);
@@ -301,6 +342,7 @@ async fn metrics(State(replica): State<ReplicaHandle>) -> Response {
          (while above 0 it neither votes nor stands for election)",
         damaged as i64,
     );
+    register_storage_faults(&mut registry, replica.storage_faults());
     gauge(
         &mut registry,
         "vocabulary_level",

@@ -24,6 +24,7 @@ use crate::raft::meta_store::Closed;
 use crate::raft::network::{PeerAnswers, PeerNetwork, RAFT_PAYLOAD_ENTRIES_MAX};
 use crate::raft::node::{Node, NodeConfig};
 use crate::raft::recover::ForcedMembership;
+use crate::raft::scrub::{self, ScrubConfig, StorageFaults};
 use crate::raft::storage::{open_storage, Storage};
 use crate::raft::types::RaftError;
 use crate::wire::{Member, ANSWER_ENVELOPE_BYTES_MAX};
@@ -120,9 +121,14 @@ impl Replica {
             log,
             state_machine,
             closed: storage_closed,
+            found_at_open,
         } = tokio::task::spawn_blocking(move || open_storage(&data_dir))
             .await
             .map_err(std::io::Error::other)??;
+        let storage_faults = Arc::new(StorageFaults::default());
+        for kind in found_at_open {
+            storage_faults.found(kind);
+        }
         log.serve_as(config.id);
         let tls = config
             .tls
@@ -190,10 +196,16 @@ impl Replica {
                 http_addr,
                 history: Default::default(),
                 certificate_expiries: tls.as_ref().map(|t| t.expiries.clone()).unwrap_or_default(),
+                storage_faults,
             }),
         };
         let mut tasks = node_tasks;
+        let scrub = ScrubConfig {
+            bytes_per_second: config.scrub_mib_per_second << 20,
+            interval: Duration::from_millis(config.scrub_interval_ms),
+        };
         tasks.extend([
+            tokio::spawn(scrub_until_fault(handle.clone(), scrub, stopping.clone())),
             tokio::spawn(serve_peers(
                 peer_listener,
                 PeerAnswers {
@@ -321,6 +333,36 @@ impl Replica {
     }
 }
 
+/// Scrubs the replica's storage (on a thread of its own) until it stops, or until the
+/// scrubber finds a fault: then the replica stops its Raft core, and `serve` exits naming the
+/// fault, so that the restart repairs it ([`crate::raft::scrub`]).
+async fn scrub_until_fault(
+    replica: ReplicaHandle,
+    config: ScrubConfig,
+    stopping: tokio::sync::watch::Receiver<bool>,
+) {
+    let node = replica.node();
+    let (log, state_machine) = (node.log().clone(), node.state_machine().clone());
+    let faults = replica.storage_faults().clone();
+    let found = tokio::task::spawn_blocking(move || {
+        scrub::run(&log, &state_machine, config, &faults, &stopping)
+    })
+    .await;
+    if let Ok(Some(fault)) = found {
+        tracing::error!(
+            kind = %fault.kind,
+            file = %fault.file.display(),
+            detail = %fault.detail,
+            "the scrubber found damage; the replica stops so that its restart repairs it from \
+             the peers"
+        );
+        replica.storage_faults().stop_for(fault);
+        if let Err(error) = node.raft().shutdown().await {
+            tracing::warn!(%error, "raft did not shut down cleanly");
+        }
+    }
+}
+
 /// Runs one replica until `shutdown` resolves: what `ctrlog serve` does.
 pub async fn serve(
     config: ReplicaConfig,
@@ -353,13 +395,24 @@ pub async fn serve(
     // zombie: exit, so that a supervisor restarts it and recovery runs.
     // The error names what failed: for a storage error, the file and the operation.
     let mut metrics = replica.raft().metrics();
+    let storage_faults = replica.storage_faults().clone();
     let fatal = async move {
-        match metrics.wait_for(|m| m.running_state.is_err()).await {
+        let stopped = match metrics.wait_for(|m| m.running_state.is_err()).await {
             Ok(stopped) => match &stopped.running_state {
                 Err(fatal) => fatal.to_string(),
                 Ok(()) => "no error".into(),
             },
             Err(_) => "its metrics are gone".into(),
+        };
+        match storage_faults.stopped_for() {
+            Some(fault) => format!(
+                "{stopped}: the scrubber found {} in {}: {}; restart the replica to repair it \
+                 from the peers",
+                fault.kind,
+                fault.file.display(),
+                fault.detail
+            ),
+            None => stopped,
         }
     };
     let result = tokio::select! {

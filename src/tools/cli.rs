@@ -724,6 +724,19 @@ pub fn state_text(at: &StateAt) -> String {
     out
 }
 
+/// `ctrlog check`'s report for people: each fault, then the notes, then a count.
+pub fn check_text(report: &crate::raft::check::Report) -> String {
+    let mut lines: Vec<String> = (report.faults.iter())
+        .map(|f| format!("FAULT {} {}: {}", f.kind, f.file.display(), f.detail))
+        .collect();
+    lines.extend(report.notes.iter().map(|note| format!("note: {note}")));
+    lines.push(match report.faults.len() {
+        0 => "no faults found".into(),
+        n => format!("{n} fault(s) found"),
+    });
+    lines.join("\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -792,17 +805,4 @@ mod tests {
         assert_eq!(binary["payload_b64"], "/wA=");
         assert!(binary.get("payload").is_none());
     }
-}
-
-/// `ctrlog check`'s report for people: each fault, then the notes, then a count.
-pub fn check_text(report: &crate::raft::check::Report) -> String {
-    let mut lines: Vec<String> = (report.faults.iter())
-        .map(|f| format!("FAULT {} {}: {}", f.kind, f.file.display(), f.detail))
-        .collect();
-    lines.extend(report.notes.iter().map(|note| format!("note: {note}")));
-    lines.push(match report.faults.len() {
-        0 => "no faults found".into(),
-        n => format!("{n} fault(s) found"),
-    });
-    lines.join("\n")
 }
