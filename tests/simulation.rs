@@ -227,7 +227,9 @@ fn a_deposed_leader_caught_up_by_snapshot_leads_again_and_takes_appends() {
 /// acknowledged append lost and no divergence. Nothing stops it: sled refusing its own damaged
 /// files sets them aside and starts the replica over from the leader's snapshot (counted as
 /// "sleds set aside"); a read failing while it runs stops its Raft core, and its restart
-/// repairs the range (counted as "restarts after a failed read").
+/// repairs the range (counted as "restarts after a failed read"); a disk that fills up or
+/// fails writes stops it at the first write or `fdatasync` that fails, and its restart once
+/// healed catches up (counted as "restarts after a failed write").
 /// On the build before it, WAL damage was cut as a torn tail and the replica voted with a log
 /// that had forgotten what it acknowledged, and a damaged snapshot kept the replica from
 /// starting; before the synced mark, rot in the final record was cut as a torn tail.
@@ -236,6 +238,7 @@ fn one_rotting_disk_loses_nothing_and_is_repaired_from_the_peers() {
     let (mut snapshot_bytes_flipped, mut final_record_bytes_flipped) = (0, 0);
     let (mut synced_writes_lost, mut sled_bytes_flipped, mut sleds_set_aside) = (0, 0, 0);
     let (mut sectors_failing_reads, mut restarts_after_a_failed_read) = (0, 0);
+    let (mut disks_failing_writes, mut restarts_after_a_failed_write) = (0, 0);
     for (seed, replicas) in ROTTING_SEEDS {
         let mut config = SimConfig::new(seed, replicas);
         config.rot_one_disk = true;
@@ -252,6 +255,8 @@ fn one_rotting_disk_loses_nothing_and_is_repaired_from_the_peers() {
         sleds_set_aside += report.faults["sleds set aside"];
         sectors_failing_reads += report.faults["sectors failing reads"];
         restarts_after_a_failed_read += report.faults["restarts after a failed read"];
+        disks_failing_writes += report.faults["disks failing writes"];
+        restarts_after_a_failed_write += report.faults["restarts after a failed write"];
         assert!(
             report.violations.is_empty(),
             "seed {seed} ({}): {:#?}",
@@ -274,5 +279,10 @@ fn one_rotting_disk_loses_nothing_and_is_repaired_from_the_peers() {
     assert!(
         restarts_after_a_failed_read > 0,
         "no seed's read failed while the replica ran"
+    );
+    assert!(disks_failing_writes > 0, "no seed's disk failed writes");
+    assert!(
+        restarts_after_a_failed_write > 0,
+        "no seed's replica stopped on a failed write"
     );
 }

@@ -829,6 +829,7 @@ impl Wal {
                 },
             );
         }
+        wal.finish_an_interrupted_reset();
         wal.drop_purged_segments()?;
         let mut expected = None;
         for segment in wal.segments.values() {
@@ -1089,6 +1090,31 @@ impl Wal {
             return self.reset_at(self.first_index);
         }
         self.drop_purged_segments()
+    }
+
+    /// Finishes a reset of the log that a crash or a failed write cut short. An empty last
+    /// segment that starts past the end of the one before it is one: [`Wal::reset_at`] creates
+    /// the segment where the log continues before it removes the ones in front of it, and an
+    /// append past a hole ([`Wal::rotate_to`], after a snapshot install) creates it before it
+    /// writes. Either way everything before its name was purged behind a durable snapshot (the
+    /// caller records a purge point before the WAL acts on it), so the log starts there. Left
+    /// as it was, the log would claim entries up to the segment's name that no segment holds
+    /// (found by the simulation: a replica whose directory `fsync` failed in the middle of a
+    /// reset, and whose sled then lost the purge point, could not start: "entry 399
+    /// vanished").
+    fn finish_an_interrupted_reset(&mut self) {
+        let mut newest_first = self.segments.values().rev();
+        let (Some(last), Some(before)) = (newest_first.next(), newest_first.next()) else {
+            return;
+        };
+        if last.records.is_empty() && before.end_index() < last.first_index {
+            tracing::warn!(
+                continues_at = last.first_index,
+                "the log's last segment is empty and starts past the end of the one before \
+                 it: a reset of the log was cut short; everything before it is purged"
+            );
+            self.first_index = self.first_index.max(last.first_index);
+        }
     }
 
     fn drop_purged_segments(&mut self) -> io::Result<()> {
@@ -1474,6 +1500,33 @@ mod tests {
         );
         assert!(wal.confirm_bad(&listed, &unreadable));
         bad_sectors::forget(listed.file.path());
+    }
+
+    /// Regression (the simulation, 3 of 1,000 seeds with full disks): a reset cut short after
+    /// it created the segment where the log continues leaves that empty segment past a hole.
+    /// Opened with no purge point (sled lost it), the log used to claim entries up to the
+    /// segment's name that no segment holds, and the log store could not start ("entry 399
+    /// vanished"). Now the reset is finished: the log starts at the empty segment.
+    #[test]
+    fn a_reset_cut_short_is_finished_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut wal = Wal::open(dir.path(), None, 1 << 20).unwrap();
+        fill(&mut wal, 0, 9);
+        drop(wal);
+        File::create(segment_path(dir.path(), 400)).unwrap();
+        let wal = Wal::open(dir.path(), None, 1 << 20).unwrap();
+        assert_eq!((wal.first_index(), wal.next_index()), (400, 400));
+        assert!(wal.is_empty());
+        assert_eq!(wal.segment_count(), 1);
+
+        // An empty last segment right after the one before it is the usual rotation.
+        let dir = tempfile::tempdir().unwrap();
+        let mut wal = Wal::open(dir.path(), None, 1 << 20).unwrap();
+        fill(&mut wal, 0, 9);
+        drop(wal);
+        File::create(segment_path(dir.path(), 10)).unwrap();
+        let wal = Wal::open(dir.path(), None, 1 << 20).unwrap();
+        assert_eq!((wal.first_index(), wal.next_index()), (0, 10));
     }
 
     #[test]

@@ -305,6 +305,10 @@ pub const COMMAND_BYTES_MAX_LIMIT: usize = (PEER_FRAME_BYTES_MAX - ANSWER_ENVELO
 // A batch of the full size must fit where one command of the largest size does.
 const _: () = assert!(BATCH_BYTES_MAX <= COMMAND_BYTES_MAX_LIMIT);
 
+/// The shortest scrub period accepted: passes over a small log end at once, so a shorter one
+/// would have the scrubber spin.
+const SCRUB_INTERVAL_MS_MIN: u64 = 100;
+
 impl ReplicaConfig {
     /// Refuses combinations that would misbehave at run time, naming the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -321,6 +325,13 @@ impl ReplicaConfig {
             refuse(
                 "election_timeout_max_ms",
                 "must exceed election_timeout_min_ms",
+            )?;
+        }
+        if self.scrub_interval_ms < SCRUB_INTERVAL_MS_MIN {
+            refuse(
+                "scrub_interval_ms",
+                "must be at least 100: a shorter period spins over a small log (turn scrubbing \
+                 off with scrub_mib_per_second = 0)",
             )?;
         }
         let at_least_one = [

@@ -70,7 +70,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use network::{Failure, Net, Party, SimNetwork};
-use store::{Disk, Fetched, Storage, Tail};
+use store::{Disk, FailingWrites, Fetched, Storage, Tail};
 
 /// The fault count of [`SimConfig::deposed_leader_leads_again`]'s path.
 pub const DEPOSED_AND_LEADING_AGAIN: &str =
@@ -78,6 +78,9 @@ pub const DEPOSED_AND_LEADING_AGAIN: &str =
 /// How a failed read of the disk (EIO) reads in the error openraft stops with: openraft keeps
 /// a storage error's source only as text.
 const MEDIUM_ERROR: &str = "(os error 5)";
+
+/// How a full disk's `ENOSPC` shows in an error.
+const DISK_FULL: &str = "(os error 28)";
 
 /// How long a client waits for one call before it counts the call's fate as unknown.
 const CLIENT_TIMEOUT: Duration = Duration::from_millis(1_000);
@@ -240,6 +243,12 @@ struct Record {
     restarts_after_a_failed_read: u32,
     /// A sector to fail once the rotting replica runs again, as if it went bad then.
     sector_to_fail_once_running: Option<u64>,
+    /// Times the rotting replica's disk began failing writes or `fdatasync`s (full, or a
+    /// failing device), and its restarts once it stopped on one and the disk was healed.
+    disks_failing_writes: u32,
+    restarts_after_a_failed_write: u32,
+    /// Writes to fail once the rotting replica runs again: what, and how.
+    writes_to_fail_once_running: Option<FailingWrites>,
     repairs_begun: u32,
     repairs_from_nothing: u32,
 }
@@ -440,6 +449,12 @@ impl Sim {
                 if let Some(at) = to_fail.filter(|_| self.rots(id)) {
                     self.fail_reads_of_a_sector(id, at, "while it runs");
                 }
+                let to_fail = self.record().writes_to_fail_once_running.take();
+                if let Some(failing) = to_fail.filter(|_| self.rots(id)) {
+                    let what = self.disks[&id].fail_writes(failing);
+                    self.fault(format!("{id}'s disk starts failing {what}"));
+                    self.record().disks_failing_writes += 1;
+                }
             }
             // openraft refuses storage that lost what it had acknowledged.
             Err(error) => self
@@ -460,6 +475,8 @@ impl Sim {
             drop((raft, storage));
             let disk = &self.disks[&id];
             disk.add_snapshots_built(built);
+            // A replica whose disk failed writes is restarted only once it was healed.
+            disk.heal_writes();
             if !disk.wait_closed().await {
                 let anomaly = format!("replica {id}'s storage stayed open after its crash");
                 self.record().anomalies.push(anomaly);
@@ -556,6 +573,17 @@ impl Sim {
                     (true, false) => self.record().sector_to_fail_once_running = Some(at),
                     (false, _) => {}
                 }
+                // And a quarter of the time, once it runs again, its disk fills up or starts
+                // failing writes: its WAL's, sled's or both, writes or `fdatasync`s. The
+                // replica stops at the first, and its supervisor restarts it once healed.
+                let failing = self.net.random(|rng| {
+                    rng.gen_bool(0.25).then(|| FailingWrites {
+                        folder: rng.gen_range(0..3),
+                        sync: rng.gen_bool(0.5),
+                        full: rng.gen_bool(0.5),
+                    })
+                });
+                self.record().writes_to_fail_once_running = failing;
             }
         }
     }
@@ -576,6 +604,19 @@ impl Sim {
     async fn restart_after_a_failed_read(self: Arc<Self>, id: NodeId) {
         self.fault(format!("{id} stops on a failed read and is restarted"));
         self.record().restarts_after_a_failed_read += 1;
+        self.crash(id).await;
+        self.pause(100..500).await;
+        self.start_replica(id).await;
+    }
+
+    /// What a replica's supervisor does for one that exited on a failed write (a full disk,
+    /// a failing device), once its operator freed space or replaced the device: restarts it
+    /// on its directory, and it catches up from the peers.
+    async fn restart_after_a_failed_write(self: Arc<Self>, id: NodeId) {
+        self.fault(format!(
+            "{id} stops on a failed write and is restarted once healed"
+        ));
+        self.record().restarts_after_a_failed_write += 1;
         self.crash(id).await;
         self.pause(100..500).await;
         self.start_replica(id).await;
@@ -1059,10 +1100,18 @@ impl Sim {
                     acting.insert(id);
                 }
                 if let Err(fatal) = &metrics.running_state {
-                    let medium_error = fatal.to_string().contains(MEDIUM_ERROR);
-                    if medium_error && self.rots(id) && self.record().sectors_failing_reads > 0 {
-                        // The restart's crash takes it off the network before this loop's
-                        // next round, which so does not restart it twice.
+                    let fatal = fatal.to_string();
+                    let failed_write = self.disks[&id].fails_writes()
+                        && (fatal.contains(MEDIUM_ERROR) || fatal.contains(DISK_FULL));
+                    let medium_error = fatal.contains(MEDIUM_ERROR);
+                    // The restart's crash takes it off the network before this loop's next
+                    // round, which so does not restart it twice.
+                    if failed_write && self.rots(id) {
+                        tokio::spawn(self.clone().restart_after_a_failed_write(id));
+                    } else if medium_error
+                        && self.rots(id)
+                        && self.record().sectors_failing_reads > 0
+                    {
                         tokio::spawn(self.clone().restart_after_a_failed_read(id));
                     } else {
                         let anomaly = format!("replica {id}'s Raft stopped: {fatal}");
@@ -1708,6 +1757,11 @@ impl Sim {
                 (
                     "restarts after a failed read",
                     record.restarts_after_a_failed_read,
+                ),
+                ("disks failing writes", record.disks_failing_writes),
+                (
+                    "restarts after a failed write",
+                    record.restarts_after_a_failed_write,
                 ),
                 ("repairs begun", record.repairs_begun),
                 ("repairs from nothing", record.repairs_from_nothing),

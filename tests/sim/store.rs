@@ -12,7 +12,7 @@
 //! makes a crash lose acknowledged entries too ([`Disk::lose_acknowledged_tail`]).
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use ctrlog::client::{ApiError, FetchRequest};
@@ -28,6 +28,7 @@ use ctrlog::raft::storage::{self, log_dir, meta_dir, open_storage_with};
 use ctrlog::raft::two_copies::{faults as two_copies_faults, Record};
 use ctrlog::raft::types::Vote;
 use ctrlog::raft::wal::faults;
+use ctrlog::raft::write_faults::{faults as write_faults, Operation};
 
 /// The WAL's segment size in the simulation: small, so that a run fills many segments, rots
 /// sealed ones as well as the last, and purges whole ones (which a rollback of sled's snapshot
@@ -41,6 +42,18 @@ pub struct Disk {
     closed: Mutex<Option<Closed>>,
     /// Snapshots built by the incarnations before the running one.
     snapshots_built: AtomicU64,
+    /// Whether writes under the directory fail ([`Disk::fail_writes`]).
+    failing_writes: AtomicBool,
+}
+
+/// Writes a disk fails ([`Disk::fail_writes`]): under which folder (0: the whole data
+/// directory, 1: the WAL's, 2: sled's), `fdatasync`s rather than writes, a full disk (`ENOSPC`)
+/// rather than a failing device (`EIO`).
+#[derive(Clone, Copy, Debug)]
+pub struct FailingWrites {
+    pub folder: u8,
+    pub sync: bool,
+    pub full: bool,
 }
 
 /// The storage of a running replica: handles on its log store and state machine.
@@ -76,6 +89,41 @@ impl Disk {
             dir,
             closed: Mutex::new(None),
             snapshots_built: AtomicU64::new(0),
+            failing_writes: AtomicBool::new(false),
+        }
+    }
+
+    /// Makes the storage's writes under the directory fail as `failing` says, through the
+    /// storage's own injector ([`write_faults`]), until [`Disk::heal_writes`]; returns what
+    /// fails, for the fault log.
+    pub fn fail_writes(&self, failing: FailingWrites) -> String {
+        let (folder, name) = match failing.folder {
+            0 => (self.dir.clone(), "data directory"),
+            1 => (log_dir(&self.dir), "WAL"),
+            _ => (meta_dir(&self.dir), "sled"),
+        };
+        let (operation, verb) = match failing.sync {
+            true => (Operation::Sync, "fdatasyncs"),
+            false => (Operation::Write, "writes"),
+        };
+        let (errno, why) = match failing.full {
+            true => (libc::ENOSPC, "full"),
+            false => (libc::EIO, "failing device"),
+        };
+        write_faults::fail_under(&folder, operation, errno);
+        self.failing_writes.store(true, Ordering::Relaxed);
+        format!("{verb} of its {name} ({why})")
+    }
+
+    /// Whether writes under the directory fail now.
+    pub fn fails_writes(&self) -> bool {
+        self.failing_writes.load(Ordering::Relaxed)
+    }
+
+    /// Ends [`Disk::fail_writes`]: space freed, the device replaced.
+    pub fn heal_writes(&self) {
+        if self.failing_writes.swap(false, Ordering::Relaxed) {
+            write_faults::heal_under(&self.dir);
         }
     }
 

@@ -16,6 +16,11 @@ pub struct BenchArgs {
     workload: BenchCmd,
     #[command(flatten)]
     output: OutputFlags,
+    /// A flag for the `ctrlog serve` replicas that `append` and `fanout` start when no
+    /// --cluster is given, e.g. `--serve-flag=--config=replica.toml` (a file that states only
+    /// what differs from the defaults). Repeat for several.
+    #[arg(long = "serve-flag", global = true, allow_hyphen_values = true)]
+    serve_flags: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -153,7 +158,7 @@ pub async fn bench(
     let own = if needs_cluster && flags.cluster.is_empty() {
         // With their observability ports, for the leader's commit stages.
         let exe = std::env::current_exe()?;
-        Some(ProcessCluster::start_with_http(exe, OWN_CLUSTER_REPLICAS, &[]).await?)
+        Some(ProcessCluster::start_with_http(exe, OWN_CLUSTER_REPLICAS, &args.serve_flags).await?)
     } else {
         None
     };
