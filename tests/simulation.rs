@@ -15,8 +15,9 @@ const CI_SEEDS: u64 = 4;
 
 /// Runs of the rotting disk in CI whose rotting replica crashes and finds damage: in its WAL
 /// (the final record too), in its stored snapshot, in sled's data file (which sled refuses
-/// once), in writes the disk lost, and under sectors that fail reads (once while it runs).
-const ROTTING_SEEDS: [(u64, u64); 2] = [(10, 3), (28, 3)];
+/// once), in writes the disk lost, and under sectors that fail reads (once while it runs);
+/// and whose disk fails writes while it runs (the replica stops and is restarted).
+const ROTTING_SEEDS: [(u64, u64); 2] = [(58, 3), (86, 3)];
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| {

@@ -9,10 +9,16 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command as Process;
+use std::time::Duration;
 
-use common::{append_many, assert_contiguous, eventually, read_all, WAIT};
+use common::{
+    append_many, assert_contiguous, eventually, read_all, read_retained, replica_exe, WAIT,
+};
+use ctrlog::client::{ClientOptions, ControlClient};
+use ctrlog::log::{Command, Target};
 use ctrlog::raft::storage::{log_dir, meta_dir};
 use ctrlog::raft::write_faults::{faults, Operation};
+use ctrlog::tools::bench::ProcessCluster;
 use ctrlog::tools::LocalCluster;
 use ctrlog::NodeId;
 
@@ -55,6 +61,18 @@ fn stopped_on(cluster: &LocalCluster, id: NodeId) -> Option<String> {
     }
 }
 
+/// Appends `count` commands through the client, which follows a failover; returns the
+/// offsets acknowledged.
+async fn append(client: &ControlClient, count: u32) -> Vec<u64> {
+    let mut acked = Vec::new();
+    for i in 0..count {
+        let command = Command::custom(1, 1, format!("append {i}").into_bytes());
+        let ack = client.append_to(Target::All, command).await;
+        acked.push(ack.expect("appends go on through the fault").offset);
+    }
+    acked
+}
+
 /// Every running replica holds every acknowledged offset, and their logs are equal.
 async fn assert_nothing_lost(cluster: &LocalCluster, acked: &[u64], case: &str) {
     let last = *acked.iter().max().expect("something was acknowledged");
@@ -72,38 +90,46 @@ async fn assert_nothing_lost(cluster: &LocalCluster, acked: &[u64], case: &str) 
     }
 }
 
-/// Three replicas; a follower's `site` fails with `errno`; the follower must stop naming the
-/// file, the others commit on, and the healed follower restarts and catches up.
-async fn follower_fails_then_heals(site: Site, errno: i32, error_text: &str) {
-    let case = format!("{site:?} {error_text}");
+/// Three replicas; `site` fails with `errno` on a follower (or on the leader); that replica
+/// must stop naming the file, the others commit on, and once healed it restarts and catches
+/// up.
+async fn replica_fails_then_heals(site: Site, errno: i32, error_text: &str, on_leader: bool) {
+    let case = format!("{site:?} {error_text}, leader {on_leader}");
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
-    let mut acked = append_many(&cluster, 0, 20).await;
-    let follower = cluster.follower_of(leader);
+    let options = ClientOptions::new().request_timeout(Duration::from_secs(2));
+    let client = ControlClient::connect_with(&cluster.client_addrs(), options)
+        .await
+        .unwrap();
+    let mut acked = append(&client, 20).await;
+    let follower = match on_leader {
+        true => leader,
+        false => cluster.follower_of(leader),
+    };
     cluster.wait_for_applied(20, WAIT).await.unwrap();
     let data_dir = cluster.config(follower).data_dir.clone();
     let (under, operation) = site.target(&data_dir);
     faults::fail_under(&under, operation, errno);
 
     match site {
-        Site::WalWrite | Site::WalSync => acked.extend(append_many(&cluster, 20, 20).await),
+        Site::WalWrite | Site::WalSync => acked.extend(append(&client, 20).await),
         Site::SledFlush | Site::SnapshotWrite => {
             let raft = cluster.replica(follower).raft().clone();
             raft.trigger().snapshot().await.unwrap();
         }
     }
-    let error = eventually(&format!("{case}: the follower to stop"), || {
+    let error = eventually(&format!("{case}: the replica to stop"), || {
         stopped_on(&cluster, follower)
     })
     .await;
-    eprintln!("{case}: the follower stopped: {error}");
+    eprintln!("{case}: the replica stopped: {error}");
     assert!(
         error.contains(&site.named_file(&data_dir)) && error.contains(error_text),
         "{case}: the error must name the file and the failure: {error}"
     );
     // The other two keep committing.
-    acked.extend(append_many(&cluster, 40, 20).await);
+    acked.extend(append(&client, 20).await);
     assert!(cluster
         .running()
         .all(|r| r.id() == follower || r.metrics().running_state.is_ok()));
@@ -111,7 +137,7 @@ async fn follower_fails_then_heals(site: Site, errno: i32, error_text: &str) {
     faults::heal_under(&under);
     cluster.stop(follower).await;
     cluster.restart(follower).await.unwrap();
-    acked.extend(append_many(&cluster, 60, 10).await);
+    acked.extend(append(&client, 10).await);
     assert_nothing_lost(&cluster, &acked, &case).await;
     cluster.shutdown().await;
 }
@@ -122,45 +148,52 @@ const IO_ERROR: &str = "Input/output error";
 /// Goal: a follower whose WAL write fails stops naming the segment; the rest carry on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_on_a_followers_wal_write_stops_it_and_it_catches_up() {
-    follower_fails_then_heals(Site::WalWrite, libc::ENOSPC, NO_SPACE).await;
+    replica_fails_then_heals(Site::WalWrite, libc::ENOSPC, NO_SPACE, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_device_on_a_followers_wal_write_stops_it_and_it_catches_up() {
-    follower_fails_then_heals(Site::WalWrite, libc::EIO, IO_ERROR).await;
+    replica_fails_then_heals(Site::WalWrite, libc::EIO, IO_ERROR, false).await;
 }
 
 /// Goal: the same for the WAL's `fdatasync`, which is never retried once it failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_on_a_followers_wal_fdatasync_stops_it_and_it_catches_up() {
-    follower_fails_then_heals(Site::WalSync, libc::ENOSPC, NO_SPACE).await;
+    replica_fails_then_heals(Site::WalSync, libc::ENOSPC, NO_SPACE, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_device_on_a_followers_wal_fdatasync_stops_it_and_it_catches_up() {
-    follower_fails_then_heals(Site::WalSync, libc::EIO, IO_ERROR).await;
+    replica_fails_then_heals(Site::WalSync, libc::EIO, IO_ERROR, false).await;
 }
 
 /// Goal: the same for sled's flush (of a snapshot the follower builds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_on_a_followers_sled_flush_stops_it_and_it_catches_up() {
-    follower_fails_then_heals(Site::SledFlush, libc::ENOSPC, NO_SPACE).await;
+    replica_fails_then_heals(Site::SledFlush, libc::ENOSPC, NO_SPACE, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_device_on_a_followers_sled_flush_stops_it_and_it_catches_up() {
-    follower_fails_then_heals(Site::SledFlush, libc::EIO, IO_ERROR).await;
+    replica_fails_then_heals(Site::SledFlush, libc::EIO, IO_ERROR, false).await;
 }
 
 /// Goal: the same for the write of a snapshot into sled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_on_a_followers_snapshot_write_stops_it_and_it_catches_up() {
-    follower_fails_then_heals(Site::SnapshotWrite, libc::ENOSPC, NO_SPACE).await;
+    replica_fails_then_heals(Site::SnapshotWrite, libc::ENOSPC, NO_SPACE, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_device_on_a_followers_snapshot_write_stops_it_and_it_catches_up() {
-    follower_fails_then_heals(Site::SnapshotWrite, libc::EIO, IO_ERROR).await;
+    replica_fails_then_heals(Site::SnapshotWrite, libc::EIO, IO_ERROR, false).await;
+}
+
+/// Goal: a full disk on the leader (its WAL's `fdatasync`) stops it too: the other two elect a
+/// leader and commit on, and the old leader restarts healed and catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_on_the_leaders_wal_fdatasync_stops_it_and_it_catches_up() {
+    replica_fails_then_heals(Site::WalSync, libc::ENOSPC, NO_SPACE, true).await;
 }
 
 /// A tmpfs of `bytes` mounted at `at` for the life of the guard (the tests run as root, as
@@ -257,5 +290,93 @@ async fn a_follower_whose_real_disk_fills_stops_and_catches_up_once_space_is_fre
     acked.extend(append_many(&cluster, next + 20, 10).await);
     assert_nothing_lost(&cluster, &acked, "a real full disk").await;
     cluster.shutdown().await;
+    drop(disk);
+}
+
+/// Copies the folder `from` into `to`, recursively.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for item in std::fs::read_dir(from).unwrap() {
+        let item = item.unwrap();
+        let target = to.join(item.file_name());
+        match item.file_type().unwrap().is_dir() {
+            true => copy_dir(&item.path(), &target),
+            false => drop(std::fs::copy(item.path(), target).unwrap()),
+        }
+    }
+}
+
+/// Goal: the path an operator meets, on real `ctrlog serve` processes. A follower whose disk
+/// (a 64 MiB tmpfs under its data directory) fills up exits non-zero, and its log names the
+/// file, the failure and the remedy; the others commit on; once space is freed it starts
+/// again (as `Restart=on-failure` would) and holds every acknowledged append.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_served_follower_whose_disk_fills_exits_naming_the_file_and_catches_up() {
+    let mut cluster = ProcessCluster::start_with(replica_exe(), 3, &[])
+        .await
+        .unwrap();
+    let client = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
+        .await
+        .unwrap();
+    let append = |count: u32| {
+        let client = &client;
+        async move {
+            let mut last = 0;
+            for i in 0..count {
+                let body = format!("append {i}").into_bytes();
+                let command = Command::custom(1, 1, body);
+                last = client.append_to(Target::All, command).await.unwrap().offset;
+            }
+            last
+        }
+    };
+    append(20).await;
+    let follower = (cluster.leader_index().await.unwrap() + 1) % 3;
+    cluster.kill(follower);
+    let dir = cluster.replica_dir(follower);
+    let saved = tempfile::tempdir().unwrap();
+    copy_dir(&dir, saved.path());
+    let disk = SmallDisk::mount(&dir, 64 << 20);
+    copy_dir(saved.path(), &dir);
+    cluster.restart(follower).unwrap();
+    append(20).await;
+    let filler = disk.fill();
+
+    let mut rounds = 0;
+    let status = loop {
+        append(20).await;
+        if let Some(status) = cluster.exited(follower) {
+            break status;
+        }
+        rounds += 1;
+        assert!(rounds < 500, "the follower never hit its full disk");
+    };
+    assert!(!status.success(), "{status}");
+    let log = cluster.log_tail(follower, 40);
+    assert!(
+        log.contains(&*dir.to_string_lossy())
+            && log.contains(NO_SPACE)
+            && log.contains("free space, then restart the replica"),
+        "{log}"
+    );
+    let last = append(20).await;
+
+    std::fs::remove_file(filler).unwrap();
+    cluster.restart(follower).unwrap();
+    let addr = cluster.client_addrs()[follower].clone();
+    let mut held = Vec::new();
+    for _ in 0..300 {
+        held = read_retained(&addr).await;
+        if held.last().is_some_and(|e| e.offset >= last) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_contiguous(&held);
+    assert!(
+        held.last().is_some_and(|e| e.offset >= last),
+        "the restarted follower holds up to {:?} of {last}",
+        held.last().map(|e| e.offset)
+    );
     drop(disk);
 }

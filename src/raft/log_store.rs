@@ -32,7 +32,7 @@ use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
@@ -174,7 +174,7 @@ struct Shared {
     durable: Arc<watch::Sender<Durable>>,
     /// This replica's node id, once [`LogStore::serve_as`] said it; until then every append is
     /// acknowledged only once durable.
-    own_id: std::sync::OnceLock<NodeId>,
+    own_id: OnceLock<NodeId>,
     /// The vote as last saved, to recognise the leader's own appends.
     vote: Mutex<Option<Vote>>,
     /// Where the vote is durable first (see [`super::two_copies`]); sled keeps a copy.
@@ -187,6 +187,8 @@ struct Shared {
     repair: Mutex<TwoCopies<Option<Repair>>>,
     /// The damage this open found (and began repairing), for `ctrlog_storage_faults_total`.
     damage_found_at_open: Option<Damage>,
+    /// The first failed `fdatasync`'s message, naming the segment (see [`mark_failed`]).
+    first_sync_failure: Arc<OnceLock<String>>,
 }
 
 /// How far the log is known to be on disk: an index along the log as it is now.
@@ -259,11 +261,13 @@ fn mark_synced(
     });
 }
 
-/// Records that an `fdatasync` of the log failed with `kind`: from now on the mark is never
-/// raised again, and no later `fdatasync` is attempted ([`sync_file`]).
-fn mark_failed(durable: &watch::Sender<Durable>, kind: io::ErrorKind) {
+/// Records that an `fdatasync` of the log failed (`failure`): from now on the mark is never
+/// raised again, and no later `fdatasync` is attempted ([`sync_file`]). The first failure's
+/// message, which names the segment, is kept in `first` for the error the replica stops with.
+fn mark_failed(durable: &watch::Sender<Durable>, failure: &SyncFailed, first: &OnceLock<String>) {
+    first.get_or_init(|| failure.message.clone());
     durable.send_modify(|d| {
-        d.failed.get_or_insert(kind);
+        d.failed.get_or_insert(failure.kind);
     });
 }
 
@@ -400,6 +404,7 @@ impl LogStore {
         }));
         let first_index = wal.first_index();
         let stages = Arc::<CommitStages>::default();
+        let first_sync_failure = Arc::<OnceLock<String>>::default();
         Ok(LogStore {
             shared: Arc::new(Shared {
                 wal: Mutex::new(WalState {
@@ -410,21 +415,25 @@ impl LogStore {
                 meta,
                 mark: mark.clone(),
                 syncer: match flushing {
-                    Flushing::GroupCommit => {
-                        Some(Syncer::start(stages.clone(), durable.clone(), mark.clone()))
-                    }
+                    Flushing::GroupCommit => Some(Syncer::start(
+                        stages.clone(),
+                        durable.clone(),
+                        mark.clone(),
+                        first_sync_failure.clone(),
+                    )),
                     Flushing::Inline => None,
                 },
                 first_index: AtomicU64::new(first_index),
                 stages,
                 snapshots: Mutex::new(None),
                 durable,
-                own_id: std::sync::OnceLock::new(),
+                own_id: OnceLock::new(),
                 vote: Mutex::new(vote),
                 vote_file: Mutex::new(vote_file),
                 recent: RecentEntries::default(),
                 repair: Mutex::new(repair),
                 damage_found_at_open,
+                first_sync_failure,
             }),
         })
     }
@@ -684,7 +693,11 @@ impl LogStore {
         let synced = sync_file(file, &self.shared.durable);
         match &synced {
             Ok(()) => mark_synced(&self.shared.durable, &self.shared.mark, last, written_after),
-            Err(failure) => mark_failed(&self.shared.durable, failure.kind),
+            Err(failure) => mark_failed(
+                &self.shared.durable,
+                failure,
+                &self.shared.first_sync_failure,
+            ),
         }
         synced
     }
@@ -1010,9 +1023,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .await
             .map_err(write_err)?;
         if let Some(kind) = durable.failed {
+            let failure = self.shared.first_sync_failure.get();
             return Err(write_err(io::Error::new(
                 kind,
-                "an fdatasync of the log failed; this replica can vouch for nothing since",
+                format!(
+                    "an fdatasync of the log failed, so this replica can vouch for nothing \
+                     written since: {}",
+                    failure.map_or("(no message)", String::as_str)
+                ),
             )));
         }
         // Advisory: it only lets a restart re-apply up to here at once, so it need not be
@@ -1146,6 +1164,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 struct Syncer {
     requests: mpsc::Sender<SyncRequest>,
     durable: Arc<watch::Sender<Durable>>,
+    /// The first failed `fdatasync`'s message (see [`mark_failed`]).
+    first_failure: Arc<OnceLock<String>>,
 }
 
 struct SyncRequest {
@@ -1214,9 +1234,11 @@ impl Syncer {
         stages: Arc<CommitStages>,
         durable: Arc<watch::Sender<Durable>>,
         mark: Arc<SyncedMark>,
+        first_failure: Arc<OnceLock<String>>,
     ) -> Syncer {
         let (requests, incoming) = mpsc::channel::<SyncRequest>();
         let thread_durable = durable.clone();
+        let thread_first_failure = first_failure.clone();
         std::thread::Builder::new()
             .name("ctrlog-wal-sync".into())
             .spawn(move || {
@@ -1241,7 +1263,9 @@ impl Syncer {
                                 request.written.last,
                                 request.written.truncations,
                             ),
-                            Err(failure) => mark_failed(&thread_durable, failure.kind),
+                            Err(failure) => {
+                                mark_failed(&thread_durable, failure, &thread_first_failure)
+                            }
                         }
                         stages.observe(Stage::log_sync, request.written.at.elapsed());
                         if let Some(callback) = request.callback {
@@ -1251,7 +1275,11 @@ impl Syncer {
                 }
             })
             .expect("spawning the wal sync thread");
-        Syncer { requests, durable }
+        Syncer {
+            requests,
+            durable,
+            first_failure,
+        }
     }
 
     fn sync(
@@ -1267,7 +1295,11 @@ impl Syncer {
         };
         if let Err(mpsc::SendError(request)) = self.requests.send(request) {
             // An append acknowledged already will never be durable: fail the mark too.
-            mark_failed(&self.durable, io::ErrorKind::Other);
+            let stopped = SyncFailed {
+                kind: io::ErrorKind::Other,
+                message: "the wal sync thread has stopped".into(),
+            };
+            mark_failed(&self.durable, &stopped, &self.first_failure);
             if let Some(callback) = request.callback {
                 callback.log_io_completed(Err(io::Error::other("the wal sync thread has stopped")));
             }
@@ -1301,7 +1333,7 @@ mod tests {
             "{}",
             failed.message
         );
-        mark_failed(&durable, failed.kind);
+        mark_failed(&durable, &failed, &OnceLock::new());
         faults::heal_under(dir.path());
 
         let retried = sync_file(&file, &durable).unwrap_err();

@@ -454,12 +454,12 @@ impl ProcessCluster {
         self.dir.path()
     }
 
-    /// Replica `i`'s (0-based) data directory.
     /// Replicas this cluster has started, the replaced ones included.
     pub fn replica_count(&self) -> usize {
         self.children.len()
     }
 
+    /// Replica `i`'s (0-based) data directory.
     pub fn replica_dir(&self, i: usize) -> PathBuf {
         self.dir.path().join(format!("replica-{}", i + 1))
     }
