@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{append_many, assert_contiguous, eventually, http_get, metric_sample, read_all, WAIT};
+use common::{append_many, assert_nothing_lost, eventually, http_get, metric_sample, WAIT};
 use ctrlog::raft::fault::{Fault, FaultKind};
 use ctrlog::raft::state_machine::faults as snapshot_faults;
 use ctrlog::raft::storage::log_dir;
@@ -35,22 +35,6 @@ async fn scrubber_stopped(cluster: &LocalCluster, id: NodeId) -> (Fault, u64) {
     let faults = replica.storage_faults();
     let fault = faults.stopped_for().expect("stopped by the scrubber");
     (fault, faults.passes())
-}
-
-/// Every running replica holds the same log, with every acknowledged offset.
-async fn assert_nothing_lost(cluster: &LocalCluster, last: u64) {
-    cluster.wait_for_applied(last, WAIT).await.unwrap();
-    let mut reference = None;
-    for replica in cluster.running() {
-        let log = read_all(replica).await;
-        assert_contiguous(&log);
-        assert!(log.len() as u64 >= last, "replica {}", replica.id());
-        let prefix: Vec<_> = log.into_iter().take(last as usize).collect();
-        match &reference {
-            None => reference = Some(prefix),
-            Some(r) => assert_eq!(&prefix, r, "replica {} diverged", replica.id()),
-        }
-    }
 }
 
 /// `ctrlog_storage_faults_total{kind="..."}` on `id`'s `/metrics`.

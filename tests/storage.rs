@@ -2,8 +2,11 @@
 //! driven through openraft's storage traits in the orders openraft uses them, then closed and
 //! opened again: every catch-up path must leave a directory a replica can start on.
 
+mod common;
+
 use std::path::Path;
 
+use common::copy_dir;
 use ctrlog::log::{Batch, Command, Proposal, Target};
 use ctrlog::raft::log_store::faults as sled_vote;
 use ctrlog::raft::log_store::Flushing;
@@ -45,6 +48,18 @@ async fn append_and_apply(storage: &mut Storage, from: u64, to: u64) {
 async fn build_snapshot(storage: &mut Storage) -> Snapshot {
     let mut builder = storage.state_machine.get_snapshot_builder().await;
     builder.build_snapshot().await.unwrap()
+}
+
+/// A stopped replica of this build in `dir`: entries 1..=200 in segments of 4 KiB, a snapshot
+/// at 200, entries up to 220, a purge up to 195, a vote.
+async fn stopped_replica(dir: &Path) {
+    let mut storage = open_storage_with(dir, Flushing::GroupCommit, 4 << 10).unwrap();
+    append_and_apply(&mut storage, 1, 200).await;
+    build_snapshot(&mut storage).await;
+    append_and_apply(&mut storage, 201, 220).await;
+    storage.log.purge(entry(195).log_id).await.unwrap();
+    storage.log.save_vote(&Vote::new(3, 2)).await.unwrap();
+    close(storage).await;
 }
 
 /// Closes the storage, waiting until sled has released the directory.
@@ -456,13 +471,7 @@ async fn a_sled_refusing_its_files_is_set_aside_and_the_replica_starts_over() {
     const SEGMENT_BYTES: u64 = 4 << 10;
     let dir = tempfile::tempdir().unwrap();
     let open = |dir: &Path| open_storage_with(dir, Flushing::GroupCommit, SEGMENT_BYTES).unwrap();
-    let mut storage = open(dir.path());
-    append_and_apply(&mut storage, 1, 200).await;
-    build_snapshot(&mut storage).await;
-    append_and_apply(&mut storage, 201, 220).await;
-    storage.log.purge(entry(195).log_id).await.unwrap();
-    storage.log.save_vote(&Vote::new(3, 2)).await.unwrap();
-    close(storage).await;
+    stopped_replica(dir.path()).await;
     let sled_conf = meta_dir(dir.path()).join("conf");
     let mut bytes = std::fs::read(&sled_conf).unwrap();
     bytes[0] ^= 1;
@@ -521,18 +530,6 @@ async fn a_replica_whose_sled_is_gone_with_an_empty_log_repairs_up_to_its_segmen
     assert_contiguous_log(&mut follower).await;
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for item in std::fs::read_dir(from).unwrap() {
-        let item = item.unwrap();
-        let target = to.join(item.file_name());
-        match item.file_type().unwrap().is_dir() {
-            true => copy_dir(&item.path(), &target),
-            false => drop(std::fs::copy(item.path(), target).unwrap()),
-        }
-    }
-}
-
 // The offline check (`ctrlog check --data DIR`).
 
 /// Every file under `dir` and its bytes: to show that the check changes nothing.
@@ -558,18 +555,6 @@ fn ctrlog_check(dir: &Path) -> (i32, String) {
     let printed = String::from_utf8_lossy(&output.stdout).into_owned()
         + &String::from_utf8_lossy(&output.stderr);
     (output.status.code().unwrap_or(-1), printed)
-}
-
-/// A stopped replica of this build in `dir`: entries 1..=200 in segments of 4 KiB, a snapshot
-/// at 200, entries up to 220, a purge up to 195, a vote.
-async fn stopped_replica(dir: &Path) {
-    let mut storage = open_storage_with(dir, Flushing::GroupCommit, 4 << 10).unwrap();
-    append_and_apply(&mut storage, 1, 200).await;
-    build_snapshot(&mut storage).await;
-    append_and_apply(&mut storage, 201, 220).await;
-    storage.log.purge(entry(195).log_id).await.unwrap();
-    storage.log.save_vote(&Vote::new(3, 2)).await.unwrap();
-    close(storage).await;
 }
 
 /// Goal: `ctrlog check` finds no fault in a healthy directory, of v0.1.0 or of this build,

@@ -197,3 +197,37 @@ pub async fn read_retained(addr: &str) -> Vec<LogEntry> {
         entries.extend(response.entries);
     }
 }
+
+/// Every running replica of `cluster` holds offsets 1 to `last` (every acknowledged one), and
+/// the same entries there: nothing acknowledged lost, no divergence.
+pub async fn assert_nothing_lost(cluster: &LocalCluster, last: u64) {
+    cluster.wait_for_applied(last, WAIT).await.unwrap();
+    let mut reference = None;
+    for replica in cluster.running() {
+        let log = read_all(replica).await;
+        assert_contiguous(&log);
+        assert!(
+            log.len() as u64 >= last,
+            "replica {} lacks offsets",
+            replica.id()
+        );
+        let prefix: Vec<_> = log.into_iter().take(last as usize).collect();
+        match &reference {
+            None => reference = Some(prefix),
+            Some(r) => assert_eq!(&prefix, r, "replica {} diverged", replica.id()),
+        }
+    }
+}
+
+/// Copies the folder `from` into `to`, recursively.
+pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for item in std::fs::read_dir(from).unwrap() {
+        let item = item.unwrap();
+        let target = to.join(item.file_name());
+        match item.file_type().unwrap().is_dir() {
+            true => copy_dir(&item.path(), &target),
+            false => drop(std::fs::copy(item.path(), target).unwrap()),
+        }
+    }
+}
