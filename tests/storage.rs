@@ -506,6 +506,25 @@ async fn a_sled_refusing_its_files_is_set_aside_and_the_replica_starts_over() {
     );
 }
 
+/// Regression: sled answers one inverted byte of its `conf` with `Unsupported` ("created
+/// using a sled version earlier than 0.29"), which the start took for an error and did not
+/// start on. It is a refusal like any other: sled's files are set aside, and the replica
+/// starts over with a repair up to what its log held.
+#[tokio::test]
+async fn sled_reading_its_conf_as_another_versions_is_a_refusal_too() {
+    let dir = tempfile::tempdir().unwrap();
+    stopped_replica(dir.path()).await;
+    wal_faults::invert_byte(&meta_dir(dir.path()).join("conf"), 0).unwrap();
+    let storage = open_storage_with(dir.path(), Flushing::GroupCommit, 4 << 10).unwrap();
+    let repair = (storage.log.repairing().unwrap()).expect("a repair is under way");
+    assert_eq!(repair.held.index, 220, "{repair}");
+    assert_eq!(
+        storage.found_at_open,
+        vec![ctrlog::raft::fault::FaultKind::SledRefused]
+    );
+    close(storage).await;
+}
+
 /// Goal: a replica whose sled is gone (deleted, or lost whole to a crash while it was being
 /// set aside) and whose log holds no entry does not vote as an empty replica: the name of its
 /// WAL segment says where its log stood, and it repairs up to there.

@@ -16,10 +16,10 @@
 //!
 //! What is found stops the replica: [`run`] returns it, the replica counts it in
 //! `ctrlog_storage_faults_total{kind}`, stops its Raft core and `ctrlog serve` exits naming
-//! it. The restart finds the same damage at open and repairs it from the peers as issue 34's
-//! recovery does (a damaged range of the log, or the snapshot fetched again). The scrubber
-//! repairs nothing itself: the repair is the start's, which is the one path tested against
-//! every fault.
+//! it. The restart finds the same damage at open and repairs it from the peers, as it repairs
+//! any damage it finds (a damaged range of the log, or the snapshot fetched again). The
+//! scrubber repairs nothing itself: the repair is the start's, which is the one path tested
+//! against every fault.
 //!
 //! [`Wal::confirm_bad`]: super::wal::Wal::confirm_bad
 

@@ -221,9 +221,10 @@ pub fn open_storage_with(
         flushing,
     )?;
     let closed = meta.closed();
-    let mut found_at_open: Vec<FaultKind> = (log.damage_found_at_open().iter())
-        .map(|_| FaultKind::LogDamaged)
-        .collect();
+    let mut found_at_open = Vec::new();
+    if log.damage_found_at_open().is_some() {
+        found_at_open.push(FaultKind::LogDamaged);
+    }
     let state_machine = match sled_set_aside {
         // Without sled's snapshot (and purge point) the log cannot be applied: start over.
         Some(kept) => {
