@@ -383,6 +383,58 @@ async fn the_cli_reads_its_token_from_a_file() {
     assert!(said.contains("holds no token"), "{said}");
 }
 
+/// Goal: a token typed on the command line (`--token`, after the subcommand or before it) is
+/// refused at once with exit code 2, naming `--token-file` and `CTRLOG_TOKEN`, and nothing is
+/// sent: every user of the machine reads a command line through `ps`. Before, it was taken.
+/// The same token in `CTRLOG_TOKEN` serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_on_the_command_line_is_refused_and_the_environment_serves() {
+    let setup = Setup::start().await;
+    let cluster = setup.cluster.client_addrs().join(",");
+    let ca = ctrlog::tools::certs::ca_file(setup.pki.path());
+    let status = |before: &[&str], after: &[&str], env_token: Option<&str>| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctrlog"));
+        command
+            .args(before)
+            .arg("status")
+            .arg("--cluster")
+            .arg(&cluster)
+            .arg("--ca")
+            .arg(&ca)
+            .args(after)
+            .env("RUST_LOG", "off")
+            .env_remove("CTRLOG_TOKEN")
+            .kill_on_drop(true);
+        if let Some(token) = env_token {
+            command.env("CTRLOG_TOKEN", token);
+        }
+        async move {
+            tokio::time::timeout(WAIT, command.output())
+                .await
+                .unwrap()
+                .unwrap()
+        }
+    };
+    for (before, after) in [
+        (&[][..], &["--token", OPERATOR_TOKEN][..]),
+        (&["--token", OPERATOR_TOKEN][..], &[][..]),
+    ] {
+        let refused = status(before, after, None).await;
+        let said = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(2), "{said}");
+        assert!(
+            said.contains("--token-file") && said.contains("CTRLOG_TOKEN"),
+            "{said}"
+        );
+    }
+    let served = status(&[], &[], Some(OPERATOR_TOKEN)).await;
+    assert!(
+        served.status.success(),
+        "{}",
+        String::from_utf8_lossy(&served.stderr)
+    );
+}
+
 /// Goal: a principal owns its producer ids: another principal using the same id can neither
 /// swallow its next appends as duplicates nor push its window away. The attack before the
 /// fix: with the victim's id and seq+1..seq+32 the victim's next appends came back

@@ -42,11 +42,19 @@ pub struct ClientFlags {
     /// This client's private key (PEM); with --cert.
     #[arg(long, global = true, env = "CTRLOG_KEY", requires = "cert")]
     pub key: Option<PathBuf>,
-    /// A bearer token, where the cluster requires credentials. Visible to `ps`: prefer
-    /// --token-file or CTRLOG_TOKEN.
-    #[arg(long, global = true, env = "CTRLOG_TOKEN", hide_env_values = true)]
+    /// A bearer token, where the cluster requires credentials: from the environment only.
+    /// Typed as `--token` it would be visible to every user of the machine through `ps`, so
+    /// that spelling is refused (exit code 2), naming --token-file and CTRLOG_TOKEN.
+    #[arg(
+        long,
+        global = true,
+        env = "CTRLOG_TOKEN",
+        hide = true,
+        hide_env_values = true
+    )]
     pub token: Option<String>,
-    /// A file holding the bearer token (its first line), instead of --token.
+    /// A file holding the bearer token (its first line), where the cluster requires
+    /// credentials; or the token itself in CTRLOG_TOKEN.
     #[arg(
         long,
         global = true,

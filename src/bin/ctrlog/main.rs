@@ -441,8 +441,39 @@ fn is_broken_pipe(error: &anyhow::Error) -> bool {
         .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
+/// Refuses a token typed on the command line (`--token`, before or after the subcommand):
+/// every user of the machine reads it through `ps`. The environment (`CTRLOG_TOKEN`) and a
+/// file (`--token-file`) serve instead.
+fn refuse_token_on_the_command_line(matches: &clap::ArgMatches) -> Result<(), String> {
+    // `try_get_raw` first: a subcommand without client flags has no `token` to ask about.
+    let typed = |matches: &clap::ArgMatches| {
+        matches.try_get_raw("token").is_ok_and(|raw| raw.is_some())
+            && matches.value_source("token") == Some(clap::parser::ValueSource::CommandLine)
+    };
+    let mut level = Some(matches);
+    while let Some(matches) = level {
+        if typed(matches) {
+            return Err(
+                "--token puts the token where every user of this machine can read it \
+                        (`ps`): put it in a file for --token-file, or in CTRLOG_TOKEN"
+                    .into(),
+            );
+        }
+        level = matches.subcommand().map(|(_, sub)| sub);
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
-    let mut cli = Cli::parse();
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    if let Err(error) = refuse_token_on_the_command_line(&matches) {
+        eprintln!("ctrlog: {error}");
+        return ExitCode::from(2);
+    }
+    let mut cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(error) => error.exit(),
+    };
     if let Err(error) = place_client_flags(&mut cli) {
         eprintln!("ctrlog: {error}");
         return ExitCode::from(2);
