@@ -623,3 +623,61 @@ async fn wrong_tokens_on_the_status_port_are_throttled_and_its_connections_cappe
     );
     drop(idle);
 }
+
+/// Goal (as root, as CI runs): on a secure cluster of `ctrlog serve` processes whose job's
+/// process launcher runs containers as another user (`run_as_user`), a launched container gets
+/// EACCES on the replica's tokens file and node key (mode 0600, in folders it may traverse,
+/// as `/etc/ctrlog/pki` is), and its environment holds its own token and nothing of the
+/// replica's. Before, it ran as the replica's user with the replica's whole environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launched_container_cannot_read_the_replicas_secrets() {
+    use ctrlog::tools::bench::ProcessCluster;
+    use std::os::unix::fs::PermissionsExt;
+
+    let logs = tempfile::tempdir().unwrap();
+    // The container finds the replica's files beside the CA it is given.
+    let script = "echo {id}; d=$(dirname {ca}); cat $d/tokens $d/node-1-key.pem; echo ENV; \
+                  env; echo END; sleep 60";
+    let config = format!(
+        "[job]\ninputs = []\nlaunch_timeout_ms = 1000\nlaunch_attempts = 20\n\n[job.scaling]\nmin = 1\nmax = 1\n\n[job.launcher]\n\
+         kind = \"process\"\ncommand = [\"/bin/sh\", \"-c\", {}]\nlog_dir = {}\n\
+         run_as_user = 65534\n",
+        toml::Value::from(script),
+        toml::Value::from(logs.path().display().to_string()),
+    );
+    let cluster = ProcessCluster::start_secure(common::replica_exe(), 3, &config, false, &[])
+        .await
+        .unwrap();
+    let pki = cluster.pki().unwrap().to_path_buf();
+    for folder in [cluster.data_dir(), &pki] {
+        std::fs::set_permissions(folder, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    // The launcher hands each container the token its name has in the tokens file, read at
+    // each launch: give the job's first name one (the file stays mode 0600).
+    let mut tokens = std::fs::OpenOptions::new()
+        .append(true)
+        .open(pki.join("tokens"))
+        .unwrap();
+    std::io::Write::write_all(&mut tokens, b"token-of-container-1 container:container-1\n")
+        .unwrap();
+    let log = common::eventually("a launched container's log", || {
+        let logs = std::fs::read_dir(logs.path()).ok()?;
+        logs.flatten()
+            .map(|entry| std::fs::read_to_string(entry.path()).unwrap_or_default())
+            .find(|log| log.ends_with("END\n"))
+    })
+    .await;
+    assert_eq!(log.matches("Permission denied").count(), 2, "{log}");
+    assert!(!log.contains("PRIVATE KEY"), "{log}");
+    for token in ["admin", "operator"].map(|principal| cluster.token(principal).unwrap()) {
+        assert!(!log.contains(token), "a replica's token leaked: {log}");
+    }
+    let (_, env) = log.split_once("ENV\n").unwrap();
+    assert!(env.contains("CTRLOG_TOKEN="), "its own token: {env}");
+    for leaked in ["RUST_LOG", "CARGO", "TOKIO_WORKER_THREADS", "HOME="] {
+        assert!(
+            !env.contains(leaked),
+            "the replica's environment leaked ({leaked}): {env}"
+        );
+    }
+}

@@ -3,6 +3,8 @@
 //! `tools::container::InProcessLauncher` runs simulated ones as tasks, for the demo and tests).
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command as Process, Stdio};
 use std::sync::Mutex;
@@ -35,6 +37,11 @@ pub struct LaunchSettings {
 /// Computes a launch's settings when it happens (the membership, a credential), or refuses it.
 pub type SettingsFn = Box<dyn Fn(&ContainerId) -> Result<LaunchSettings, String> + Send + Sync>;
 
+/// The variables of the replica's environment every container gets: what a program needs to
+/// run at all. Anything else is passed only when named (`pass_env`): a replica's environment
+/// may hold its own secrets (`CTRLOG_TOKEN`, a cloud credential).
+pub const PASSED_ENV: [&str; 4] = ["PATH", "LANG", "LC_ALL", "TZ"];
+
 /// How long a stopped container has between SIGTERM and SIGKILL, to leave the job cleanly.
 pub const STOP_GRACE: Duration = Duration::from_secs(5);
 
@@ -55,8 +62,13 @@ struct Launched {
 pub struct ProcessLauncher {
     program: PathBuf,
     args: Vec<String>,
-    /// Each container's stdout and stderr go to `{log_dir}/{id}.log` when set.
+    /// Each container's stdout and stderr go to `{log_dir}/{id}.log` (mode 0600) when set.
     log_dir: Option<PathBuf>,
+    /// The user and group ids the containers run as (the replica's own when unset).
+    uid: Option<u32>,
+    gid: Option<u32>,
+    /// Variables of the replica's environment passed on besides [`PASSED_ENV`].
+    pass_env: Vec<String>,
     settings: Option<SettingsFn>,
     keep_running_on_drop: bool,
     children: Mutex<BTreeMap<ContainerId, Launched>>,
@@ -72,10 +84,30 @@ impl ProcessLauncher {
             program: program.into(),
             args,
             log_dir,
+            uid: None,
+            gid: None,
+            pass_env: Vec::new(),
             settings: None,
             keep_running_on_drop: false,
             children: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Runs the containers as user `uid` and group `gid` (each unset: the replica's), with no
+    /// supplementary groups, so that they cannot read what only the replica's user may: its
+    /// tokens file, its node key, its data directory. Switching needs root or `CAP_SETUID`
+    /// and `CAP_SETGID`.
+    pub fn run_as(mut self, uid: Option<u32>, gid: Option<u32>) -> ProcessLauncher {
+        self.uid = uid;
+        self.gid = gid;
+        self
+    }
+
+    /// Passes these variables of the replica's environment on to the containers, besides
+    /// [`PASSED_ENV`]; nothing else of it is passed.
+    pub fn pass_env(mut self, names: Vec<String>) -> ProcessLauncher {
+        self.pass_env = names;
+        self
     }
 
     /// Gives every launch the settings `settings` computes for it at that moment.
@@ -135,17 +167,36 @@ impl ContainerLauncher for ProcessLauncher {
                 })
         });
         let mut command = Process::new(&self.program);
+        let passed = (PASSED_ENV.iter().copied())
+            .chain(self.pass_env.iter().map(String::as_str))
+            .filter_map(|name| Some((name, std::env::var_os(name)?)));
         command
             .args(args)
+            .env_clear()
+            .envs(passed)
             .envs(settings.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null());
         if self.keep_running_on_drop {
-            std::os::unix::process::CommandExt::process_group(&mut command, 0);
+            CommandExt::process_group(&mut command, 0);
+        }
+        // std clears the supplementary groups when it switches the user as root.
+        if let Some(uid) = self.uid {
+            CommandExt::uid(&mut command, uid);
+        }
+        if let Some(gid) = self.gid {
+            CommandExt::gid(&mut command, gid);
         }
         match &self.log_dir {
             Some(dir) => {
-                let log = std::fs::File::create(dir.join(format!("{container}.log")))
-                    .map_err(|e| e.to_string())?;
+                // Readable by the replica's user only, whatever the umask: a container may log
+                // what it was given.
+                let log = (std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true))
+                .mode(0o600)
+                .open(dir.join(format!("{container}.log")))
+                .map_err(|e| e.to_string())?;
                 let err = log.try_clone().map_err(|e| e.to_string())?;
                 command.stdout(log).stderr(err);
             }
@@ -153,9 +204,18 @@ impl ContainerLauncher for ProcessLauncher {
                 command.stdout(Stdio::null()).stderr(Stdio::null());
             }
         }
-        let child = command
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", self.program.display()))?;
+        let child = command.spawn().map_err(|e| match e.kind() {
+            std::io::ErrorKind::PermissionDenied if self.uid.is_some() || self.gid.is_some() => {
+                format!(
+                    "starting {} as user {:?}, group {:?}: {e}: the replica needs root or \
+                     CAP_SETUID and CAP_SETGID to switch",
+                    self.program.display(),
+                    self.uid,
+                    self.gid
+                )
+            }
+            _ => format!("starting {}: {e}", self.program.display()),
+        })?;
         let launched = Launched { child, seen: false };
         if let Some(replaced) = self.lock().insert(container.clone(), launched) {
             terminate(replaced.child);
@@ -262,6 +322,80 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
         }
         assert!(!alive(pid), "still running after its deregistration");
+    }
+
+    /// Goal (as root, as CI runs): a container run as another user gets EACCES on the
+    /// replica's secrets (a tokens file and a node key, mode 0600 as the replica keeps them),
+    /// finds nothing of the replica's environment but what every program needs and what it is
+    /// given, and writes to a log file only the replica's user can read. Before, it ran as the
+    /// replica's user with the replica's whole environment, and its log took the umask.
+    #[test]
+    fn a_container_run_as_another_user_cannot_read_the_replicas_secrets() {
+        use std::os::unix::fs::PermissionsExt;
+        // SAFETY: geteuid(2) reads the process's effective user id; no memory is involved.
+        let root = unsafe { libc::geteuid() } == 0;
+        assert!(root, "this test switches users: run it as root, as CI does");
+        let dir = tempfile::tempdir().unwrap();
+        let mode = |path: &std::path::Path, mode| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        mode(dir.path(), 0o755);
+        let tokens = dir.path().join("tokens");
+        std::fs::write(&tokens, "admin-secret-token admin\n").unwrap();
+        let key = dir.path().join("node-1-key.pem");
+        std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\n").unwrap();
+        for secret in [&tokens, &key] {
+            mode(secret, 0o600);
+        }
+        let logs = dir.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        let script = format!(
+            "cat {} {}; echo ENV; env; echo END",
+            tokens.display(),
+            key.display()
+        );
+        let launcher =
+            ProcessLauncher::new("/bin/sh", vec!["-c".into(), script], Some(logs.clone()))
+                .run_as(Some(65534), Some(65534))
+                .with_settings(Box::new(|id| {
+                    Ok(LaunchSettings {
+                        placeholders: Vec::new(),
+                        env: vec![("CTRLOG_TOKEN".into(), format!("token-of-{id}"))],
+                    })
+                }));
+        launcher.launch(&ContainerId::new("c1").unwrap()).unwrap();
+        let log_file = logs.join("c1.log");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let log = loop {
+            let log = std::fs::read_to_string(&log_file).unwrap_or_default();
+            if log.ends_with("END\n") || Instant::now() > deadline {
+                break log;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(log.matches("Permission denied").count(), 2, "{log}");
+        assert!(
+            !log.contains("admin-secret-token") && !log.contains("PRIVATE KEY"),
+            "{log}"
+        );
+        let (_, env) = log.split_once("ENV\n").expect("the environment printed");
+        let names: Vec<&str> = (env.lines())
+            .filter_map(|line| line.split_once('=').map(|(name, _)| name))
+            .collect();
+        assert!(names.contains(&"CTRLOG_TOKEN"), "{names:?}");
+        // What the shell sets for itself, beside what the launcher passed.
+        let shells_own = ["PWD", "OLDPWD", "SHLVL", "_"];
+        let unexpected: Vec<&&str> = (names.iter())
+            .filter(|name| !PASSED_ENV.contains(name) && !shells_own.contains(name))
+            .filter(|name| **name != "CTRLOG_TOKEN")
+            .collect();
+        assert!(
+            unexpected.is_empty(),
+            "the replica's environment leaked: {unexpected:?}"
+        );
+        assert!(env.contains("token-of-c1"), "{env}");
+        let log_mode = std::fs::metadata(&log_file).unwrap().permissions().mode();
+        assert_eq!(log_mode & 0o777, 0o600);
     }
 
     #[test]

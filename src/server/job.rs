@@ -30,10 +30,18 @@ pub fn controller(
     };
     let capacity = match &job.launcher {
         LauncherConfig::External {} => Capacity::Orchestrated,
-        LauncherConfig::Process { command, log_dir } => {
+        LauncherConfig::Process {
+            command,
+            log_dir,
+            run_as_user,
+            run_as_group,
+            pass_env,
+        } => {
             let launcher =
                 ProcessLauncher::new(&command[0], command[1..].to_vec(), log_dir.clone())
                     .keep_running_on_drop()
+                    .run_as(*run_as_user, run_as_group.or(*run_as_user))
+                    .pass_env(pass_env.clone())
                     .with_settings(launch_settings(config, replica.clone()));
             Capacity::Launched(Arc::new(launcher))
         }

@@ -123,8 +123,23 @@ pub enum LauncherConfig {
         /// process also finds them in `CTRLOG_CLUSTER` and `CTRLOG_CA`, and, with `[auth]`, its
         /// own token in `CTRLOG_TOKEN`: the one the tokens file gives `container:<name>`.
         command: Vec<String>,
-        /// Each container's output goes to `{log_dir}/{id}.log`; discarded when unset.
+        /// Each container's output goes to `{log_dir}/{id}.log` (mode 0600); discarded when
+        /// unset.
         log_dir: Option<PathBuf>,
+        /// The user id the containers run as, so that they cannot read what the replica's
+        /// user can (the tokens file, the node key, the data directory). The replica then
+        /// needs root or `CAP_SETUID`. Unset: the replica's own user.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        run_as_user: Option<u32>,
+        /// The group id they run as, with no supplementary groups; unset: the same number as
+        /// `run_as_user` (or the replica's group, without it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        run_as_group: Option<u32>,
+        /// Variables of the replica's environment a container gets besides `PATH`, `LANG`,
+        /// `LC_ALL` and `TZ` (and the `CTRLOG_*` it is given): the rest of the replica's
+        /// environment, which may hold its secrets, is not passed.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pass_env: Vec<String>,
     },
 }
 
@@ -189,14 +204,19 @@ impl JobFlags {
             job.launcher = LauncherConfig::External {};
         }
         if let Some(command) = self.job_launch_command {
-            let log_dir = match &job.launcher {
-                LauncherConfig::Process { log_dir, .. } => log_dir.clone(),
-                LauncherConfig::External {} => None,
-            };
-            job.launcher = LauncherConfig::Process {
-                command: command.split_whitespace().map(String::from).collect(),
-                log_dir,
-            };
+            let command = command.split_whitespace().map(String::from).collect();
+            match &mut job.launcher {
+                LauncherConfig::Process { command: ours, .. } => *ours = command,
+                LauncherConfig::External {} => {
+                    job.launcher = LauncherConfig::Process {
+                        command,
+                        log_dir: None,
+                        run_as_user: None,
+                        run_as_group: None,
+                        pass_env: Vec::new(),
+                    }
+                }
+            }
         }
     }
 }
@@ -274,7 +294,10 @@ impl JobConfig {
                 "must be below scale_out_lag, or the job scales out and straight back in",
             )?;
         }
-        if let LauncherConfig::Process { command, log_dir } = &self.launcher {
+        if let LauncherConfig::Process {
+            command, log_dir, ..
+        } = &self.launcher
+        {
             validate_command(command)?;
             if let Some(dir) = log_dir.as_ref().filter(|d| !d.is_dir()) {
                 refuse(
@@ -395,6 +418,9 @@ mod tests {
                     "{id}".into()
                 ],
                 log_dir: None,
+                run_as_user: None,
+                run_as_group: None,
+                pass_env: Vec::new(),
             }
         );
         let mut none = None;

@@ -125,6 +125,9 @@ impl JobFiles {
         Ok(LauncherConfig::Process {
             command,
             log_dir: Some(self.logs.clone()),
+            run_as_user: None,
+            run_as_group: None,
+            pass_env: Vec::new(),
         })
     }
 
