@@ -681,3 +681,78 @@ async fn a_launched_container_cannot_read_the_replicas_secrets() {
         );
     }
 }
+
+/// Goal: a Deployment-style container, a random name under the fleet's role
+/// `containers:worker-` with the fleet's token and no admin token, joins a secure job of
+/// `ctrlog serve` processes, works (its task runs on it) and leaves on SIGTERM, deregistered.
+/// Before, a name not provisioned one by one in the tokens file could register only with an
+/// admin's (or an operator's) token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_style_container_joins_works_and_leaves_under_a_prefix_role() {
+    use ctrlog::jobs::{ContainerStatus, TaskPhase};
+    use ctrlog::tools::bench::ProcessCluster;
+
+    let config = "[job]\ninputs = [\"kafka/orders/0\"]\n\n[job.scaling]\nmin = 1\nmax = 1\n\n\
+                  [job.launcher]\nkind = \"external\"\n";
+    let cluster = ProcessCluster::start_secure(common::replica_exe(), 3, config, false, &[])
+        .await
+        .unwrap();
+    let admin = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
+        .await
+        .unwrap();
+    let name = format!("worker-{:08x}", rand::random::<u32>());
+    let id = ctrlog::log::ContainerId::new(&name).unwrap();
+    let mut container = std::process::Command::new(common::replica_exe())
+        .args([
+            "container",
+            "--id",
+            &name,
+            "--heartbeat-ms",
+            "100",
+            "--cluster",
+        ])
+        .arg(cluster.client_addrs().join(","))
+        .env(
+            "CTRLOG_CA",
+            ctrlog::tools::certs::ca_file(cluster.pki().unwrap()),
+        )
+        .env("CTRLOG_TOKEN", cluster.token("containers:worker-").unwrap())
+        .env_remove("CTRLOG_TOKEN_FILE")
+        .env("RUST_LOG", "off")
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+
+    let runs_its_task = |state: &ctrlog::jobs::JobState| {
+        (state.tasks().values()).any(
+            |task| matches!(&task.phase, TaskPhase::Running { owner, .. } if owner.container == id),
+        )
+    };
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let state = admin.state(0).await.unwrap().state;
+        if runs_its_task(&state) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name} never ran its task: {state:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+
+    // SAFETY: kill(2) on the child this test started; no memory is involved.
+    unsafe { libc::kill(container.id() as libc::pid_t, libc::SIGTERM) };
+    let left = tokio::task::spawn_blocking(move || container.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(left.success(), "{left}");
+    let state = admin.state(0).await.unwrap().state;
+    let status = state.containers().get(&id).map(|record| &record.status);
+    assert_eq!(
+        status,
+        Some(&ContainerStatus::Deregistered),
+        "{name} left, deregistered"
+    );
+}

@@ -28,23 +28,54 @@ use crate::wire::{ApiError, FetchRequest};
 pub enum Role {
     Admin,
     Operator,
+    /// One container: `container:ID`.
     Container(ContainerId),
+    /// Any container whose id starts with a prefix: `containers:PREFIX`. The identity of a
+    /// fleet whose names are made up as it goes (a Kubernetes Deployment's pods, the process
+    /// launcher's `{container_prefix}-N`), with none of an operator's rights; each container
+    /// is still fenced by the epoch of its own registration.
+    Containers(String),
+}
+
+impl Role {
+    /// Whether this role may act as container `id`.
+    fn acts_as(&self, id: &ContainerId) -> bool {
+        match self {
+            Role::Container(me) => me == id,
+            Role::Containers(prefix) => id.as_str().starts_with(prefix.as_str()),
+            Role::Admin | Role::Operator => false,
+        }
+    }
+
+    /// Who it is, in a refusal.
+    fn as_container(&self) -> String {
+        match self {
+            Role::Container(me) => format!("it is {me}"),
+            Role::Containers(prefix) => format!("it may act only as containers {prefix}*"),
+            Role::Admin | Role::Operator => "it is no container".into(),
+        }
+    }
 }
 
 impl FromStr for Role {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Role, String> {
+        let not_a_role = || {
+            format!("`{text}` is not a role (admin, operator, container:ID or containers:PREFIX)")
+        };
         match text {
             "admin" => Ok(Role::Admin),
             "operator" => Ok(Role::Operator),
-            other => match other.strip_prefix("container:") {
-                Some(id) => ContainerId::new(id)
+            other => match other.split_once(':') {
+                Some(("container", id)) => ContainerId::new(id)
                     .map(Role::Container)
                     .map_err(|e| e.to_string()),
-                None => Err(format!(
-                    "`{other}` is not a role (admin, operator or container:ID)"
-                )),
+                // A prefix is the start of a valid id: checked as one.
+                Some(("containers", prefix)) => ContainerId::new(prefix)
+                    .map(|_| Role::Containers(prefix.to_string()))
+                    .map_err(|e| format!("containers:{prefix}: {e}")),
+                _ => Err(not_a_role()),
             },
         }
     }
@@ -208,8 +239,9 @@ impl Authenticator {
     }
 }
 
-/// The plaintext token `tokens_file` gives the role `container:<container>`, if any: what a
-/// launcher hands the container it starts, so that each container holds only its own
+/// The plaintext token `tokens_file` gives the role `container:<container>`, or else a
+/// `containers:PREFIX` role that covers it, if any: what a launcher hands the container it
+/// starts, so that each container holds only its own
 /// credential. A hashed line cannot be handed out; keep the launched containers' tokens in
 /// plain text (the file is private to the replica's user). Read afresh at each call, so
 /// that tokens added for new container names are found.
@@ -218,12 +250,18 @@ pub fn container_token(
     container: &ContainerId,
 ) -> Result<Option<String>, String> {
     let text = read_file(tokens_file)?;
-    let wanted = Role::Container(container.clone());
-    let found = token_lines(&text).find_map(|(_, token, role)| {
-        (!token.starts_with(HASHED_PREFIX) && role.parse::<Role>().ok()? == wanted)
-            .then(|| token.to_string())
-    });
-    Ok(found)
+    let plaintext = |role: &dyn Fn(&Role) -> bool| {
+        token_lines(&text).find_map(|(_, token, line_role)| {
+            (!token.starts_with(HASHED_PREFIX) && role(&line_role.parse::<Role>().ok()?))
+                .then(|| token.to_string())
+        })
+    };
+    // The container's own line first; else a fleet's (`containers:PREFIX`) that covers it, so
+    // that launched names never run out of provisioned tokens.
+    let own = plaintext(&|role| matches!(role, Role::Container(id) if id == container));
+    Ok(own.or_else(|| {
+        plaintext(&|role| matches!(role, Role::Containers(_)) && role.acts_as(container))
+    }))
 }
 
 /// The tokens file's lines, read.
@@ -344,14 +382,13 @@ pub fn authorize(principal: &Principal, action: &Action<'_>) -> Result<(), ApiEr
             forbidden("raise the vocabulary level".into())
         }
         (Role::Operator, _) => Ok(()),
-        (Role::Container(_), Action::Read) => Ok(()),
-        (Role::Container(me), Action::Heartbeat(id)) if me == *id => Ok(()),
-        (Role::Container(me), Action::Fetch(request))
-            if request.filter == Filter::Container(me.clone()) =>
-        {
+        // From here on, a container's role (`container:ID` or `containers:PREFIX`).
+        (_, Action::Read) => Ok(()),
+        (container, Action::Heartbeat(id)) if container.acts_as(id) => Ok(()),
+        (container, Action::Fetch(request)) if matches!(&request.filter, Filter::Container(id) if container.acts_as(id)) => {
             Ok(())
         }
-        (Role::Container(me), Action::Append(proposal)) => {
+        (container, Action::Append(proposal)) => {
             let command = Command::from_frame(proposal.frame.clone());
             let as_container = match &command {
                 Command::RegisterContainer(c) => Some(&c.container),
@@ -362,25 +399,83 @@ pub fn authorize(principal: &Principal, action: &Action<'_>) -> Result<(), ApiEr
                 _ => None,
             };
             match as_container {
-                Some(id) if id == me => Ok(()),
-                Some(id) => forbidden(format!("act as container {id}")),
+                Some(id) if container.acts_as(id) => Ok(()),
+                Some(id) => forbidden(format!(
+                    "act as container {id} ({})",
+                    container.as_container()
+                )),
                 None => forbidden(format!("append {:?} commands", command.kind_version())),
             }
         }
-        (Role::Container(me), Action::Fetch(_)) => {
-            forbidden(format!("fetch anything but container {me}'s own commands"))
+        (container, Action::Fetch(_)) => forbidden(format!(
+            "fetch anything but its own container's commands ({})",
+            container.as_container()
+        )),
+        (container, Action::Heartbeat(id)) => {
+            forbidden(format!("heartbeat as {id} ({})", container.as_container()))
         }
-        (Role::Container(me), Action::Heartbeat(id)) => {
-            forbidden(format!("heartbeat as {id} (it is {me})"))
-        }
-        (Role::Container(_), Action::Membership) => forbidden("change the membership".into()),
-        (Role::Container(_), Action::Snapshot) => forbidden("take snapshots".into()),
+        (_, Action::Membership) => forbidden("change the membership".into()),
+        (_, Action::Snapshot) => forbidden("take snapshots".into()),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Goal: `containers:PREFIX` may act as any container whose id starts with the prefix,
+    /// and as nothing else a container may not: a Deployment's pods (random names) and the
+    /// process launcher's `{container_prefix}-N` share one credential that is not admin. The
+    /// launcher hands a container the prefix's token when it has no line of its own.
+    #[test]
+    fn a_prefix_role_acts_as_the_containers_under_its_prefix_only() {
+        use crate::log::{Command, RegisterContainer};
+        let fleet: Role = "containers:worker-".parse().unwrap();
+        assert_eq!(fleet, Role::Containers("worker-".into()));
+        for bad in ["containers:", "containers:a b", "workers:x"] {
+            assert!(bad.parse::<Role>().is_err(), "{bad}");
+        }
+        let principal = Principal::new("fleet".into(), fleet, b"token fleet");
+        let mine = ContainerId::new("worker-7f3a").unwrap();
+        let other = ContainerId::new("other-1").unwrap();
+        let register = |id: &ContainerId| Proposal {
+            producer: None,
+            target: crate::log::Target::Coordinator,
+            frame: Command::RegisterContainer(RegisterContainer {
+                container: id.clone(),
+                location: String::new(),
+            })
+            .into_frame(),
+        };
+        assert!(authorize(&principal, &Action::Heartbeat(&mine)).is_ok());
+        assert!(authorize(&principal, &Action::Append(&register(&mine))).is_ok());
+        let own = FetchRequest {
+            filter: Filter::Container(mine.clone()),
+            ..FetchRequest::from(1)
+        };
+        assert!(authorize(&principal, &Action::Fetch(&own)).is_ok());
+        assert!(authorize(&principal, &Action::Heartbeat(&other)).is_err());
+        assert!(authorize(&principal, &Action::Append(&register(&other))).is_err());
+        assert!(authorize(&principal, &Action::Fetch(&FetchRequest::from(1))).is_err());
+        assert!(authorize(&principal, &Action::Membership).is_err());
+        assert!(authorize(&principal, &Action::Snapshot).is_err());
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("tokens");
+        std::fs::write(
+            &file,
+            "own-token worker-own\nfleet-token containers:worker-\nc-token container:worker-own\n",
+        )
+        .unwrap();
+        let token = |id: &str| container_token(&file, &ContainerId::new(id).unwrap()).unwrap();
+        assert_eq!(
+            token("worker-own").as_deref(),
+            Some("c-token"),
+            "its own line first"
+        );
+        assert_eq!(token("worker-9").as_deref(), Some("fleet-token"));
+        assert_eq!(token("other-1"), None);
+    }
 
     /// Goal: a hashed tokens file authenticates the same tokens as its plaintext original,
     /// and only those; a v0.1.0 plaintext file keeps working; the launcher still finds a

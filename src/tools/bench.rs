@@ -68,11 +68,12 @@ pub const SECURE_NODE_IDS_MAX: crate::NodeId = 9;
 /// The client certificates (and principals) [`ProcessCluster::start_secure`] issues: each
 /// name's certificate is `certs::client_identity(pki, name)`, and the tokens file gives each
 /// principal a token too ([`token`](ProcessCluster::token)).
-pub const SECURE_CLIENTS: [(&str, &str); 4] = [
+pub const SECURE_CLIENTS: [(&str, &str); 5] = [
     ("admin", "admin"),
     ("operator", "operator"),
     ("c1", "container:c1"),
     ("c2", "container:c2"),
+    ("workers", "containers:worker-"),
 ];
 
 /// How [`ProcessCluster::launch`] starts the replicas, beyond their number and flags.
