@@ -3,7 +3,7 @@
 //! `tools::container::InProcessLauncher` runs simulated ones as tasks, for the demo and tests).
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command as Process, Stdio};
@@ -197,6 +197,10 @@ impl ContainerLauncher for ProcessLauncher {
                 .mode(0o600)
                 .open(dir.join(format!("{container}.log")))
                 .map_err(|e| e.to_string())?;
+                // `mode` applies only to a file it creates: one left by an earlier launch
+                // under the same name may be readable by others.
+                (log.set_permissions(std::fs::Permissions::from_mode(0o600)))
+                    .map_err(|e| e.to_string())?;
                 let err = log.try_clone().map_err(|e| e.to_string())?;
                 command.stdout(log).stderr(err);
             }
@@ -349,6 +353,9 @@ mod tests {
         }
         let logs = dir.path().join("logs");
         std::fs::create_dir(&logs).unwrap();
+        // A log an earlier launch of the name left, readable by others.
+        std::fs::write(logs.join("c1.log"), "").unwrap();
+        mode(&logs.join("c1.log"), 0o644);
         let script = format!(
             "cat {} {}; echo ENV; env; echo END",
             tokens.display(),
