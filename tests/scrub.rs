@@ -48,6 +48,18 @@ async fn faults_metric(cluster: &LocalCluster, id: NodeId, kind: FaultKind) -> f
     metric_sample(&text, &name).unwrap_or_else(|| panic!("{name} in {text}"))
 }
 
+/// After the scrubber stopped `follower` for a fault of `kind`: the other two commit 50
+/// appends, the follower's restart finds the fault at open (counted once in its
+/// `ctrlog_storage_faults_total`), and after 10 more every replica holds all 260.
+async fn restart_repairs(cluster: &mut LocalCluster, follower: NodeId, kind: FaultKind) {
+    append_many(cluster, 200, 50).await;
+    cluster.stop(follower).await;
+    cluster.restart(follower).await.unwrap();
+    assert_eq!(faults_metric(cluster, follower, kind).await, 1.0);
+    append_many(cluster, 250, 10).await;
+    assert_nothing_lost(cluster, 260).await;
+}
+
 /// Goal: a byte flipped in a synced record of a running follower's WAL is found by the
 /// scrubber within one period (before two more passes complete), the follower stops naming
 /// the segment, the other two keep committing, and the restart repairs the range from the
@@ -73,17 +85,8 @@ async fn the_scrubber_finds_a_flipped_byte_in_a_running_replicas_wal_and_the_res
         passes_at_stop <= passes_before + 1,
         "found within one period: {passes_before} passes before the flip, {passes_at_stop} at the stop"
     );
-    append_many(&cluster, 200, 50).await;
-
-    cluster.stop(follower).await;
-    cluster.restart(follower).await.unwrap();
-    assert_eq!(
-        faults_metric(&cluster, follower, FaultKind::LogDamaged).await,
-        1.0
-    );
+    restart_repairs(&mut cluster, follower, FaultKind::LogDamaged).await;
     assert!(log_dir(&data_dir).join(DAMAGED_DIR).join("1").is_dir());
-    append_many(&cluster, 250, 10).await;
-    assert_nothing_lost(&cluster, 260).await;
     let repaired = cluster.replica(follower);
     eventually("the repair to end", || {
         matches!(repaired.repairing(), Ok(None)).then_some(())
@@ -122,15 +125,6 @@ async fn the_scrubber_finds_a_flipped_byte_in_a_running_replicas_snapshot_and_th
         passes_at_stop <= passes_before + 1,
         "found within one period: {passes_before} passes before the flip, {passes_at_stop} at the stop"
     );
-    append_many(&cluster, 200, 50).await;
-
-    cluster.stop(follower).await;
-    cluster.restart(follower).await.unwrap();
-    assert_eq!(
-        faults_metric(&cluster, follower, FaultKind::SnapshotDamaged).await,
-        1.0
-    );
-    append_many(&cluster, 250, 10).await;
-    assert_nothing_lost(&cluster, 260).await;
+    restart_repairs(&mut cluster, follower, FaultKind::SnapshotDamaged).await;
     cluster.shutdown().await;
 }

@@ -23,7 +23,9 @@ use super::fault::{Fault, FaultKind};
 use super::log_store::Repair;
 use super::meta_store::{wait_for_lock, MetaStore, SledRefused};
 use super::state_machine::verify_stored_snapshot;
-use super::storage::{format_of, log_dir, meta_dir, sleds_set_aside, FORMAT_FILE};
+use super::storage::{
+    damaged_folders, format_of, log_dir, meta_dir, sleds_set_aside_in, FORMAT_FILE,
+};
 use super::two_copies::{self, CopiesFound, REPAIR, VOTE};
 use super::types::Vote;
 use super::wal::{self, DAMAGED_DIR};
@@ -80,13 +82,14 @@ pub fn check_data_dir(data_dir: &Path) -> io::Result<Report> {
         report_copies(&log.join(record.file_name), found, &mut report);
     }
     check_sled(data_dir, first_index, &mut report)?;
-    let kept = count_kept_damage(&log)?;
-    if kept > 0 {
+    let kept = damaged_folders(data_dir)?;
+    if !kept.is_empty() {
         report.notes.push(format!(
-            "{kept} folder(s) of damage found by earlier starts are kept under {} ({} of them \
+            "{} folder(s) of damage found by earlier starts are kept under {} ({} of them \
              sled's files set aside)",
+            kept.len(),
             log.join(DAMAGED_DIR).display(),
-            sleds_set_aside(data_dir)?,
+            sleds_set_aside_in(&kept),
         ));
     }
     Ok(report)
@@ -250,13 +253,4 @@ fn copy_dir(from: &Path, to: &Path) -> io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// The numbered folders of `log/damaged/`.
-fn count_kept_damage(log: &Path) -> io::Result<usize> {
-    match std::fs::read_dir(log.join(DAMAGED_DIR)) {
-        Ok(folders) => Ok(folders.flatten().count()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
-        Err(e) => Err(e),
-    }
 }

@@ -172,16 +172,26 @@ fn open_meta(data_dir: &Path) -> io::Result<(MetaStore, Option<PathBuf>)> {
 /// The name sled's refused files take in their `log/damaged/` folder.
 pub const SLED_SET_ASIDE: &str = "meta";
 
+/// The folders of `log/damaged/` in `data_dir`: what earlier starts found damaged and kept.
+pub fn damaged_folders(data_dir: &Path) -> io::Result<Vec<PathBuf>> {
+    match std::fs::read_dir(log_dir(data_dir).join(DAMAGED_DIR)) {
+        Ok(folders) => Ok(folders.flatten().map(|folder| folder.path()).collect()),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(error) => Err(error),
+    }
+}
+
+/// How many of `damaged` (see [`damaged_folders`]) hold sled's refused files, set aside.
+pub fn sleds_set_aside_in(damaged: &[PathBuf]) -> usize {
+    (damaged.iter())
+        .filter(|folder| folder.join(SLED_SET_ASIDE).exists())
+        .count()
+}
+
 /// How many times the replica in `data_dir` has set sled's refused files aside: the folders
 /// of `log/damaged/` that hold them. For the tools and tests that count the repairs.
 pub fn sleds_set_aside(data_dir: &Path) -> io::Result<usize> {
-    match std::fs::read_dir(log_dir(data_dir).join(DAMAGED_DIR)) {
-        Ok(folders) => Ok((folders.flatten())
-            .filter(|folder| folder.path().join(SLED_SET_ASIDE).exists())
-            .count()),
-        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(0),
-        Err(error) => Err(error),
-    }
+    Ok(sleds_set_aside_in(&damaged_folders(data_dir)?))
 }
 
 /// A replica's storage, opened: what Raft runs on.

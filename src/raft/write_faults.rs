@@ -8,8 +8,8 @@
 //! naming the file, and the restart on the same directory recovers as from a crash: a torn
 //! tail is cut, and the peers send what is missing.
 //!
-//! Every write of the storage names its file in its error ([`naming`]), and passes through
-//! [`check`] first, where the storage's injector ([`faults`]) fails it as a full disk or a
+//! Every write of the storage runs through [`attempt`], which names its file in its error
+//! and first checks whether the storage's injector ([`faults`]) fails it as a full disk or a
 //! failing device would. With nothing injected, a check is one relaxed atomic load.
 
 use std::io;
@@ -55,7 +55,7 @@ fn failing() -> std::sync::MutexGuard<'static, Vec<Failing>> {
 
 /// `Err` with the injected error if `operation` on the file at `path` is made to fail, named
 /// as [`naming`] names it.
-pub fn check(path: &Path, operation: Operation) -> io::Result<()> {
+fn check(path: &Path, operation: Operation) -> io::Result<()> {
     if !ANY_FAILING.load(Ordering::Relaxed) {
         return Ok(());
     }
@@ -82,7 +82,7 @@ pub fn attempt<T>(
 
 /// `error`, from `operation` on the file at `path`, with a message that names both: what an
 /// operator reads when the replica stops. The kind is kept.
-pub fn naming(path: &Path, operation: Operation, error: io::Error) -> io::Error {
+fn naming(path: &Path, operation: Operation, error: io::Error) -> io::Error {
     let hint = match error.raw_os_error() {
         Some(libc::ENOSPC) => "; the disk is full: free space, then restart the replica",
         Some(libc::EIO) => "; the device failed: check it, then restart the replica",
