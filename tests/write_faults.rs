@@ -315,7 +315,11 @@ async fn a_served_follower_whose_disk_fills_exits_naming_the_file_and_catches_up
     let disk = SmallDisk::mount(&dir, 64 << 20);
     copy_dir(saved.path(), &dir);
     cluster.restart(follower).unwrap();
-    append(20).await;
+    let caught_up_to = append(20).await;
+    // Fill the disk only once the follower has opened its storage and holds the appends: a
+    // fill before it opens sled would make it fail at start, which is another test's path.
+    let addr = cluster.client_addrs()[follower].clone();
+    holds_up_to(&addr, caught_up_to).await;
     let filler = disk.fill();
 
     let mut rounds = 0;
@@ -340,9 +344,16 @@ async fn a_served_follower_whose_disk_fills_exits_naming_the_file_and_catches_up
     std::fs::remove_file(filler).unwrap();
     cluster.restart(follower).unwrap();
     let addr = cluster.client_addrs()[follower].clone();
+    holds_up_to(&addr, last).await;
+    drop(disk);
+}
+
+/// Waits (at most 30 s) until the replica serving `addr` holds every entry up to `last`, with
+/// no gap.
+async fn holds_up_to(addr: &str, last: u64) {
     let mut held = Vec::new();
     for _ in 0..300 {
-        held = read_retained(&addr).await;
+        held = read_retained(addr).await;
         if held.last().is_some_and(|e| e.offset >= last) {
             break;
         }
@@ -351,8 +362,52 @@ async fn a_served_follower_whose_disk_fills_exits_naming_the_file_and_catches_up
     assert_contiguous(&held);
     assert!(
         held.last().is_some_and(|e| e.offset >= last),
-        "the restarted follower holds up to {:?} of {last}",
+        "the follower holds up to {:?} of {last}",
         held.last().map(|e| e.offset)
     );
+}
+
+/// Goal: a replica restarted on a disk that is already full exits at once, and what it prints
+/// names the folder sled could not open and the remedy, as a write that fails while serving
+/// does. Before, sled's failure at open said only "No space left on device".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_restarted_on_a_full_disk_exits_naming_the_remedy() {
+    let serve = |data: &Path| {
+        let mut command = Process::new(replica_exe());
+        command
+            .args(["serve", "--id", "1", "--peer-addr", "127.0.0.1:0"])
+            .args(["--client-addr", "127.0.0.1:0", "--data"])
+            .arg(data)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        command.spawn().unwrap()
+    };
+    let initialised = tempfile::tempdir().unwrap();
+    let mut first = serve(initialised.path());
+    eventually("the replica wrote its sled", || {
+        meta_dir(initialised.path())
+            .join("db")
+            .exists()
+            .then_some(())
+    })
+    .await;
+    first.kill().unwrap();
+    first.wait().unwrap();
+
+    let mount = tempfile::tempdir().unwrap();
+    let dir = mount.path().join("data");
+    let disk = SmallDisk::mount(&dir, 8 << 20);
+    copy_dir(initialised.path(), &dir);
+    let filler = disk.fill();
+    let output = serve(&dir).wait_with_output().unwrap();
+    let printed = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{printed}");
+    assert!(
+        printed.contains(&*dir.to_string_lossy())
+            && printed.contains(NO_SPACE)
+            && printed.contains("free space, then restart the replica"),
+        "{printed}"
+    );
+    std::fs::remove_file(filler).unwrap();
     drop(disk);
 }

@@ -99,7 +99,11 @@ impl MetaStore {
             | sled::Error::Unsupported(_) => refused(error.to_string()).into_io(),
             sled::Error::Io(error) => io::Error::new(
                 error.kind(),
-                format!("sled could not open {}: {error}", dir.display()),
+                format!(
+                    "sled could not open {}: {error}{}",
+                    dir.display(),
+                    write_faults::remedy(&error)
+                ),
             ),
             error => io::Error::other(format!("sled could not open {}: {error}", dir.display())),
         })?;

@@ -83,19 +83,25 @@ pub fn attempt<T>(
 /// `error`, from `operation` on the file at `path`, with a message that names both: what an
 /// operator reads when the replica stops. The kind is kept.
 fn naming(path: &Path, operation: Operation, error: io::Error) -> io::Error {
-    let hint = match error.raw_os_error() {
-        Some(libc::ENOSPC) => "; the disk is full: free space, then restart the replica",
-        Some(libc::EIO) => "; the device failed: check it, then restart the replica",
-        _ => "",
-    };
     io::Error::new(
         error.kind(),
         format!(
-            "{} {} failed: {error}{hint}",
+            "{} {} failed: {error}{}",
             operation.verb(),
-            path.display()
+            path.display(),
+            remedy(&error)
         ),
     )
+}
+
+/// What an operator does about `error`, as a clause to append to its message ("" when the
+/// error has no remedy of its own).
+pub(super) fn remedy(error: &io::Error) -> &'static str {
+    match error.raw_os_error() {
+        Some(libc::ENOSPC) => "; the disk is full: free space, then restart the replica",
+        Some(libc::EIO) => "; the device failed: check it, then restart the replica",
+        _ => "",
+    }
 }
 
 /// Failing writes, for the tools and tests that inject them.
