@@ -171,6 +171,102 @@ async fn a_state_larger_than_a_frame_travels_in_chunks() {
     cluster.shutdown().await;
 }
 
+/// Goal: a configuration value marked secret never enters the log. Steps: with the default
+/// `secret_config_keys`, a `ConfigChange` setting `db.password` (and one setting Kafka's
+/// `sasl.jaas.config` beside an ordinary key) is refused `Invalid`, naming the key and why;
+/// the ordinary key alone commits; no retained entry on any replica holds either secret, and
+/// the job's configuration has the ordinary key only. A cluster that marks nothing
+/// (`secret_config_keys = []`) takes the same change: the refusal is the configuration's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_value_marked_secret_never_enters_the_log() {
+    let change = |pairs: &[(&str, &str)]| {
+        Command::ConfigChange(ctrlog::log::ConfigChange {
+            set: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            remove: Vec::new(),
+        })
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let client = client_giving_up_soon(&cluster).await;
+    for refused in [
+        change(&[("db.password", "hunter2-hunter2")]),
+        change(&[
+            ("db.url", "pg://db"),
+            ("sasl.jaas.config", "password=\"hunter3\""),
+        ]),
+    ] {
+        match client.append(refused).await {
+            Err(ClientError::Api(ApiError::Invalid(why))) => assert!(
+                why.contains("marked secret") && why.contains("never enters the log"),
+                "{why}"
+            ),
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+    }
+    let ordinary = client
+        .append(change(&[("db.url", "pg://db")]))
+        .await
+        .unwrap();
+    for replica in cluster.running() {
+        let addr = replica.client_addr().to_string();
+        let held = poll_until(
+            "the replica holds the ordinary change",
+            WAIT,
+            POLL_INTERVAL,
+            || {
+                let addr = addr.clone();
+                async move {
+                    let held = read_retained(&addr).await;
+                    match held.last() {
+                        Some(last) if last.offset >= ordinary.offset => Ok(held),
+                        _ => Err("not yet"),
+                    }
+                }
+            },
+        )
+        .await
+        .unwrap();
+        let configs: Vec<_> = held
+            .iter()
+            .filter_map(|entry| match entry.command() {
+                Command::ConfigChange(c) => Some(c.set),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            configs,
+            [BTreeMap::from([("db.url".to_string(), "pg://db".to_string())])],
+            "the only configuration in the log is the ordinary change"
+        );
+    }
+    let config = client
+        .state(ordinary.offset)
+        .await
+        .unwrap()
+        .state
+        .config()
+        .clone();
+    assert_eq!(
+        config,
+        BTreeMap::from([("db.url".to_string(), "pg://db".to_string())])
+    );
+    cluster.shutdown().await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let marks_nothing = LocalCluster::start(dir.path(), 1, |c| c.secret_config_keys.clear())
+        .await
+        .unwrap();
+    let client = client_giving_up_soon(&marks_nothing).await;
+    client
+        .append(change(&[("db.password", "hunter2-hunter2")]))
+        .await
+        .unwrap();
+    marks_nothing.shutdown().await;
+}
+
 /// Goal: the version handshake agrees on the highest version both sides speak, and refuses
 /// one it does not know with a typed error naming both ranges, keeping the connection (so a
 /// newer client can offer again). Steps: on the client port and the peer port, `hello`

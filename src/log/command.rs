@@ -198,6 +198,28 @@ pub struct ConfigChange {
     pub remove: Vec<String>,
 }
 
+impl ConfigChange {
+    /// The first key this change sets that `marked` calls secret, if any. An entry of
+    /// `marked` names a key, or, starting with `*`, every key that ends with the rest
+    /// (`*password` marks `db.password`); both compare without regard to case.
+    pub fn first_secret_key<'a>(&'a self, marked: &[String]) -> Option<&'a str> {
+        let is_marked = |key: &str| {
+            let key = key.to_ascii_lowercase();
+            marked.iter().any(|entry| {
+                let entry = entry.to_ascii_lowercase();
+                match entry.strip_prefix('*') {
+                    Some(suffix) => key.ends_with(suffix),
+                    None => key == entry,
+                }
+            })
+        };
+        self.set
+            .keys()
+            .map(String::as_str)
+            .find(|key| is_marked(key))
+    }
+}
+
 /// A container acknowledges the command at `offset` (a broadcast, or a user command).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ack {
@@ -489,6 +511,31 @@ impl Command {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An entry names a key exactly, or with a leading `*` every key ending with the rest;
+    /// case never matters; only keys the change sets count (removing one is no secret).
+    #[test]
+    fn secret_keys_match_by_name_or_by_ending() {
+        let marked = ["*password".to_string(), "sasl.jaas.config".to_string()];
+        let setting = |key: &str| ConfigChange {
+            set: [(key.to_string(), "v".to_string())].into(),
+            remove: vec!["old.password".to_string()],
+        };
+        for (key, secret) in [
+            ("db.password", true),
+            ("DB.PASSWORD", true),
+            ("password", true),
+            ("sasl.jaas.config", true),
+            ("SASL.JAAS.Config", true),
+            ("password.policy", false),
+            ("jaas.config", false),
+            ("db.url", false),
+        ] {
+            let change = setting(key);
+            assert_eq!(change.first_secret_key(&marked).is_some(), secret, "{key}");
+        }
+        assert_eq!(setting("db.password").first_secret_key(&[]), None);
+    }
 
     /// Each case puts one field at or over its limit; a name is built without its checks, as
     /// a hostile client's bytes would decode.

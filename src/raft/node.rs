@@ -88,6 +88,9 @@ pub struct NodeConfig {
     pub command_bytes_max: usize,
     /// The encoded bytes a fetch answer's entries may take, so that every answer can be sent.
     pub fetch_answer_bytes_max: usize,
+    /// Configuration keys whose values never enter the log (see
+    /// [`ConfigChange::first_secret_key`]).
+    pub secret_config_keys: Vec<String>,
 }
 
 struct NodeInner {
@@ -98,6 +101,7 @@ struct NodeInner {
     proposer: Proposer,
     command_bytes_max: usize,
     fetch_answer_bytes_max: usize,
+    secret_config_keys: Vec<String>,
     /// Heartbeats heard while this node leads (reset when a new term begins).
     liveness: std::sync::Mutex<Liveness>,
     /// When a quorum last acknowledged this node as leader (check-quorum and the lease).
@@ -158,6 +162,7 @@ impl Node {
                 state_machine,
                 command_bytes_max: config.command_bytes_max,
                 fetch_answer_bytes_max: config.fetch_answer_bytes_max,
+                secret_config_keys: config.secret_config_keys,
                 // tokio's clock, as every later reading of the table: a paused one in the
                 // simulation.
                 liveness: std::sync::Mutex::new(Liveness::new(
@@ -253,6 +258,16 @@ impl Node {
         if proposal.frame.kind < CUSTOM_KIND_MIN {
             let command = Command::from_frame(proposal.frame.clone());
             command.check_limits().map_err(ApiError::Invalid)?;
+            if let Command::ConfigChange(change) = &command {
+                if let Some(key) = change.first_secret_key(&self.inner.secret_config_keys) {
+                    return Err(ApiError::Invalid(format!(
+                        "config key {key:?} is marked secret (secret_config_keys): a secret never \
+                         enters the log, which every container and every backup reads and which \
+                         keeps it; give it to the containers that need it through their \
+                         environment or a mounted file instead"
+                    )));
+                }
+            }
             if let Command::SetVocabularyLevel(c) = &command {
                 if c.level > LEVEL_MAX {
                     return Err(Rejection::LevelUnsupported {

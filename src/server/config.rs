@@ -69,6 +69,12 @@ pub struct ReplicaConfig {
     pub snapshot_logs_to_keep: u64,
     /// The largest command body accepted on append.
     pub command_bytes_max: usize,
+    /// Configuration keys marked secret: a `ConfigChange` setting one is refused before it
+    /// enters the log, because every container and every backup reads the log, and the job's
+    /// state keeps the value. An entry names a key, or, starting with `*`, every key ending
+    /// with the rest; case does not matter. `[]` marks none. Default:
+    /// [`SECRET_CONFIG_KEYS_DEFAULT`].
+    pub secret_config_keys: Vec<String>,
     /// The largest frame accepted on the client port.
     pub client_frame_bytes_max: usize,
     /// Connections the client port holds at once; one more is closed as soon as it is
@@ -140,6 +146,10 @@ impl Default for ReplicaConfig {
             snapshot_logs_since_last: 10_000,
             snapshot_logs_to_keep: 1_000,
             command_bytes_max: COMMAND_BYTES_MAX_DEFAULT,
+            secret_config_keys: SECRET_CONFIG_KEYS_DEFAULT
+                .iter()
+                .map(|key| key.to_string())
+                .collect(),
             client_frame_bytes_max: 2 * COMMAND_BYTES_MAX_DEFAULT + (64 << 10),
             client_connections_max: 4096,
             client_unauthenticated_connections_max: 1024,
@@ -294,6 +304,19 @@ pub enum LoadError {
 /// batch's header, and one proposal's producer pair, target and frame header.
 const RAFT_ENTRY_OVERHEAD_BYTES: usize = 1 << 10;
 
+/// The keys marked secret unless `secret_config_keys` says otherwise: the usual names of
+/// credentials, and Kafka's `sasl.jaas.config`, which holds a password.
+pub const SECRET_CONFIG_KEYS_DEFAULT: &[&str] = &[
+    "*password",
+    "*passwd",
+    "*secret",
+    "*token",
+    "*credentials",
+    "*private_key",
+    "*api_key",
+    "sasl.jaas.config",
+];
+
 /// The largest `command_bytes_max` a replica accepts (a little under 4 MiB). A follower that
 /// catches up receives up to [`RAFT_PAYLOAD_ENTRIES_MAX`] entries in one AppendEntries message,
 /// each one batch of at most `BATCH_BYTES_MAX` or one command alone, and the message must fit
@@ -424,6 +447,16 @@ impl ReplicaConfig {
                 ),
             )?;
         }
+        if self
+            .secret_config_keys
+            .iter()
+            .any(|key| key.is_empty() || key == "*")
+        {
+            refuse(
+                "secret_config_keys",
+                "an entry is empty or `*`, which would mark every key (use [] to mark none)",
+            )?;
+        }
         if let Some(tls) = &self.tls {
             for (field, path) in [
                 ("tls.ca_file", &tls.ca_file),
@@ -434,6 +467,11 @@ impl ReplicaConfig {
                     refuse(field, format!("{} is not a readable file", path.display()))?;
                 }
             }
+            refuse_unless_private(
+                "tls.key_file",
+                &tls.key_file,
+                "its key is this replica's identity",
+            )?;
         }
         if let Some(auth) = &self.auth {
             if self.tls.is_none() && !self.insecure_plaintext {
@@ -454,25 +492,7 @@ impl ReplicaConfig {
                         format!("{} is not a readable file", path.display()),
                     )?;
                 }
-                let mode = std::os::unix::fs::PermissionsExt::mode(
-                    &std::fs::metadata(path)
-                        .map_err(|e| ConfigError {
-                            field: "auth.tokens_file",
-                            reason: e.to_string(),
-                        })?
-                        .permissions(),
-                );
-                if mode & 0o077 != 0 {
-                    refuse(
-                        "auth.tokens_file",
-                        format!(
-                            "{} is readable by others than its owner (mode {:o}): its tokens \
-                             are credentials; chmod 600 it",
-                            path.display(),
-                            mode & 0o777
-                        ),
-                    )?;
-                }
+                refuse_unless_private("auth.tokens_file", path, "its tokens are credentials")?;
             }
             if auth.tokens_file.is_none() && auth.certificates.is_empty() {
                 refuse(
@@ -492,6 +512,39 @@ impl ReplicaConfig {
         }
         Ok(())
     }
+}
+
+/// Refuses a secret file (`what` says why it is one) that others may read. Allowed: no access
+/// for group or others, whoever owns it; or owned by root, readable (not writable) by its
+/// group, which is how a Kubernetes Secret volume with an `fsGroup` arrives (root:fsGroup,
+/// 0440) and the rule PostgreSQL applies to its key.
+fn refuse_unless_private(field: &'static str, path: &Path, what: &str) -> Result<(), ConfigError> {
+    use std::os::unix::fs::MetadataExt as _;
+    let metadata = std::fs::metadata(path).map_err(|e| ConfigError {
+        field,
+        reason: format!("{}: {e}", path.display()),
+    })?;
+    if is_private(metadata.mode(), metadata.uid()) {
+        return Ok(());
+    }
+    refuse(
+        field,
+        format!(
+            "{} is readable by others than its owner (mode {:o}, owner uid {}): {what}; chmod \
+             600 it (a file owned by root may also be read by its group: mode 440 or 640)",
+            path.display(),
+            metadata.mode() & 0o777,
+            metadata.uid()
+        ),
+    )
+}
+
+/// Whether a file of `mode` owned by `owner` keeps its contents from other users: see
+/// [`refuse_unless_private`].
+fn is_private(mode: u32, owner: u32) -> bool {
+    let no_group_or_others = mode & 0o077 == 0;
+    let root_and_its_group_reads = owner == 0 && mode & 0o037 == 0;
+    no_group_or_others || root_and_its_group_reads
 }
 
 impl ReplicaConfig {
@@ -641,6 +694,57 @@ mod tests {
             "initial_members"
         );
         assert!(parse_members("1=127.0.0.1:1/127.0.0.1:2,1=127.0.0.1:1/127.0.0.1:2").is_err());
+    }
+
+    /// Owner-only files pass whoever owns them; a root-owned file may be read by its group
+    /// (a Kubernetes Secret volume with `fsGroup`), never written by it or read by others.
+    #[test]
+    fn secret_files_are_private_to_their_owner_or_to_root_and_its_group() {
+        let cases = [
+            (0o600, 1000, true),
+            (0o400, 1000, true),
+            (0o440, 1000, false),
+            (0o640, 1000, false),
+            (0o604, 1000, false),
+            (0o400, 0, true),
+            (0o440, 0, true),
+            (0o640, 0, true),
+            (0o460, 0, false),
+            (0o444, 0, false),
+            (0o441, 0, false),
+        ];
+        for (mode, owner, private) in cases {
+            assert_eq!(
+                is_private(mode, owner),
+                private,
+                "mode {mode:o}, owner {owner}"
+            );
+        }
+    }
+
+    /// The same rule on a real file, as `validate` reads it: a tokens file of mode 440 passes
+    /// only when root owns it (CI runs as root, so there it does).
+    #[test]
+    fn a_tokens_file_of_mode_440_is_accepted_only_from_root() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = dir.path().join("tokens");
+        std::fs::write(&tokens, "secret operator\n").unwrap();
+        let set_mode = |mode| {
+            std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        let root = unsafe { libc::geteuid() } == 0;
+        set_mode(0o440);
+        assert_eq!(
+            refuse_unless_private("auth.tokens_file", &tokens, "x").is_ok(),
+            root
+        );
+        set_mode(0o444);
+        let refused = refuse_unless_private("auth.tokens_file", &tokens, "x").unwrap_err();
+        assert_eq!(refused.field, "auth.tokens_file");
+        assert!(refused.reason.contains("mode 444"), "{}", refused.reason);
+        set_mode(0o600);
+        assert!(refuse_unless_private("auth.tokens_file", &tokens, "x").is_ok());
     }
 
     #[test]
@@ -798,10 +902,14 @@ mod shipped_examples {
             let error = config.validate().unwrap_err();
             assert_eq!(error.field, "tls.ca_file", "{error}");
             let tls = config.tls.as_mut().unwrap();
-            (tls.ca_file, tls.cert_file, tls.key_file) = (file("ca"), file("cert"), file("key"));
-            let tokens = file("tokens");
-            let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
-            std::fs::set_permissions(&tokens, private).unwrap();
+            (tls.ca_file, tls.cert_file) = (file("ca"), file("cert"));
+            let private = |path: PathBuf| {
+                let owner_only = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+                std::fs::set_permissions(&path, owner_only).unwrap();
+                path
+            };
+            tls.key_file = private(file("key"));
+            let tokens = private(file("tokens"));
             config.auth.as_mut().unwrap().tokens_file = Some(tokens);
             assert_eq!(config.validate().unwrap_err().field, "job.inputs_file");
             let inputs = dir.path().join("inputs");
@@ -816,8 +924,9 @@ mod shipped_examples {
     }
 
     /// The replica configuration in the Kubernetes manifest (a ConfigMap's `ctrlog.toml` key)
-    /// is one this build accepts, with the `--id` flag its StatefulSet passes, and runs its job
-    /// in external mode.
+    /// is one this build accepts, with the `--id` flag its StatefulSets pass, turns TLS and
+    /// tokens on with files from the replica's Secret, and runs its job in external mode.
+    /// (scripts/build-image.sh --check runs a replica on it, with the Secret's files.)
     #[test]
     fn the_kubernetes_config_map_holds_a_valid_replica_config() {
         let manifest = include_str!("../../deploy/kubernetes/ctrlog.yaml");
@@ -831,9 +940,26 @@ mod shipped_examples {
         let mut config: ReplicaConfig = toml::from_str(&text).unwrap();
         config.id = 2;
         assert_eq!(config.initial_members.len(), 3);
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = |path: &mut PathBuf| {
+            assert!(
+                path.starts_with("/etc/ctrlog-secrets"),
+                "{}",
+                path.display()
+            );
+            *path = dir.path().join(path.file_name().unwrap());
+            std::fs::write(&path, "x").unwrap();
+            let owner_only = std::os::unix::fs::PermissionsExt::from_mode(0o400);
+            std::fs::set_permissions(&path, owner_only).unwrap();
+        };
+        let tls = config.tls.as_mut().expect("the manifest turns TLS on");
+        mounted(&mut tls.ca_file);
+        mounted(&mut tls.cert_file);
+        mounted(&mut tls.key_file);
+        let auth = config.auth.as_mut().expect("the manifest turns tokens on");
+        mounted(auth.tokens_file.as_mut().expect("a tokens file"));
         let job = config.job.as_mut().expect("the manifest runs a job");
         assert_eq!(job.launcher, LauncherConfig::External {});
-        let dir = tempfile::tempdir().unwrap();
         let inputs = dir.path().join("inputs");
         std::fs::write(&inputs, "kafka/events/0\n").unwrap();
         job.inputs_file = Some(inputs);

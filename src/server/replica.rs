@@ -164,6 +164,7 @@ impl Replica {
             raft: raft_config(&config)?,
             command_bytes_max: config.command_bytes_max,
             fetch_answer_bytes_max: config.client_frame_bytes_max - ANSWER_ENVELOPE_BYTES_MAX,
+            secret_config_keys: config.secret_config_keys.clone(),
         };
         let (node, node_tasks) = Node::start(
             node_config,

@@ -417,6 +417,7 @@ impl Sim {
             raft,
             command_bytes_max: defaults.command_bytes_max,
             fetch_answer_bytes_max: defaults.client_frame_bytes_max - ANSWER_ENVELOPE_BYTES_MAX,
+            secret_config_keys: defaults.secret_config_keys,
         };
         let network = SimNetwork {
             net: self.net.clone(),
