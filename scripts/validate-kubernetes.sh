@@ -9,19 +9,24 @@
 #    YAML loader would silently merge), and that the files agree with each other: the replica
 #    TOML parses, is in external launcher mode, and its [job.scaling] min/max equal the
 #    scalers'; the scalers target the Deployment; CTRLOG_CLUSTER names the replicas.
+# 3. scripts/kubernetes-policy.py checks the security policy the files must meet as shipped
+#    (its docstring lists the rules), over the manifests and over the Secrets that
+#    deploy/kubernetes/secrets.sh writes with this build's `ctrlog` (CTRLOG, built if absent).
 #
 # Installs kubernetes-validate into a venv at target/kubernetes-validate-venv on first use.
 # Exits non-zero on any invalid manifest.
 #
 #   scripts/validate-kubernetes.sh
 #   KUBERNETES_VERSION=1.30.0 scripts/validate-kubernetes.sh     (another schema version)
+#   MANIFESTS=/elsewhere/deploy/kubernetes scripts/validate-kubernetes.sh   (other files)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 KV_VERSION=1.37.0                            # kubernetes-validate, ships schemas 1.25–1.37
 K8S_VERSION=${KUBERNETES_VERSION:-1.34.0}    # the Kubernetes version validated against
-MANIFESTS=deploy/kubernetes
+MANIFESTS=${MANIFESTS:-deploy/kubernetes}
 VENV=target/kubernetes-validate-venv
+CTRLOG=${CTRLOG:-target/debug/ctrlog}
 
 shopt -s nullglob
 files=("$MANIFESTS"/*.yaml "$MANIFESTS"/*.yml)
@@ -47,12 +52,18 @@ if [ "$installed" != "$KV_VERSION" ]; then
         "$py" -m pip install --quiet --disable-pip-version-check "tomli==2.0.1"
 fi
 
+# --- the Secrets secrets.sh writes, checked with the manifests -----------------------------
+[ -x "$CTRLOG" ] || cargo build --quiet --bin ctrlog
+out=$(mktemp)
+secrets=$(mktemp -d)
+trap 'rm -rf "$out" "$secrets"' EXIT
+CTRLOG=$CTRLOG deploy/kubernetes/secrets.sh "$secrets" >/dev/null
+
 # --- 1. kubernetes-validate, strict ------------------------------------------------------
 echo "== kubernetes-validate $KV_VERSION --strict -k $K8S_VERSION"
-out=$(mktemp)
-trap 'rm -f "$out"' EXIT
 status=0
-"$py" -m kubernetes_validate --strict -k "$K8S_VERSION" "${files[@]}" >"$out" 2>&1 || status=$?
+"$py" -m kubernetes_validate --strict -k "$K8S_VERSION" "${files[@]}" "$secrets/secrets.yaml" \
+    >"$out" 2>&1 || status=$?
 cat "$out"
 if [ "$status" -ne 0 ]; then
     echo "FAIL: kubernetes-validate refused a manifest (exit $status)" >&2
@@ -75,6 +86,7 @@ fi
 # --- 2. KEDA, duplicate keys, cross-file consistency -------------------------------------
 echo "== custom resources, duplicate keys and consistency between the files"
 "$py" - "$K8S_VERSION" "${files[@]}" <<'PY'
+import copy
 import sys
 
 import yaml
@@ -282,8 +294,9 @@ for p, sts in statefulsets:
             if job.get("launcher", {}).get("kind") != "external":
                 fail(f"{cp}: {key}", "[job.launcher] kind is not \"external\"")
             sc = job.get("scaling", {})
-            scaling_limits.insert(0, (f"{cp}: {key} [job.scaling]",
-                                      sc.get("min"), sc.get("max")))
+            limits = (f"{cp}: {key} [job.scaling]", sc.get("min"), sc.get("max"))
+            if limits not in scaling_limits:
+                scaling_limits.insert(0, limits)
             inputs = job.get("inputs_file")
             if inputs:
                 directory, _, name = inputs.rpartition("/")
@@ -291,18 +304,44 @@ for p, sts in statefulsets:
                     fail(f"{cp}: {key}", f"inputs_file {inputs} is not this ConfigMap's "
                          f"key {name!r} mounted at {directory}")
             members = conf.get("initial_members", {})
-            replicas = sts["spec"].get("replicas", 1)
-            if sorted(members) != [str(i + 1) for i in range(replicas)]:
-                fail(f"{cp}: {key}", f"initial_members {sorted(members)} do not match the "
-                     f"StatefulSet's {replicas} replicas (ids 1..{replicas})")
-            for i in range(replicas):
-                host = f"{sts['metadata']['name']}-{i}.{sts['spec']['serviceName']}.{ns}.svc"
-                member = members.get(str(i + 1), {})
-                for field in ("peer_addr", "client_addr"):
-                    if not str(member.get(field, "")).startswith(host):
-                        fail(f"{cp}: {key}", f"initial_members.{i + 1}.{field} "
-                             f"{member.get(field)!r} is not pod {i}'s name {host}...")
+            replica_ids = []
+            for _, one in statefulsets:
+                args = one["spec"]["template"]["spec"]["containers"][0].get("args") or []
+                replica_ids.append(args[args.index("--id") + 1] if "--id" in args else None)
+            if sorted(members) != sorted(map(str, replica_ids)):
+                fail(f"{cp}: {key}", f"initial_members {sorted(members)} are not the "
+                     f"StatefulSets' --id values {replica_ids}")
+            replica_id = replica_ids[statefulsets.index((p, sts))]
+            host = f"{sts['metadata']['name']}-0.{sts['spec']['serviceName']}.{ns}.svc"
+            member = members.get(str(replica_id), {})
+            for field in ("peer_addr", "client_addr"):
+                if not str(member.get(field, "")).startswith(host):
+                    fail(f"{cp}: {key}", f"initial_members.{replica_id}.{field} "
+                         f"{member.get(field)!r} is not the pod {host}...")
             client_addrs = [members[k]["client_addr"] for k in sorted(members, key=int)]
+
+# The StatefulSets, one per replica, differ in nothing but the replica's number, where it
+# is written: the name, the `replica` label (and selector), --id and the Secret's name.
+def without_number(sts):
+    sts = copy.deepcopy(sts)
+    spec = sts["spec"]
+    pod = spec["template"]["spec"]
+    args = pod["containers"][0].get("args") or []
+    if "--id" in args:
+        args[args.index("--id") + 1] = "N"
+    sts["metadata"]["name"] = "N"
+    for labels in (sts["metadata"].get("labels"), spec["selector"].get("matchLabels"),
+                   spec["template"]["metadata"].get("labels")):
+        if labels and "replica" in labels:
+            labels["replica"] = "N"
+    for v in pod.get("volumes", []):
+        if "secret" in v:
+            v["secret"]["secretName"] = "N"
+    return yaml.safe_dump(sts)
+
+
+if len({without_number(one) for _, one in statefulsets}) > 1:
+    fail("StatefulSets", "differ in more than the replica's number: keep them identical")
 
 if len({(lo, hi) for _, lo, hi in scaling_limits}) > 1:
     fail("scaling limits", "min/max differ: " + "; ".join(
@@ -330,6 +369,12 @@ print(f"OK   no duplicate keys in {len(paths)} files; min/max agree ("
       + "); scalers target a Deployment defined here; CTRLOG_CLUSTER and initial_members "
       "name the StatefulSet's pods")
 PY
+
+# --- 3. the security policy ---------------------------------------------------------------
+echo "== the security policy (scripts/kubernetes-policy.py)"
+"$py" scripts/kubernetes-policy.py "$secrets" "${files[@]}"
+# The rules must bite: each of a list of single breaches of the shipped files fails them.
+"$py" scripts/kubernetes-policy.py --self-test "$secrets" "${files[@]}"
 
 schema_checked=$(grep -c '^INFO ' "$out")
 echo "== passed: $schema_checked documents schema-checked strictly against Kubernetes $K8S_VERSION" \
