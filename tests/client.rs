@@ -238,7 +238,10 @@ async fn a_config_value_marked_secret_never_enters_the_log() {
             .collect();
         assert_eq!(
             configs,
-            [BTreeMap::from([("db.url".to_string(), "pg://db".to_string())])],
+            [BTreeMap::from([(
+                "db.url".to_string(),
+                "pg://db".to_string()
+            )])],
             "the only configuration in the log is the ordinary change"
         );
     }
