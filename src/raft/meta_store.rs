@@ -124,17 +124,14 @@ impl MetaStore {
     }
 
     pub fn tree(&self, name: &str) -> io::Result<sled::Tree> {
-        self.db.open_tree(name).map_err(io::Error::other)
+        self.db.open_tree(name).map_err(sled_io)
     }
 
     /// Makes every write so far durable: sled's own flush, then `fdatasync` of its data file.
     /// The error names the file ([`write_faults`]).
     pub fn sync(&self) -> io::Result<()> {
         write_faults::attempt(&self.data_path, Operation::Sync, || {
-            self.db.flush().map_err(|error| match error {
-                sled::Error::Io(error) => error,
-                error => io::Error::other(error),
-            })?;
+            self.db.flush().map_err(sled_io)?;
             self.data_file.sync_data()
         })
     }
@@ -145,11 +142,7 @@ impl MetaStore {
     }
 
     pub fn get(&self, key: &str) -> io::Result<Option<Vec<u8>>> {
-        Ok(self
-            .db
-            .get(key)
-            .map_err(io::Error::other)?
-            .map(|v| v.to_vec()))
+        Ok(self.db.get(key).map_err(sled_io)?.map(|v| v.to_vec()))
     }
 
     /// Inserts a small value and makes it durable before returning.
@@ -158,13 +151,13 @@ impl MetaStore {
             value.len() <= VALUE_BYTES_MAX,
             "sled values stay below the blob threshold"
         );
-        self.db.insert(key, value).map_err(io::Error::other)?;
+        self.db.insert(key, value).map_err(sled_io)?;
         self.sync()
     }
 
     /// Removes a key and makes that durable before returning.
     pub fn remove_durable(&self, key: &str) -> io::Result<()> {
-        self.db.remove(key).map_err(io::Error::other)?;
+        self.db.remove(key).map_err(sled_io)?;
         self.sync()
     }
 
@@ -174,7 +167,7 @@ impl MetaStore {
             value.len() <= VALUE_BYTES_MAX,
             "sled values stay below the blob threshold"
         );
-        self.db.insert(key, value).map_err(io::Error::other)?;
+        self.db.insert(key, value).map_err(sled_io)?;
         Ok(())
     }
 
@@ -239,6 +232,15 @@ pub mod faults {
         };
         crate::raft::wal::faults::invert_byte(&path, byte)?;
         Ok(Some(byte))
+    }
+}
+
+/// A sled error as an I/O error, keeping the kind of one that was I/O (a full disk stays
+/// `StorageFull`, so that its remedy can be named).
+pub(crate) fn sled_io(error: sled::Error) -> io::Error {
+    match error {
+        sled::Error::Io(error) => error,
+        error => io::Error::other(error),
     }
 }
 

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::log_store::LogStore;
-use super::meta_store::{MetaStore, VALUE_BYTES_MAX};
+use super::meta_store::{sled_io, MetaStore, VALUE_BYTES_MAX};
 use super::stages::Stage;
 use super::types::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StorageIOError, StoredMembership,
@@ -418,7 +418,7 @@ impl StateMachineStore {
         let data_path = self.shared.meta.data_path();
         for chunk in bytes.chunks(VALUE_BYTES_MAX) {
             attempt(data_path, Operation::Write, || {
-                (tree.insert(chunk_key(storage_id, chunks), chunk)).map_err(io::Error::other)
+                (tree.insert(chunk_key(storage_id, chunks), chunk)).map_err(sled_io)
             })?;
             chunks += 1;
         }
@@ -431,14 +431,13 @@ impl StateMachineStore {
         };
         // Chunks first, then the pointer: both durable before the old chunks go.
         self.shared.meta.sync()?;
-        tree.insert(CURRENT_KEY, encode(&header))
-            .map_err(io::Error::other)?;
+        tree.insert(CURRENT_KEY, encode(&header)).map_err(sled_io)?;
         self.shared.meta.sync()?;
         self.shared.log.snapshot_stored(meta.last_log_id)?;
         if let Some(previous) = previous {
             for chunk in 0..previous.chunks {
                 tree.remove(chunk_key(previous.storage_id, chunk))
-                    .map_err(io::Error::other)?;
+                    .map_err(sled_io)?;
             }
         }
         Ok(true)
@@ -457,7 +456,7 @@ fn remove_orphaned_chunks(
     let mut next_id = current.map_or(1, |id| id + 1);
     let mut orphans = Vec::new();
     for item in tree.iter() {
-        let (key, _) = item.map_err(io::Error::other)?;
+        let (key, _) = item.map_err(sled_io)?;
         let Ok(chunk_key) = <[u8; 12]>::try_from(&key[..]) else {
             continue; // the pointer
         };
@@ -473,7 +472,7 @@ fn remove_orphaned_chunks(
             "removing snapshot chunks a crash left behind"
         );
         for key in orphans {
-            tree.remove(key).map_err(io::Error::other)?;
+            tree.remove(key).map_err(sled_io)?;
         }
         meta.sync()?;
     }
@@ -519,7 +518,7 @@ pub fn set_aside_damaged_snapshot(meta: &MetaStore, kept: &std::path::Path) -> i
     let mut file = std::fs::File::create(kept.join("snapshot"))?;
     let mut keys = Vec::new();
     for item in tree.iter() {
-        let (key, value) = item.map_err(io::Error::other)?;
+        let (key, value) = item.map_err(sled_io)?;
         file.write_all(&(key.len() as u32).to_le_bytes())?;
         file.write_all(&key)?;
         file.write_all(&(value.len() as u32).to_le_bytes())?;
@@ -528,7 +527,7 @@ pub fn set_aside_damaged_snapshot(meta: &MetaStore, kept: &std::path::Path) -> i
     }
     file.sync_all()?;
     for key in keys {
-        tree.remove(key).map_err(io::Error::other)?;
+        tree.remove(key).map_err(sled_io)?;
     }
     meta.sync()
 }
@@ -557,7 +556,7 @@ pub fn verify_stored_snapshot(
     let (mut bytes, mut crc) = (0u64, crc32fast::Hasher::new());
     for chunk in 0..header.chunks {
         let key = chunk_key(header.storage_id, chunk);
-        let Some(value) = tree.get(key).map_err(io::Error::other)? else {
+        let Some(value) = tree.get(key).map_err(sled_io)? else {
             return damaged(last, format!("snapshot chunk {chunk} is missing"));
         };
         crc.update(&value);
@@ -571,7 +570,7 @@ pub fn verify_stored_snapshot(
 }
 
 fn read_header(tree: &sled::Tree) -> io::Result<Option<StoredSnapshotHeader>> {
-    match tree.get(CURRENT_KEY).map_err(io::Error::other)? {
+    match tree.get(CURRENT_KEY).map_err(sled_io)? {
         Some(bytes) => {
             Ok(Some(decode(&bytes, 1 << 20).map_err(|e| {
                 io::Error::new(io::ErrorKind::InvalidData, e)
@@ -586,7 +585,7 @@ fn read_chunks(tree: &sled::Tree, header: &StoredSnapshotHeader) -> io::Result<V
     for chunk in 0..header.chunks {
         let value = tree
             .get(chunk_key(header.storage_id, chunk))
-            .map_err(io::Error::other)?
+            .map_err(sled_io)?
             .ok_or_else(|| {
                 io::Error::new(
                     io::ErrorKind::InvalidData,

@@ -19,6 +19,7 @@ use super::log_store::{Flushing, LogStore, SEGMENT_BYTES_MAX};
 use super::meta_store::{Closed, MetaStore, SledRefused};
 use super::state_machine::{set_aside_damaged_snapshot, DamagedSnapshot, StateMachineStore};
 use super::wal::{create_durably, new_damaged_folder, sync_dir, DAMAGED_DIR};
+use super::write_faults;
 
 /// Where a replica keeps sled (metadata and snapshots) inside its data directory.
 pub fn meta_dir(data_dir: &Path) -> PathBuf {
@@ -211,6 +212,7 @@ pub struct Storage {
 /// lock. Call it off the async runtime's workers.
 pub fn open_storage(data_dir: &Path) -> io::Result<Storage> {
     open_storage_with(data_dir, Flushing::GroupCommit, SEGMENT_BYTES_MAX)
+        .map_err(|error| write_faults::naming_the_remedy(data_dir, error))
 }
 
 /// [`open_storage`], flushing appends as `flushing` says (the simulation flushes inline), in

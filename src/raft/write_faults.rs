@@ -97,11 +97,30 @@ fn naming(path: &Path, operation: Operation, error: io::Error) -> io::Error {
 /// What an operator does about `error`, as a clause to append to its message ("" when the
 /// error has no remedy of its own).
 pub(super) fn remedy(error: &io::Error) -> &'static str {
+    // sled hands its I/O errors on rebuilt, without the errno, but with the kind.
+    let full = error.kind() == io::ErrorKind::StorageFull;
     match error.raw_os_error() {
-        Some(libc::ENOSPC) => "; the disk is full: free space, then restart the replica",
+        Some(libc::ENOSPC) => DISK_FULL,
+        None if full => DISK_FULL,
         Some(libc::EIO) => "; the device failed: check it, then restart the replica",
         _ => "",
     }
+}
+
+const DISK_FULL: &str = "; the disk is full: free space, then restart the replica";
+
+/// `error`, from opening the storage in `data_dir`, with the directory and the remedy added
+/// when the error has one and does not say it yet (sled's own errors name no file).
+pub(super) fn naming_the_remedy(data_dir: &Path, error: io::Error) -> io::Error {
+    let remedy = remedy(&error);
+    let text = error.to_string();
+    if remedy.is_empty() || text.contains(remedy) {
+        return error;
+    }
+    io::Error::new(
+        error.kind(),
+        format!("{}: {text}{remedy}", data_dir.display()),
+    )
 }
 
 /// Failing writes, for the tools and tests that inject them.
