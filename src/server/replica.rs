@@ -49,6 +49,14 @@ pub enum StartError {
     /// The job's controller's thread or runtime could not be started.
     #[error("the job's controller: {0}")]
     Controller(std::io::Error),
+    /// A port could not be bound (in use, or not this host's address). Nothing on disk was
+    /// touched: ports are bound before storage opens.
+    #[error("binding the {port} port {addr}: {error}")]
+    Bind {
+        port: &'static str,
+        addr: std::net::SocketAddr,
+        error: std::io::Error,
+    },
 }
 
 /// A running replica. Prefer [`Replica::shutdown`]; dropping it also stops it (see `Drop`).
@@ -114,6 +122,18 @@ impl Replica {
     /// the lowest initial member and its log is empty (never on a restart).
     pub async fn start(config: ReplicaConfig) -> Result<Replica, StartError> {
         config.validate()?;
+        // Bound first: a port in use must not leave a data directory initialised behind it.
+        let bind_error = |port, addr| move |error| StartError::Bind { port, addr, error };
+        let peer_listener = bind_peers(config.peer_addr)
+            .await
+            .map_err(bind_error("peer", config.peer_addr))?;
+        let client_listener = bind_clients(config.client_addr, config.client_frame_bytes_max)
+            .await
+            .map_err(bind_error("client", config.client_addr))?;
+        let http_listener = match config.http_addr {
+            Some(addr) => Some(bind_http(addr).await.map_err(bind_error("HTTP", addr))?),
+            None => None,
+        };
         let data_dir = config.data_dir.clone();
         // Recovery reads the whole retained log, and opening may wait for the directory's lock:
         // blocking work, kept off the runtime's workers.
@@ -179,14 +199,7 @@ impl Replica {
         .map_err(|e| StartError::Raft(e.to_string()))?;
         let raft = node.raft().clone();
 
-        let peer_listener = bind_peers(config.peer_addr).await?;
-        let client_listener =
-            bind_clients(config.client_addr, config.client_frame_bytes_max).await?;
         let (peer_addr, client_addr) = (peer_listener.local_addr()?, client_listener.local_addr()?);
-        let http_listener = match config.http_addr {
-            Some(addr) => Some(bind_http(addr).await?),
-            None => None,
-        };
         let http_addr = http_listener.as_ref().map(|l| l.local_addr()).transpose()?;
         let handle = ReplicaHandle {
             inner: Arc::new(Inner {
