@@ -386,7 +386,8 @@ async fn the_cli_reads_its_token_from_a_file() {
 /// Goal: a token typed on the command line (`--token`, after the subcommand or before it) is
 /// refused at once with exit code 2, naming `--token-file` and `CTRLOG_TOKEN`, and nothing is
 /// sent: every user of the machine reads a command line through `ps`. Before, it was taken.
-/// The same token in `CTRLOG_TOKEN` serves.
+/// The same token in `CTRLOG_TOKEN` serves; a request its role may not make exits 7
+/// (forbidden), where 3d7237e said 5 (credentials refused).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_on_the_command_line_is_refused_and_the_environment_serves() {
     let setup = Setup::start().await;
@@ -433,6 +434,22 @@ async fn a_token_on_the_command_line_is_refused_and_the_environment_serves() {
         "{}",
         String::from_utf8_lossy(&served.stderr)
     );
+
+    // Credentials accepted, but the role may not (an operator takes no snapshot): exit 7,
+    // forbidden, not 5, which says the credentials themselves were refused.
+    let mut snapshot = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctrlog"));
+    snapshot
+        .args(["snapshot", "--cluster", &cluster, "--ca"])
+        .arg(&ca)
+        .env("RUST_LOG", "off")
+        .env("CTRLOG_TOKEN", OPERATOR_TOKEN)
+        .kill_on_drop(true);
+    let forbidden = tokio::time::timeout(WAIT, snapshot.output())
+        .await
+        .unwrap()
+        .unwrap();
+    let said = String::from_utf8_lossy(&forbidden.stderr);
+    assert_eq!(forbidden.status.code(), Some(7), "{said}");
 }
 
 /// Goal: a principal owns its producer ids: another principal using the same id can neither

@@ -35,17 +35,33 @@ fn stdout_of(output: &Output) -> String {
 }
 
 /// Runs `ctrlog ARGS` and checks that it exits with `code` within 5 s: at once, or after a
-/// short `--command-timeout`, never after the default retry deadline.
-async fn exits_within(cluster: &str, args: &[&str], code: i32) {
+/// short `--command-timeout`, never after the default retry deadline. Returns what it printed
+/// on stderr, which must say it once: no line twice, no cause repeated after its message.
+async fn exits_within(cluster: &str, args: &[&str], code: i32) -> String {
     let started = std::time::Instant::now();
     let output = ctrlog(cluster, args).await;
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert_eq!(output.status.code(), Some(code), "{args:?}: {stderr}");
     assert!(
         started.elapsed() < std::time::Duration::from_secs(5),
         "{args:?} took {:?}",
         started.elapsed()
     );
+    assert_said_once(&stderr);
+    stderr
+}
+
+/// Fails if a message repeats a piece of itself: `ctrlog: storage: X: X` says X twice.
+fn assert_said_once(stderr: &str) {
+    for line in stderr.lines() {
+        let pieces: Vec<&str> = line.split(": ").collect();
+        for (i, piece) in pieces.iter().enumerate() {
+            assert!(
+                piece.len() < 8 || !pieces[i + 1..].contains(piece),
+                "{piece:?} is said twice in {line:?}"
+            );
+        }
+    }
 }
 
 fn json_lines(output: &Output) -> Vec<Value> {
@@ -65,7 +81,7 @@ fn json_lines(output: &Output) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_appends_tails_and_reports_status_as_documented() {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
     let addrs = cluster.client_addrs().join(",");
 
@@ -225,6 +241,22 @@ async fn cli_appends_tails_and_reports_status_as_documented() {
     let stderr = String::from_utf8(no_cluster.stderr).unwrap();
     assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
     assert!(stderr.contains("CTRLOG_CLUSTER"));
+
+    // A replica that does not answer is a row saying so, and the exit code says so too
+    // (3d7237e exited 0): 3, it could not be reached, after one try at it.
+    let stopped = cluster.follower_of(leader);
+    cluster.stop(stopped).await;
+    let patient = ["status", "--all-replicas", "--command-timeout", "30s"];
+    let said = exits_within(&addrs, &patient, 3).await;
+    assert!(said.contains("1 of 3 replicas did not answer"), "{said}");
+    let partial = ctrlog(&addrs, &["status", "--all-replicas"]).await;
+    let partial = String::from_utf8_lossy(&partial.stdout);
+    assert_eq!(
+        partial.lines().count(),
+        3,
+        "every row is printed: {partial}"
+    );
+    assert_eq!(partial.matches(" error: ").count(), 1, "{partial}");
     cluster.shutdown().await;
 }
 
@@ -320,6 +352,47 @@ async fn certs_generate_and_the_client_subcommands_speak_tls() {
     assert!(json_lines(&other)[0]["written"].as_array().unwrap().len() >= 2);
     let wrong_ca = elsewhere.join("ca.pem");
     exits_within(&seeds, &["status", "--ca", wrong_ca.to_str().unwrap()], 5).await;
+
+    // The other mistakes a new user makes fail at once too, each with its exit code, though
+    // --command-timeout would let a retrying client try for 30 s (3d7237e did, then exited 3):
+    // no --ca against replicas that speak TLS; a client certificate of another CA; a
+    // cluster address without a port.
+    let patient = ["--command-timeout", "30s"];
+    let said = exits_within(&seeds, &[&["status"], &patient[..]].concat(), 5).await;
+    assert!(
+        said.contains("speaks TLS") && said.contains("--ca"),
+        "{said}"
+    );
+    let (foreign_cert, foreign_key) = ctrlog::tools::certs::client_identity(&elsewhere, "operator");
+    ctrlog(
+        "",
+        &[
+            "certs",
+            "generate",
+            "--force",
+            "--out",
+            elsewhere.to_str().unwrap(),
+            "--nodes",
+            "1",
+            "--clients",
+            "operator",
+        ],
+    )
+    .await;
+    let foreign = [
+        "status",
+        "--ca",
+        ca.to_str().unwrap(),
+        "--cert",
+        foreign_cert.to_str().unwrap(),
+        "--key",
+        foreign_key.to_str().unwrap(),
+    ];
+    let said = exits_within(&seeds, &[&foreign[..], &patient[..]].concat(), 5).await;
+    assert!(said.contains("refused this client's TLS"), "{said}");
+    let without_port = seeds.rsplit_once(':').unwrap().0;
+    let said = exits_within(without_port, &[&["status"], &patient[..]].concat(), 2).await;
+    assert!(said.contains("is not HOST:PORT"), "{said}");
     cluster.shutdown().await;
 }
 
@@ -347,6 +420,44 @@ async fn force_new_cluster_refuses_a_directory_without_a_log() {
     assert!(stderr.contains("holds no log"), "{stderr}");
     assert!(stderr.contains(data.to_str().unwrap()), "{stderr}");
     assert!(!data.exists(), "nothing was created");
+}
+
+/// Goal: a replica whose port is taken says which port and address, and leaves its data
+/// directory untouched: ports are bound before storage opens. 3d7237e said "Address already in
+/// use (os error 98)" alone, after initialising the directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_in_use_is_named_and_nothing_is_initialised() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_addr = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("replica");
+    let data_dir = data.display().to_string();
+    let serve = ctrlog(
+        "",
+        &[
+            "serve",
+            "--id",
+            "1",
+            "--peer-addr",
+            "127.0.0.1:0",
+            "--client-addr",
+            &taken_addr,
+            "--data",
+            &data_dir,
+        ],
+    )
+    .await;
+    assert!(!serve.status.success());
+    let said = String::from_utf8_lossy(&serve.stderr);
+    assert!(
+        said.contains(&format!("binding the client port {taken_addr}")),
+        "{said}"
+    );
+    assert_said_once(&said);
+    assert!(
+        !data.exists() || std::fs::read_dir(&data).unwrap().next().is_none(),
+        "the data directory was initialised"
+    );
 }
 
 /// Goal: a flag that looks like TLS but is not is refused, never silently plaintext. Steps:
@@ -518,5 +629,21 @@ async fn printing_subcommands_speak_json_and_failures_have_their_own_exit_codes(
         "not a registration",
     ];
     exits_within(&addrs, &not_a_registration, 4).await;
+
+    // A payload no replica accepts is refused at once, exit 4, without being read: this one
+    // is a sparse file of 1 TiB, which reading whole would not survive.
+    let huge = dir.path().join("huge");
+    std::fs::File::create(&huge)
+        .unwrap()
+        .set_len(1 << 40)
+        .unwrap();
+    let append_huge = ["append", "--kind", "custom:1", "--payload-file"];
+    let said = exits_within(
+        &addrs,
+        &[&append_huge[..], &[huge.to_str().unwrap()]].concat(),
+        4,
+    )
+    .await;
+    assert!(said.contains("exceeds the 4194304-byte limit"), "{said}");
     cluster.shutdown().await;
 }

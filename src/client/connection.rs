@@ -14,7 +14,7 @@ use crate::log::{
     Command, ContainerId, Epoch, Offset, ProducerId, ProducerSeq, Proposal, Target, TaskId,
 };
 use crate::wire::protocol::*;
-use crate::wire::tls::{dial, framed};
+use crate::wire::tls::{dial, framed, Refusal, WatchedStream};
 use crate::wire::version::{Hello, ProtocolOffer};
 use crate::NodeId;
 
@@ -302,6 +302,14 @@ enum Next {
     Reconnect(String),
 }
 
+/// Whether `addr` is `HOST:PORT` (`[V6]:PORT` for an IPv6 address), as a dial needs it.
+fn is_host_and_port(addr: &str) -> bool {
+    addr.rsplit_once(':').is_some_and(|(host, port)| {
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        !host.is_empty() && port.parse::<u16>().is_ok_and(|port| port != 0)
+    })
+}
+
 /// A random number without a dependency: std's hasher is randomly keyed per process, and the
 /// clock makes successive draws differ.
 pub(crate) fn random_u64() -> u64 {
@@ -343,10 +351,23 @@ impl Connector {
         addr: &str,
         options: &ClientOptions,
     ) -> Result<(ControlLogClient, Arc<Hello>), DialFailure> {
-        let mut client = Self::open(addr, options).await?;
+        let (mut client, refusal) = Self::open(addr, options).await?;
+        // A refusal that arrived as bytes (TLS spoken to a plaintext client, a TLS alert)
+        // ends the dial at once, whatever error the call itself saw.
+        let refused = |refusal: &Refusal| {
+            let why = refusal.lock().expect("never poisoned").clone()?;
+            Some(DialFailure::Refused(ClientError::Tls {
+                replica: addr.to_string(),
+                reason: why,
+            }))
+        };
         let mut ctx = context::current();
         ctx.deadline = Instant::now() + options.connect_timeout;
-        let hello = match client.hello(ctx, ProtocolOffer::ours()).await {
+        let answer = client.hello(ctx, ProtocolOffer::ours()).await;
+        if let Some(refusal) = refused(&refusal) {
+            return Err(refusal);
+        }
+        let hello = match answer {
             Ok(Ok(hello)) => {
                 tracing::debug!(replica = addr, protocol = hello.protocol, build = %hello.server.build, "hello");
                 hello
@@ -367,14 +388,18 @@ impl Connector {
             // protocol, which needs no handshake, on a new one.
             Err(closed) => {
                 tracing::debug!(replica = addr, error = %closed, "no hello: speaking v0.1.0's protocol");
-                client = Self::open(addr, options).await?;
+                client = Self::open(addr, options).await?.0;
                 Hello::v010()
             }
         };
         if let Some(token) = &options.token {
             let mut ctx = context::current();
             ctx.deadline = Instant::now() + options.connect_timeout;
-            match client.authenticate(ctx, token.clone()).await {
+            let answer = client.authenticate(ctx, token.clone()).await;
+            if let Some(refusal) = refused(&refusal) {
+                return Err(refusal);
+            }
+            match answer {
                 Ok(Ok(_)) => {}
                 Ok(Err(error)) if !error.is_retriable() => {
                     return Err(DialFailure::Refused(error.into()))
@@ -394,8 +419,12 @@ impl Connector {
         Ok((client, Arc::new(hello)))
     }
 
-    /// A connection to `addr` (over TLS when the options say so), not yet introduced.
-    async fn open(addr: &str, options: &ClientOptions) -> Result<ControlLogClient, DialFailure> {
+    /// A connection to `addr` (over TLS when the options say so), not yet introduced, and
+    /// where a refusal that arrives as bytes is recorded ([`WatchedStream`]).
+    async fn open(
+        addr: &str,
+        options: &ClientOptions,
+    ) -> Result<(ControlLogClient, Refusal), DialFailure> {
         let stream =
             match tokio::time::timeout(options.connect_timeout, dial(addr, options.tls.as_ref()))
                 .await
@@ -406,16 +435,24 @@ impl Connector {
                     )))
                 }
                 Ok(Err(error)) if error.is_permanent() => {
+                    // `ClientError::Tls` names the replica itself: say only why.
+                    let reason = match error {
+                        crate::wire::tls::DialError::Tls { source, .. } => source.to_string(),
+                        other => other.to_string(),
+                    };
                     return Err(DialFailure::Refused(ClientError::Tls {
                         replica: addr.to_string(),
-                        reason: error.to_string(),
-                    }))
+                        reason,
+                    }));
                 }
                 Ok(Err(error)) => return Err(DialFailure::Transient(error.to_string())),
                 Ok(Ok(stream)) => stream,
             };
+        let refusal = Refusal::default();
+        let stream = WatchedStream::new(stream, options.tls.is_none(), refusal.clone());
         let transport = framed(stream, CLIENT_FRAME_BYTES_MAX);
-        Ok(ControlLogClient::new(client::Config::default(), transport).spawn())
+        let client = ControlLogClient::new(client::Config::default(), transport).spawn();
+        Ok((client, refusal))
     }
 
     fn next_seed(&self) -> String {
@@ -742,6 +779,12 @@ impl ControlClient {
                 reason: "no cluster addresses given".into(),
             });
         }
+        if let Some(seed) = seeds.iter().find(|seed| !is_host_and_port(seed)) {
+            return Err(ClientError::Config {
+                option: "seeds",
+                reason: format!("`{seed}` is not HOST:PORT (the client port's number is needed)"),
+            });
+        }
         let client = ControlClient {
             connector: Arc::new(Connector::new(Settings {
                 seeds: Arc::new(seeds),
@@ -899,6 +942,14 @@ impl ControlClient {
         fields(producer = ?proposal.producer, target = %proposal.target)
     )]
     pub async fn append_proposal(&self, proposal: Proposal) -> Result<AppendAck, ClientError> {
+        let size = proposal.frame.body.len();
+        if size > COMMAND_BYTES_MAX_ANY_REPLICA {
+            return Err(ApiError::TooLarge {
+                size: size as u64,
+                limit: COMMAND_BYTES_MAX_ANY_REPLICA as u64,
+            }
+            .into());
+        }
         let batched = proposal.producer.is_some()
             && self.connector.shared_by_producers.load(Ordering::Relaxed);
         let pair = proposal.producer;

@@ -14,7 +14,7 @@ pub use crate::wire::{tls, version};
 pub use crate::wire::protocol::{
     ApiError, AppendAck, FetchRequest, FetchResponse, HeartbeatAck, Member, MemberStatus,
     Repairing, StateAt, StateChunk, Status, StorageStatus, ANSWER_ENVELOPE_BYTES_MAX,
-    APPEND_MANY_BYTES_MAX, APPEND_MANY_PROPOSALS_MAX,
+    APPEND_MANY_BYTES_MAX, APPEND_MANY_PROPOSALS_MAX, COMMAND_BYTES_MAX_ANY_REPLICA,
 };
 /// The wire service and tarpc's generated stubs, for the replica that serves it and for
 /// tests that speak the raw protocol; not part of the client's API.

@@ -12,7 +12,9 @@ use super::job_config::{JobConfig, JobFlags};
 use crate::log::{COMMAND_BYTES_MAX_DEFAULT, LOG_ENTRY_OVERHEAD_BYTES_MAX};
 use crate::raft::network::{PEER_FRAME_BYTES_MAX, RAFT_PAYLOAD_ENTRIES_MAX};
 use crate::raft::proposer::BATCH_BYTES_MAX;
-use crate::wire::{Member, ANSWER_ENVELOPE_BYTES_MAX, APPEND_MANY_BYTES_MAX};
+use crate::wire::{
+    Member, ANSWER_ENVELOPE_BYTES_MAX, APPEND_MANY_BYTES_MAX, COMMAND_BYTES_MAX_ANY_REPLICA,
+};
 use crate::NodeId;
 
 /// Everything a replica needs to start. Every field has a default except the identity and the
@@ -327,6 +329,8 @@ pub const COMMAND_BYTES_MAX_LIMIT: usize = (PEER_FRAME_BYTES_MAX - ANSWER_ENVELO
 
 // A batch of the full size must fit where one command of the largest size does.
 const _: () = assert!(BATCH_BYTES_MAX <= COMMAND_BYTES_MAX_LIMIT);
+// Clients refuse what exceeds this at once, and must never refuse what a replica accepts.
+const _: () = assert!(COMMAND_BYTES_MAX_LIMIT <= COMMAND_BYTES_MAX_ANY_REPLICA);
 
 /// The shortest scrub period accepted: passes over a small log end at once, so a shorter one
 /// would have the scrubber spin.

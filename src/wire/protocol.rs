@@ -517,6 +517,12 @@ pub const ANSWER_ENVELOPE_BYTES_MAX: usize = 4 << 10;
 /// The most proposals one `append_many` carries.
 pub const APPEND_MANY_PROPOSALS_MAX: usize = 1024;
 
+/// A command body larger than this is accepted by no replica, whatever its configuration
+/// (`command_bytes_max` is at most a little under 4 MiB: a follower catching up must receive
+/// a full batch of such commands in one peer frame). A client refuses one at once
+/// ([`ApiError::TooLarge`]), without a round trip that would end in a closed connection.
+pub const COMMAND_BYTES_MAX_ANY_REPLICA: usize = 4 << 20;
+
 /// The most encoded proposal bytes one `append_many` carries. A replica's client frame limit
 /// is at least twice this (`ReplicaConfig::validate`), so a batch always fits.
 pub const APPEND_MANY_BYTES_MAX: usize = 64 << 10;

@@ -200,6 +200,111 @@ pub async fn dial_expecting(
     }
 }
 
+/// Why a replica refused a client, when the refusal arrives as bytes rather than as an
+/// answer; shared between a [`WatchedStream`] and its dialler.
+pub(crate) type Refusal = Arc<std::sync::Mutex<Option<String>>>;
+
+/// A client's stream that records in its [`Refusal`] a refusal retrying cannot fix: a
+/// plaintext client reading a TLS record (the replica speaks TLS), or a TLS alert (TLS 1.3
+/// lets a replica refuse the client's certificate after the client finished its handshake).
+/// Either ends the connection as a read error; the dialler then reads why. No v0.1.0 answer
+/// starts with a TLS record's first byte: its length prefix would claim over 300 MB.
+pub(crate) struct WatchedStream<S> {
+    inner: S,
+    plaintext: bool,
+    answered: bool,
+    refusal: Refusal,
+}
+
+impl<S> WatchedStream<S> {
+    pub(crate) fn new(inner: S, plaintext: bool, refusal: Refusal) -> WatchedStream<S> {
+        WatchedStream {
+            inner,
+            plaintext,
+            answered: false,
+            refusal,
+        }
+    }
+
+    fn refused(&self, why: String) {
+        self.refusal
+            .lock()
+            .expect("never poisoned")
+            .get_or_insert(why);
+    }
+}
+
+/// The first byte of a TLS alert record and of a handshake record.
+const TLS_RECORD_FIRST_BYTES: [u8; 2] = [0x15, 0x16];
+
+impl<S: AsyncRead + Unpin> AsyncRead for WatchedStream<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::task::Poll;
+        let before = buf.filled().len();
+        let read = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        match &read {
+            Poll::Ready(Ok(())) if self.plaintext && !self.answered => {
+                if let Some(first) = buf.filled().get(before) {
+                    self.answered = true;
+                    if TLS_RECORD_FIRST_BYTES.contains(first) {
+                        self.refused(
+                            "the replica speaks TLS and this client does not: give it the \
+                             cluster's CA (--ca or CTRLOG_CA)"
+                                .into(),
+                        );
+                        let error = "the replica answered with TLS";
+                        return Poll::Ready(Err(std::io::Error::new(
+                            std::io::ErrorKind::InvalidData,
+                            error,
+                        )));
+                    }
+                }
+            }
+            Poll::Ready(Err(error)) => {
+                let alert = error
+                    .get_ref()
+                    .and_then(|e| e.downcast_ref::<rustls::Error>());
+                if let Some(rustls::Error::AlertReceived(alert)) = alert {
+                    self.refused(format!(
+                        "the replica refused this client's TLS ({alert:?}): is its certificate \
+                         signed by the cluster's CA?"
+                    ));
+                }
+            }
+            _ => {}
+        }
+        read
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for WatchedStream<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// A length-delimited bincode tarpc transport over `stream`, with a frame limit: what
 /// `tarpc::serde_transport::tcp` builds, for any stream (plain TCP or TLS).
 pub fn framed<S, Item, SinkItem>(

@@ -125,6 +125,15 @@ pub async fn append(
     let body = match (args.payload, args.payload_file) {
         (Some(text), _) => text.into_bytes(),
         (None, Some(path)) => {
+            // Refused before it is read: a 300 MB file must not cost 300 MB to say no to.
+            let size = std::fs::metadata(&path)
+                .with_context(|| format!("reading {}", path.display()))?
+                .len();
+            let limit = ctrlog::client::COMMAND_BYTES_MAX_ANY_REPLICA as u64;
+            if size > limit {
+                let too_large = ctrlog::client::ApiError::TooLarge { size, limit };
+                return Err(ctrlog::client::ClientError::Api(too_large).into());
+            }
             std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?
         }
         (None, None) => unreachable!("clap requires one of them"),
@@ -175,8 +184,12 @@ pub async fn status(
         })?;
         return Ok(());
     }
-    let options = flags.options()?;
-    for member in client.leader_status().await?.members {
+    // One attempt per replica, bounded by --dial-timeout: a dead replica is a row saying so,
+    // not the whole --command-timeout.
+    let options = flags.options()?.retry_deadline(std::time::Duration::ZERO);
+    let members = client.leader_status().await?.members;
+    let (count, mut unanswered) = (members.len(), Vec::new());
+    for member in members {
         let addr = member.member.client_addr;
         let status = async {
             ctrlog::client::ControlClient::connect_with([&addr], options.clone())
@@ -187,20 +200,29 @@ pub async fn status(
         match status.await {
             Ok((status, storage)) => {
                 let repairing = storage.and_then(|s| s.repairing);
+                output.print(out, cli::status_line(&status, repairing.as_ref()), || {
+                    cli::status_json(&status, repairing.as_ref().map(|r| r.to_string()))
+                })?
+            }
+            Err(error) => {
                 output.print(
                     out,
-                    cli::status_line(&status, repairing.as_ref()),
-                    || cli::status_json(&status, repairing.as_ref().map(|r| r.to_string())),
-                )?
+                    format!("{:<3} {addr:<21} error: {error:#}", member.id),
+                    || serde_json::json!({ "id": member.id, "client_addr": addr, "error": format!("{error:#}") }),
+                )?;
+                unanswered.push((member.id, error));
             }
-            Err(error) => output.print(
-                out,
-                format!("{:<3} {addr:<21} error: {error:#}", member.id),
-                || serde_json::json!({ "id": member.id, "client_addr": addr, "error": format!("{error:#}") }),
-            )?,
         }
     }
-    Ok(())
+    // Every row is printed first; then the exit code says that some replica did not answer
+    // (the first one's error picks it: 3 when it is unreachable, 5 when TLS refused it).
+    let failed = unanswered.len();
+    match unanswered.into_iter().next() {
+        None => Ok(()),
+        Some((id, error)) => Err(anyhow::Error::new(error).context(format!(
+            "{failed} of {count} replicas did not answer, replica {id} first"
+        ))),
+    }
 }
 
 pub async fn state(

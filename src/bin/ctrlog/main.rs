@@ -31,7 +31,8 @@ Exit codes:
   4  refused by the cluster: the request itself is wrong for the log or the job; do not retry
      it unchanged
   5  credentials refused: the token, the client certificate or the CA (TLS)
-  6  `check` found faults in the data directory (each is listed)";
+  6  `check` found faults in the data directory (each is listed)
+  7  forbidden: the credentials were accepted, but their role may not do this";
 
 #[derive(Parser)]
 #[command(
@@ -428,8 +429,8 @@ fn exit_code(error: &anyhow::Error) -> u8 {
     match error.downcast_ref::<ClientError>() {
         Some(ClientError::Config { .. }) => 2,
         Some(ClientError::GaveUp { .. }) => 3,
-        Some(ClientError::Tls { .. })
-        | Some(ClientError::Api(ApiError::Unauthorized(_) | ApiError::Forbidden { .. })) => 5,
+        Some(ClientError::Tls { .. }) | Some(ClientError::Api(ApiError::Unauthorized(_))) => 5,
+        Some(ClientError::Api(ApiError::Forbidden { .. })) => 7,
         Some(ClientError::Api(_)) => 4,
         _ => 1,
     }
@@ -522,8 +523,22 @@ async fn run_main(cli: Cli) -> ExitCode {
         // `ctrlog tail | head` closing the pipe is not an error.
         Err(error) if is_broken_pipe(&error) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("ctrlog: {error:#}");
+            eprintln!("ctrlog: {}", describe(&error));
             ExitCode::from(exit_code(&error))
         }
     }
+}
+
+/// `error` and its causes, each said once: a cause whose text the message already holds
+/// (`#[error("storage: {0}")]` over its source) is not repeated after it, as `{:#}` would.
+fn describe(error: &anyhow::Error) -> String {
+    let mut text = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
 }
