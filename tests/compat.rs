@@ -47,7 +47,7 @@ async fn start(data_dir: &Path) -> Replica {
 }
 
 /// Goal: a replica of this build starts on a copy of a v0.1.0 data directory (one replica,
-/// no `format` file, which it records as format 1;
+/// no `format` file, which it records as format 2 with the node id it starts as;
 /// snapshot at offset 122, log retained from 113 to 132) and serves it as v0.1.0 did: the same
 /// retained entries, the same JobState, `Compacted` below the retained range; it appends on
 /// from offset 133 and serves all of it again after a restart.
@@ -74,8 +74,8 @@ async fn a_v0_1_0_data_directory_opens_and_serves_what_v0_1_0_served() {
     let replica = start(&data).await;
     let format = std::fs::read_to_string(data.join(FORMAT_FILE)).unwrap();
     assert!(
-        format.contains("format = 1"),
-        "recorded as format 1: {format}"
+        format.contains("format = 2") && format.contains("node_id = 1"),
+        "recorded as format 2, replica 1's: {format}"
     );
     let tail = common::read_from(&replica, 113).await;
     let tail_json: Vec<serde_json::Value> = tail.iter().map(entry_json).collect();

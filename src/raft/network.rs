@@ -104,6 +104,44 @@ pub struct PeerAnswers {
     pub log: LogStore,
     /// Told of every leader this replica accepts and every vote it grants.
     pub elections: Arc<ElectionTimer>,
+    /// When each node outside the membership was last warned about.
+    pub outsiders: Arc<RefusedOutsiders>,
+}
+
+/// How often a node outside the membership that keeps asking is warned about: a removed
+/// replica restarted on its old directory stands for election every few seconds, for good.
+const OUTSIDER_WARNING_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The nodes outside the membership whose requests were refused, each warned about once a
+/// [`OUTSIDER_WARNING_INTERVAL`] with how many were refused since, the rest at debug level.
+#[derive(Default)]
+pub struct RefusedOutsiders {
+    /// Per node: when it was last warned about, and the refusals since.
+    warned: std::sync::Mutex<std::collections::BTreeMap<NodeId, (tokio::time::Instant, u64)>>,
+}
+
+impl RefusedOutsiders {
+    /// Counts a refusal of `node`; `Some(refusals since the last warning)` when it is time to
+    /// warn again.
+    fn refused(&self, node: NodeId) -> Option<u64> {
+        let now = tokio::time::Instant::now();
+        let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
+        match warned.get_mut(&node) {
+            Some((at, since)) if now.duration_since(*at) < OUTSIDER_WARNING_INTERVAL => {
+                *since += 1;
+                None
+            }
+            Some((at, since)) => {
+                let refused = *since + 1;
+                (*at, *since) = (now, 0);
+                Some(refused)
+            }
+            None => {
+                warned.insert(node, (now, 0));
+                Some(1)
+            }
+        }
+    }
 }
 
 impl PeerAnswers {
@@ -145,12 +183,19 @@ impl PeerAnswers {
         let membership = metrics.membership_config.membership();
         let admitted = membership.nodes().next().is_none() || membership.get_node(&node).is_some();
         if !admitted {
-            tracing::warn!(
-                sender = node,
-                %vote,
-                members = ?membership.nodes().map(|(id, _)| *id).collect::<Vec<_>>(),
-                "refused a Raft request from a node outside the membership this replica's log gives"
-            );
+            let members = membership.nodes().map(|(id, _)| *id).collect::<Vec<_>>();
+            match self.outsiders.refused(node) {
+                Some(refused) => tracing::warn!(
+                    sender = node,
+                    %vote,
+                    ?members,
+                    refused,
+                    "refused Raft requests from a node outside the membership this replica's \
+                     log gives (a removed replica restarted? it is refused for good: stop it and \
+                     wipe its directory); said again in a minute if it keeps asking"
+                ),
+                None => tracing::debug!(sender = node, %vote, "refused an outsider again"),
+            }
             return Err(RaftError::Fatal(openraft::error::Fatal::Stopped));
         }
         Ok(())

@@ -8,7 +8,15 @@
 //! older build would misread is a new format, written only by a build that reads every older
 //! one; a build refuses a directory of a newer format than it knows, naming both, rather than
 //! misread it (a downgrade is refused, not attempted). As Kafka's `meta.properties`, the file
-//! is plain text: `format = N`.
+//! is plain text: `format = N`, then (format 2) `node_id = N`, the replica whose log and vote
+//! the directory holds, recorded by the first start that names it ([`claim`]): a replica
+//! started as another node on it is refused, as it would stand for election with another
+//! node's log and vote.
+//!
+//! Formats: 1, v0.1.0's layout (no `format` file, or one saying `format = 1`); 2, the same
+//! layout with the node id recorded. A format-1 directory is recorded as format 2 by the
+//! first start of this build, which trusts its `--id` that once: nothing in it names the node.
+//! v0.1.0 reads no `format` file, so it still opens a format-2 directory.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -20,6 +28,7 @@ use super::meta_store::{Closed, MetaStore, SledRefused};
 use super::state_machine::{set_aside_damaged_snapshot, DamagedSnapshot, StateMachineStore};
 use super::wal::{create_durably, new_damaged_folder, sync_dir, DAMAGED_DIR};
 use super::write_faults;
+use crate::NodeId;
 
 /// Where a replica keeps sled (metadata and snapshots) inside its data directory.
 pub fn meta_dir(data_dir: &Path) -> PathBuf {
@@ -33,7 +42,16 @@ pub fn log_dir(data_dir: &Path) -> PathBuf {
 
 /// The data directory format this build writes, and the newest it opens. Format 1 is the
 /// layout of v0.1.0, which wrote no `format` file: a directory without one is format 1.
-pub const DATA_FORMAT: u32 = 1;
+pub const DATA_FORMAT: u32 = 2;
+
+/// What a data directory's `format` file records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recorded {
+    pub format: u32,
+    /// The replica whose directory it is; `None` until a replica started on it (format 1
+    /// never records one).
+    pub node_id: Option<NodeId>,
+}
 
 /// The file in a data directory that names its format.
 pub const FORMAT_FILE: &str = "format";
@@ -57,17 +75,57 @@ pub enum FormatError {
          write `format = {DATA_FORMAT}` into it; the rest of the directory is checked at start"
     )]
     Unreadable { path: String, reason: String },
+    /// Another replica's directory.
+    #[error(
+        "{path} records that this data directory is replica {recorded}'s, and this replica was \
+         started as --id {given}: a directory's log and vote are its replica's own, and another \
+         node standing for election with them could elect two leaders. Start replica \
+         {recorded} on it, or give replica {given} its own directory"
+    )]
+    OtherNode {
+        path: String,
+        recorded: NodeId,
+        given: NodeId,
+    },
+}
+
+fn invalid(error: FormatError) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, error)
 }
 
 /// Checks the format of `data_dir` and records it if the directory has no `format` file yet
 /// (a new directory, or one v0.1.0 wrote). Returns the format found.
 pub fn check_format(data_dir: &Path) -> io::Result<u32> {
-    match format_of(data_dir)? {
-        Some(found) => Ok(found),
+    match recorded_in(data_dir)? {
+        Some(recorded) => Ok(recorded.format),
         None => {
             std::fs::create_dir_all(data_dir)?;
-            write_format(data_dir, DATA_FORMAT)?;
+            write_recorded(data_dir, None)?;
             Ok(DATA_FORMAT)
+        }
+    }
+}
+
+/// Claims `data_dir` for replica `id`: refused if it records another node; otherwise `id` is
+/// recorded (format 2) unless it already is. Before anything else in the directory is opened.
+pub fn claim(data_dir: &Path, id: NodeId) -> io::Result<()> {
+    match recorded_in(data_dir)? {
+        Some(Recorded {
+            node_id: Some(recorded),
+            ..
+        }) if recorded == id => Ok(()),
+        Some(Recorded {
+            node_id: Some(recorded),
+            ..
+        }) => Err(invalid(FormatError::OtherNode {
+            path: data_dir.join(FORMAT_FILE).display().to_string(),
+            recorded,
+            given: id,
+        })),
+        // New, v0.1.0's (no file), format 1, or not yet claimed.
+        _ => {
+            std::fs::create_dir_all(data_dir)?;
+            write_recorded(data_dir, Some(id))
         }
     }
 }
@@ -76,62 +134,97 @@ pub fn check_format(data_dir: &Path) -> io::Result<u32> {
 /// v0.1.0's), read without changing anything; one this build cannot use is an
 /// [`io::ErrorKind::InvalidData`] error holding a [`FormatError`].
 pub fn format_of(data_dir: &Path) -> io::Result<Option<u32>> {
+    Ok(recorded_in(data_dir)?.map(|recorded| recorded.format))
+}
+
+/// What `data_dir`'s `format` file records, as [`format_of`] reads it.
+pub fn recorded_in(data_dir: &Path) -> io::Result<Option<Recorded>> {
     let path = data_dir.join(FORMAT_FILE);
-    let invalid = |error: FormatError| io::Error::new(io::ErrorKind::InvalidData, error);
     match std::fs::read(&path) {
         Ok(bytes) => {
             let text = String::from_utf8(bytes).map_err(|_| "it is not UTF-8 text".to_string());
-            let found = text
-                .and_then(|text| parse_format(&text))
+            let recorded = text
+                .and_then(|text| parse_recorded(&text))
                 .map_err(|reason| {
                     invalid(FormatError::Unreadable {
                         path: path.display().to_string(),
                         reason,
                     })
                 })?;
-            if found > DATA_FORMAT {
+            if recorded.format > DATA_FORMAT {
                 return Err(invalid(FormatError::Newer {
                     path: path.display().to_string(),
-                    found,
+                    found: recorded.format,
                 }));
             }
-            Ok(Some(found))
+            Ok(Some(recorded))
         }
         Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(error) => Err(error),
     }
 }
 
-/// The format the first line that is not a comment names. Format 0 was never written: a flip
-/// of the `1` gives it, so it is refused rather than read as an older format.
-fn parse_format(text: &str) -> Result<u32, String> {
-    let line = text
+/// The lines that are not comments: first `format = N`, then, from format 2, an optional
+/// `node_id = N`. Anything else is refused rather than skipped: a rotted key must not leave
+/// the directory unclaimed. Format 0 was never written: a flip of a digit gives it, so it is
+/// refused rather than read as an older format.
+fn parse_recorded(text: &str) -> Result<Recorded, String> {
+    let mut lines = text
         .lines()
         .map(str::trim)
-        .find(|line| !line.is_empty() && !line.starts_with('#'))
-        .ok_or("it is empty")?;
-    let value = line
-        .strip_prefix("format")
-        .and_then(|rest| rest.trim_start().strip_prefix('='))
-        .ok_or_else(|| format!("`{line}`"))?;
-    match value.trim().parse() {
-        Ok(0) => Err(format!("`{line}`: no build writes format 0")),
-        Ok(format) => Ok(format),
-        Err(e) => Err(format!("`{line}`: {e}")),
+        .filter(|line| !line.is_empty() && !line.starts_with('#'));
+    let format = match parse_key(lines.next().ok_or("it is empty")?, "format")? {
+        0 => return Err("`format = 0`: no build writes format 0".into()),
+        format => format as u32,
+    };
+    let node_id = match lines.next() {
+        Some(line) if format >= 2 => Some(parse_key(line, "node_id")?),
+        Some(line) => return Err(format!("`{line}`: format {format} records nothing else")),
+        None => None,
+    };
+    if let Some(line) = lines.next() {
+        return Err(format!("`{line}`: not a key this build knows"));
     }
+    Ok(Recorded { format, node_id })
 }
 
-/// Writes the `format` file durably: a temporary file, synced, renamed over, and the
-/// directory synced, so that a crash leaves the old file or the new one.
-fn write_format(data_dir: &Path, format: u32) -> io::Result<()> {
+/// The value of `line` when it says `key = N`.
+fn parse_key(line: &str, key: &str) -> Result<u64, String> {
+    let value = line
+        .strip_prefix(key)
+        .and_then(|rest| rest.trim_start().strip_prefix('='))
+        .ok_or_else(|| format!("`{line}`"))?;
+    let value = value.trim().parse().map_err(|e| format!("`{line}`: {e}"))?;
+    if key == "format" && value > u32::MAX as u64 {
+        return Err(format!("`{line}`: no such format"));
+    }
+    Ok(value)
+}
+
+/// Writes the `format` file (this build's format, and `node_id` when known) durably: a
+/// temporary file, synced, renamed over, and the directory synced, so that a crash leaves the
+/// old file or the new one.
+fn write_recorded(data_dir: &Path, node_id: Option<NodeId>) -> io::Result<()> {
     use std::io::Write as _;
     create_durably(data_dir, FORMAT_FILE, |mut file| {
         writeln!(
             file,
-            "# The layout of this ctrlog data directory (meta/, log/). Do not edit.\nformat = {format}"
-        )
+            "# The layout of this ctrlog data directory (meta/, log/), and whose it is. Do not \
+             edit.\nformat = {DATA_FORMAT}"
+        )?;
+        match node_id {
+            Some(id) => writeln!(file, "node_id = {id}"),
+            None => Ok(()),
+        }
     })
     .map(drop)
+}
+
+/// Opens the storage of replica `id` in `data_dir` ([`open_storage`]) once the directory is
+/// [claimed](claim) for it.
+pub fn open_storage_of(data_dir: &Path, id: NodeId) -> io::Result<Storage> {
+    claim(data_dir, id)?;
+    open_storage(data_dir)
 }
 
 /// Opens the metadata and the log (the WAL) of the replica whose data is in `data_dir`, for
@@ -316,33 +409,92 @@ fn short_of_the_log(
 mod tests {
     use super::*;
 
-    /// Goal: a directory without a `format` file (new, or v0.1.0's) is format 1 and gets the
-    /// file; a newer format is refused naming both versions; an unreadable file is refused.
+    /// Goal: a new directory is recorded as this build's format; a newer format is refused
+    /// naming both versions; an unreadable file is refused.
     #[test]
     fn data_directory_formats_are_recorded_and_checked() {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
-        assert_eq!(check_format(&data).unwrap(), 1);
+        assert_eq!(check_format(&data).unwrap(), DATA_FORMAT);
         let written = std::fs::read_to_string(data.join(FORMAT_FILE)).unwrap();
-        assert!(written.contains("format = 1"), "{written}");
-        assert_eq!(check_format(&data).unwrap(), 1, "read back");
+        assert!(written.contains("format = 2"), "{written}");
+        assert_eq!(check_format(&data).unwrap(), DATA_FORMAT, "read back");
 
-        std::fs::write(data.join(FORMAT_FILE), "format = 2\n").unwrap();
+        std::fs::write(data.join(FORMAT_FILE), "format = 3\n").unwrap();
         let refused = check_format(&data).unwrap_err().to_string();
         assert!(
-            refused.contains("format 2") && refused.contains("formats 1 to 1"),
+            refused.contains("format 3") && refused.contains("formats 1 to 2"),
             "{refused}"
         );
         assert!(refused.contains("Downgrading is refused"), "{refused}");
 
-        for garbage in ["", "format two", "version = 1", "format = 0"] {
+        for garbage in [
+            "",
+            "format two",
+            "version = 1",
+            "format = 0",
+            "format = 1\nnode_id = 1",
+            "format = 2\nnode = 1",
+            "format = 2\nnode_id = 1\nnode_id = 2",
+        ] {
             std::fs::write(data.join(FORMAT_FILE), garbage).unwrap();
             let refused = check_format(&data).unwrap_err().to_string();
             assert!(
                 refused.contains("does not name a data directory format"),
-                "{refused}"
+                "{garbage:?}: {refused}"
             );
         }
+    }
+
+    /// Goal: a directory records the replica that first started on it and refuses another
+    /// `--id`, naming both; a format-1 directory (a `format = 1` file, or none, as v0.1.0 left
+    /// it) is recorded as format 2 for the id that starts it. 3d7237e accepted `serve --id 2`
+    /// on replica 3's directory.
+    #[test]
+    fn a_directory_is_claimed_by_its_replica_and_refuses_another() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        claim(&data, 3).unwrap();
+        let recorded = |data: &Path| recorded_in(data).unwrap().unwrap();
+        assert_eq!(
+            recorded(&data),
+            Recorded {
+                format: DATA_FORMAT,
+                node_id: Some(3)
+            }
+        );
+        claim(&data, 3).unwrap();
+        let refused = claim(&data, 2).unwrap_err();
+        assert_eq!(refused.kind(), io::ErrorKind::InvalidData);
+        let refused = refused.to_string();
+        assert!(
+            refused.contains("replica 3's") && refused.contains("--id 2"),
+            "{refused}"
+        );
+        assert_eq!(recorded(&data).node_id, Some(3), "unchanged");
+
+        for format_1 in [Some("format = 1\n"), None] {
+            let data = dir.path().join(format!("format-1-{}", format_1.is_some()));
+            std::fs::create_dir_all(&data).unwrap();
+            if let Some(text) = format_1 {
+                std::fs::write(data.join(FORMAT_FILE), text).unwrap();
+            }
+            claim(&data, 2).unwrap();
+            assert_eq!(
+                recorded(&data),
+                Recorded {
+                    format: 2,
+                    node_id: Some(2)
+                }
+            );
+        }
+        // A directory recorded before any replica started on it (the tools open storage
+        // without an id) is claimed by the first.
+        let unclaimed = dir.path().join("unclaimed");
+        check_format(&unclaimed).unwrap();
+        assert_eq!(recorded(&unclaimed).node_id, None);
+        claim(&unclaimed, 1).unwrap();
+        assert_eq!(recorded(&unclaimed).node_id, Some(1));
     }
 
     /// Goal: a disk that is full when a new directory's format is recorded fails the start
@@ -365,13 +517,15 @@ mod tests {
     }
 
     /// Goal: the format file has no checksum, and needs none: each bit of it flipped in turn
-    /// either leaves format 1 (a comment, trailing space) or is refused naming the file, so
-    /// a rotted format file never has the directory read as another format.
+    /// either leaves format 2 (a comment, trailing space) or is refused naming the file, so
+    /// a rotted format file never has the directory read as another format. (A flipped digit
+    /// of the node id can name another node, whose start the directory would then refuse:
+    /// a refusal, never another node's log served.)
     #[test]
     fn any_flipped_bit_of_the_format_file_reads_as_written_or_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
-        check_format(&data).unwrap();
+        claim(&data, 1).unwrap();
         let path = data.join(FORMAT_FILE);
         let written = std::fs::read(&path).unwrap();
         let (mut read_as_written, mut refused) = (0, 0);
@@ -382,7 +536,7 @@ mod tests {
                 std::fs::write(&path, &flipped).unwrap();
                 match check_format(&data) {
                     Ok(format) => {
-                        assert_eq!(format, 1, "byte {byte} bit {bit}");
+                        assert_eq!(format, DATA_FORMAT, "byte {byte} bit {bit}");
                         read_as_written += 1;
                     }
                     Err(error) => {

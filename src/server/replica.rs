@@ -25,7 +25,7 @@ use crate::raft::network::{PeerAnswers, PeerNetwork, RAFT_PAYLOAD_ENTRIES_MAX};
 use crate::raft::node::{Node, NodeConfig};
 use crate::raft::recover::ForcedMembership;
 use crate::raft::scrub::{self, ScrubConfig, StorageFaults};
-use crate::raft::storage::{open_storage, Storage};
+use crate::raft::storage::{open_storage_of, Storage};
 use crate::raft::types::RaftError;
 use crate::wire::{Member, ANSWER_ENVELOPE_BYTES_MAX};
 use crate::NodeId;
@@ -134,7 +134,15 @@ impl Replica {
             Some(addr) => Some(bind_http(addr).await.map_err(bind_error("HTTP", addr))?),
             None => None,
         };
-        let data_dir = config.data_dir.clone();
+        // The certificate is checked before the directory is touched too: another node's is
+        // refused at start, not by every peer afterwards.
+        let tls = config
+            .tls
+            .as_ref()
+            .map(|files| ReplicaTls::load(files, config.id))
+            .transpose()
+            .map_err(|e| StartError::Tls(e.to_string()))?;
+        let (data_dir, id) = (config.data_dir.clone(), config.id);
         // Recovery reads the whole retained log, and opening may wait for the directory's lock:
         // blocking work, kept off the runtime's workers.
         let Storage {
@@ -142,7 +150,7 @@ impl Replica {
             state_machine,
             closed: storage_closed,
             found_at_open,
-        } = tokio::task::spawn_blocking(move || open_storage(&data_dir))
+        } = tokio::task::spawn_blocking(move || open_storage_of(&data_dir, id))
             .await
             .map_err(std::io::Error::other)??;
         let storage_faults = Arc::new(StorageFaults::default());
@@ -150,12 +158,6 @@ impl Replica {
             storage_faults.found(kind);
         }
         log.serve_as(config.id);
-        let tls = config
-            .tls
-            .as_ref()
-            .map(ReplicaTls::load)
-            .transpose()
-            .map_err(|e| StartError::Tls(e.to_string()))?;
         let authenticator = config
             .auth
             .as_ref()
@@ -226,6 +228,7 @@ impl Replica {
                     raft: raft.clone(),
                     log: handle.node().log().clone(),
                     elections,
+                    outsiders: Default::default(),
                 },
                 tls.as_ref().map(|t| t.peers.clone()),
                 stopping.clone(),

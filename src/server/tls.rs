@@ -12,7 +12,9 @@ use tokio_rustls::TlsAcceptor;
 use x509_parser::extensions::GeneralName;
 
 use super::config::TlsFiles;
-use crate::wire::tls::{client_config, load_certs, load_key, load_roots, provider, TlsError};
+use crate::wire::tls::{
+    client_config, load_certs, load_key, load_roots, node_name, provider, TlsError,
+};
 use crate::NodeId;
 
 pub struct ReplicaTls {
@@ -62,8 +64,35 @@ impl CertificateExpiry {
 }
 
 impl ReplicaTls {
-    pub fn load(files: &TlsFiles) -> Result<ReplicaTls, TlsError> {
+    /// Loads the files of replica `id`, refusing a certificate that does not name `node-<id>`:
+    /// its peers would refuse every request it sent, so it is refused at start, naming whose
+    /// it is.
+    pub fn load(files: &TlsFiles, id: NodeId) -> Result<ReplicaTls, TlsError> {
         let roots = load_roots(&files.ca_file)?;
+        let certs = load_certs(&files.cert_file)?;
+        let named = certs.first().map(named_nodes).unwrap_or_default();
+        if !named.contains(&id) {
+            let whose = match &named[..] {
+                [] => "names no node".to_string(),
+                nodes => format!(
+                    "is {}'s",
+                    nodes
+                        .iter()
+                        .map(|n| node_name(*n))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            };
+            return Err(TlsError::File {
+                path: files.cert_file.display().to_string(),
+                reason: format!(
+                    "the certificate {whose}, and this replica is {} (--id {id}): its peers \
+                     would refuse it. Give it its own: one the cluster's CA issued for {}",
+                    node_name(id),
+                    node_name(id)
+                ),
+            });
+        }
         let acceptor = |client_certificate_required: bool| -> Result<TlsAcceptor, TlsError> {
             let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider());
             let verifier = if client_certificate_required {
@@ -76,7 +105,7 @@ impl ReplicaTls {
                 .with_safe_default_protocol_versions()
                 .map_err(|e| TlsError::Config(e.to_string()))?
                 .with_client_cert_verifier(verifier)
-                .with_single_cert(load_certs(&files.cert_file)?, load_key(&files.key_file)?)
+                .with_single_cert(certs.clone(), load_key(&files.key_file)?)
                 .map_err(|e| TlsError::Config(e.to_string()))?;
             Ok(TlsAcceptor::from(Arc::new(config)))
         };

@@ -13,7 +13,7 @@ use std::time::Duration;
 use ctrlog::client::Member;
 use ctrlog::raft::elector::ElectionTimer;
 use ctrlog::raft::log_store::Durable;
-use ctrlog::raft::network::{PeerAnswers, PeerLayer, PeerTransport};
+use ctrlog::raft::network::{PeerAnswers, PeerLayer, PeerTransport, RefusedOutsiders};
 use ctrlog::raft::stages::CommitStages;
 use ctrlog::raft::types::*;
 use ctrlog::raft::TypeConfig;
@@ -46,6 +46,8 @@ pub struct Incarnation {
     pub storage: Storage,
     /// Its election timer, which the peer traffic it answers moves (as the real peer port's).
     pub elections: Arc<ElectionTimer>,
+    /// The outsiders it warned about.
+    outsiders: Arc<RefusedOutsiders>,
     generation: u64,
 }
 
@@ -56,6 +58,7 @@ impl Incarnation {
             raft: self.raft.clone(),
             log: self.storage.log.clone(),
             elections: self.elections.clone(),
+            outsiders: self.outsiders.clone(),
         }
     }
 }
@@ -125,6 +128,7 @@ impl Net {
                 raft,
                 storage,
                 elections,
+                outsiders: Default::default(),
                 generation,
             },
         );
