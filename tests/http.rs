@@ -52,6 +52,11 @@ async fn metrics_probes_and_the_status_page_follow_the_cluster() {
     let (code, metrics) = get(http(leader), "/metrics").await;
     assert_eq!(code, 200);
     assert_eq!(sample(&metrics, "ctrlog_is_leader"), Some(1.0));
+    let build_info = format!(
+        "ctrlog_build_info{{version=\"{}\"}}",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(sample(&metrics, &build_info), Some(1.0), "{metrics}");
     assert_eq!(sample(&metrics, "ctrlog_leader_id"), Some(leader as f64));
     assert_eq!(sample(&metrics, "ctrlog_applied_offset"), Some(last as f64));
     assert_eq!(sample(&metrics, "ctrlog_containers_live"), Some(1.0));
@@ -154,6 +159,71 @@ async fn metrics_probes_and_the_status_page_follow_the_cluster() {
     assert!(why.contains("no leader"), "{why}");
     assert_eq!(get(last_http, "/healthz").await.0, 200);
     cluster.shutdown().await;
+}
+
+/// Goal: `/readyz` tells the truth about replicas that cannot serve, on `ctrlog serve`
+/// processes: a removed replica answers 503, also once restarted on its old directory; a leader
+/// left without a quorum answers 503 within 3 s (the bound is about 0.7 s with the default
+/// timeouts, ARCHITECTURE.md). 3d7237e answered 200 "ready" in both cases: the survivor for as
+/// long as it ran, while every append and `state` failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_is_refused_by_a_removed_replica_and_a_leader_without_quorum() {
+    let mut cluster =
+        ctrlog::tools::bench::ProcessCluster::start_with_http(common::replica_exe(), 3, &[])
+            .await
+            .unwrap();
+    let leader = cluster.leader_index().await.unwrap();
+    let (removed, last) = match leader {
+        0 => (1, 2),
+        1 => (0, 2),
+        _ => (0, 1),
+    };
+    // Fixed for each replica across its restarts.
+    let https: Vec<_> = (0..3).map(|i| cluster.http_addr(i).unwrap()).collect();
+    let not_ready = |i: usize, deadline| {
+        let addr = https[i];
+        poll_until(
+            "/readyz to answer 503",
+            deadline,
+            POLL_INTERVAL,
+            move || async move {
+                if tokio::net::TcpStream::connect(addr).await.is_err() {
+                    return Err("not listening (yet)".to_string());
+                }
+                match get(addr, "/readyz").await {
+                    (503, why) => Ok(why),
+                    (code, why) => Err(format!("/readyz answers {code} {why}")),
+                }
+            },
+        )
+    };
+    assert_eq!(get(https[leader], "/readyz").await.0, 200);
+
+    let client = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
+        .await
+        .unwrap();
+    client.remove_member(removed as u64 + 1).await.unwrap();
+    let why = not_ready(removed, WAIT).await.unwrap();
+    assert!(
+        why.contains("not a member") || why.contains("no leader"),
+        "{why}"
+    );
+    cluster.restart(removed).unwrap();
+    let why = not_ready(removed, WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}: {}", cluster.log_tail(removed, 20)));
+    assert!(
+        why.contains("not a member") || why.contains("no leader"),
+        "{why}"
+    );
+    assert_eq!(get(https[leader], "/readyz").await.0, 200);
+
+    // The leader's one remaining follower stops: two members, no quorum.
+    cluster.kill(last);
+    let why = not_ready(leader, std::time::Duration::from_secs(3))
+        .await
+        .unwrap();
+    assert!(why.contains("without a quorum"), "{why}");
 }
 
 /// The `ctrlog_*` metric names a text mentions, as registered: without the `_total`,

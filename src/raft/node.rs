@@ -450,7 +450,7 @@ impl Node {
     /// A reader then moves to another replica instead of waiting here for nothing, or taking
     /// a frozen state for the job's (a removed replica answered `state` with the state it had
     /// at its removal, for good; seen in `ctrlog chaos`, seed 2049).
-    fn refuse_stale_reads(&self) -> Result<(), ApiError> {
+    pub fn refuse_stale_reads(&self) -> Result<(), ApiError> {
         if self.leads_without_quorum() {
             return Err(ApiError::Unavailable(format!(
                 "replica {} leads without a quorum; its log may be stale",

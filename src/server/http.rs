@@ -6,8 +6,12 @@
 //!   a reading of state (term, offsets, storage, the job) is read at scrape time, so a scrape
 //!   always agrees with `ctrlog status` and `ctrlog state`.
 //! * `GET /healthz`: 200 while the Raft core runs (503 once it stopped on a fatal error).
-//! * `GET /readyz`: 200 when this replica knows a leader and has applied what it knows to be
-//!   committed, so it answers reads with current data; 503 otherwise, with the reason.
+//! * `GET /readyz`: 200 when this replica is a member, knows a leader (or leads with a quorum
+//!   that acknowledged it within `election_timeout_max`) and has applied within
+//!   [`READY_APPLY_LAG_MAX`] entries of its log, so it answers reads with current data; 503
+//!   otherwise, with the reason. A replica cut off from its quorum turns 503 within about
+//!   `election_timeout_max` plus a heartbeat and the elector's spread (0.7 s with the
+//!   defaults): a leader once its lease is lost, a follower once it stands for election.
 //! * `GET /`: the status page, one self-contained HTML document (no external assets and no
 //!   data: it asks for a token when the replica requires one) that
 //!   polls `GET /status.json` (this replica's status, the job, and the recent log tail,
@@ -38,6 +42,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 use serde_json::json;
 
@@ -275,6 +280,11 @@ async fn metrics(State(replica): State<ReplicaHandle>) -> Response {
     let status = replica.status();
     let telemetry = replica.telemetry();
     let leader = replica.is_leader();
+    registry.register(
+        "build",
+        "This replica's build: 1, labelled with its version (a rolling restart's progress)",
+        Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+    );
     gauge(
         &mut registry,
         "term",
@@ -485,6 +495,11 @@ async fn readyz(State(replica): State<ReplicaHandle>) -> Response {
     if let Err(fatal) = &raft.running_state {
         return not_ready(format!("raft stopped: {fatal}"));
     }
+    // A replica that leads without a quorum, or is no member, holds what may have stopped
+    // moving: not ready, though its metrics may name a leader (itself, or the one it had).
+    if let Err(stale) = replica.node().refuse_stale_reads() {
+        return not_ready(stale.to_string());
+    }
     if raft.current_leader.is_none() {
         return not_ready("no leader known".into());
     }
@@ -569,8 +584,10 @@ async fn status_json(
         .into_iter()
         .map(|(container, lag)| (container.to_string(), lag.into()))
         .collect();
+    let mut this_replica = json::status_json(&status, repairing);
+    this_replica["build"] = crate::wire::version::BUILD.into();
     axum::Json(json!({
-        "replica": json::status_json(&status, repairing),
+        "replica": this_replica,
         "lag": lag,
         "healthy": replica.metrics().running_state.is_ok(),
         "job": job,
