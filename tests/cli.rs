@@ -7,7 +7,7 @@ use std::process::Output;
 
 use common::WAIT;
 use ctrlog::log::CUSTOM_KIND_MIN;
-use ctrlog::tools::LocalCluster;
+use ctrlog::tools::{poll_until, LocalCluster, POLL_INTERVAL};
 use serde_json::Value;
 
 /// Runs `ctrlog ARGS` with `CTRLOG_CLUSTER` set to `cluster` (unless it is empty).
@@ -198,6 +198,11 @@ async fn cli_appends_tails_and_reports_status_as_documented() {
     let ids: Vec<u64> = every.iter().map(|s| s["id"].as_u64().unwrap()).collect();
     assert_eq!(ids, vec![1, 2, 3], "each replica answers for itself");
     assert!(every.iter().all(|s| s["leader_id"] == leader));
+    let this_build = concat!("ctrlog ", env!("CARGO_PKG_VERSION"));
+    assert!(
+        every.iter().all(|s| s["build"] == this_build),
+        "each replica names its build: {every:?}"
+    );
     let table = stdout_of(&ctrlog(&addrs, &["status", "--all-replicas"]).await);
     assert_eq!(table.lines().count(), 3, "{table}");
 
@@ -460,6 +465,94 @@ async fn a_port_in_use_is_named_and_nothing_is_initialised() {
     );
 }
 
+/// Goal: a data directory is its replica's: `serve --id 2` on replica 3's directory exits
+/// naming both, and `serve --id 2` with node 1's certificate exits naming whose it is, each
+/// before the directory is touched. 3d7237e accepted both: the first stood for election as
+/// replica 2 with node 3's log and vote; the second started, and only its peers refused it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_refuses_another_nodes_directory_and_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("replica-3");
+    let data_dir = data.display().to_string();
+    let serve = |id: &str, data_dir: &str, tls: &[String]| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctrlog"));
+        command
+            .args(["serve", "--id", id, "--peer-addr", "127.0.0.1:0"])
+            .args(["--client-addr", "127.0.0.1:0", "--data", data_dir])
+            .args(tls)
+            .env("RUST_LOG", "off")
+            .kill_on_drop(true);
+        command
+    };
+    let mut replica_3 = serve("3", &data_dir, &[]).spawn().unwrap();
+    poll_until(
+        "replica 3 to claim its directory",
+        WAIT,
+        POLL_INTERVAL,
+        || {
+            let format = data.join("format");
+            async move {
+                match std::fs::read_to_string(&format) {
+                    Ok(text) if text.contains("node_id = 3") => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await
+    .unwrap();
+    replica_3.kill().await.unwrap();
+
+    let as_2 = tokio::time::timeout(WAIT, serve("2", &data_dir, &[]).output())
+        .await
+        .expect("refused at once")
+        .unwrap();
+    let said = String::from_utf8_lossy(&as_2.stderr);
+    assert!(!as_2.status.success(), "{said}");
+    assert!(
+        said.contains("replica 3's") && said.contains("--id 2"),
+        "{said}"
+    );
+    assert_said_once(&said);
+
+    let pki = dir.path().join("pki");
+    let generated = ctrlog(
+        "",
+        &[
+            "certs",
+            "generate",
+            "--out",
+            pki.to_str().unwrap(),
+            "--nodes",
+            "1,2",
+        ],
+    )
+    .await;
+    assert!(generated.status.success());
+    let node_1 = ctrlog::tools::certs::replica_files(&pki, 1);
+    let tls = vec![
+        "--tls-ca".to_string(),
+        node_1.ca_file.display().to_string(),
+        "--tls-cert".to_string(),
+        node_1.cert_file.display().to_string(),
+        "--tls-key".to_string(),
+        node_1.key_file.display().to_string(),
+    ];
+    let fresh = dir.path().join("replica-2");
+    let with_1s = serve("2", &fresh.display().to_string(), &tls).output();
+    let with_1s = tokio::time::timeout(WAIT, with_1s)
+        .await
+        .expect("refused at once")
+        .unwrap();
+    let said = String::from_utf8_lossy(&with_1s.stderr);
+    assert!(!with_1s.status.success(), "{said}");
+    assert!(
+        said.contains("is node-1's") && said.contains("node-2 (--id 2)"),
+        "{said}"
+    );
+    assert!(!fresh.exists(), "nothing was created: {said}");
+}
+
 /// Goal: a flag that looks like TLS but is not is refused, never silently plaintext. Steps:
 /// `serve` given the client's `--ca/--cert/--key` (its own are `--tls-*`) exits 2 naming the
 /// flag, before opening anything, since only the client subcommands take the client flags;
@@ -602,6 +695,11 @@ async fn printing_subcommands_speak_json_and_failures_have_their_own_exit_codes(
     let members = json(&["members", "list"]).await;
     assert_eq!(members["leader_id"], 1);
     assert_eq!(members["members"][0]["leader"], true);
+    assert_eq!(
+        members["members"][0]["build"],
+        concat!("ctrlog ", env!("CARGO_PKG_VERSION")),
+        "each member's build, for a rolling upgrade"
+    );
     let legacy = json_lines(&ctrlog(&addrs, &["status", "--json"]).await);
     assert_eq!(legacy[0]["id"], 1, "v0.1.0's --json still works");
     let before = json_lines(&ctrlog("", &["--cluster", &addrs, "status", "--json"]).await);

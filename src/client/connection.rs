@@ -338,6 +338,12 @@ impl Connector {
         &self.settings
     }
 
+    /// The build of the replica spoken to now, as its `hello` named it (`ctrlog 0.1.0` for a
+    /// replica that knows no `hello`). `None` before the first connection.
+    async fn server_build(&self) -> Option<String> {
+        (self.current.lock().await.as_ref()).map(|(_, _, hello)| hello.server.build.clone())
+    }
+
     /// Whether the replica spoken to now offered `request` in its `hello` (a request added
     /// after v0.1.0 is sent only where it was). False before the first connection.
     async fn offered(&self, request: &str) -> bool {
@@ -997,6 +1003,13 @@ impl ControlClient {
             .connector
             .call(false, |rpc, ctx, _| async move { rpc.status(ctx).await });
         self.within(status).await
+    }
+
+    /// The build of the replica this client speaks to now (`ctrlog 0.2.0`), as its `hello`
+    /// named it; `None` before the first request. A rolling restart's progress, replica by
+    /// replica.
+    pub async fn server_build(&self) -> Option<String> {
+        self.connector.server_build().await
     }
 
     /// The status of whichever replica answers, with its storage's: whether its log is being

@@ -3,6 +3,7 @@
 //! The output formats are an interface: scripts parse `--json`, one object per line. They are
 //! built here, in the library, so that tests exercise the same code the binary runs.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -23,6 +24,7 @@ use crate::log::{
     SetVocabularyLevel, Target, TaskId, CUSTOM_KIND_MIN,
 };
 use crate::server::json::{awaiting_parts, phase_parts, status_name};
+use crate::NodeId;
 
 /// The flags the client subcommands connect with: only those subcommands take them (a
 /// `serve --ca ...` is refused by the parser instead of starting a plaintext replica), under
@@ -385,9 +387,9 @@ pub fn status_text(status: &Status, repairing: Option<&Repairing>) -> String {
 }
 
 /// One replica's own view on one line, for `ctrlog status --all-replicas`.
-pub fn status_line(status: &Status, repairing: Option<&Repairing>) -> String {
+pub fn status_line(status: &Status, repairing: Option<&Repairing>, build: &str) -> String {
     format!(
-        "{:<3} {:<21} {:<9} term {:<4} leader {:<4} applied {:<8} first {:<8} snapshot {}{}",
+        "{:<3} {:<21} {:<9} term {:<4} leader {:<4} applied {:<8} first {:<8} snapshot {:<8} {build}{}",
         status.id,
         status
             .members
@@ -404,12 +406,14 @@ pub fn status_line(status: &Status, repairing: Option<&Repairing>) -> String {
     )
 }
 
-/// `ctrlog members list` for people: one replica per line, the leader marked.
-pub fn members_text(status: &Status) -> String {
-    let mut text = String::from("ID  ROLE     LEADER  PEER                   CLIENT\n");
+/// `ctrlog members list` for people: one replica per line, the leader marked, with the build
+/// each runs (`builds`, by id; a rolling upgrade's progress).
+pub fn members_text(status: &Status, builds: &BTreeMap<NodeId, String>) -> String {
+    let mut text =
+        String::from("ID  ROLE     LEADER  PEER                   CLIENT                 BUILD\n");
     for m in &status.members {
         text.push_str(&format!(
-            "{:<2}  {}  {:<6}  {:<21}  {}\n",
+            "{:<2}  {}  {:<6}  {:<21}  {:<21}  {}\n",
             m.id,
             if m.voter { "voter  " } else { "learner" },
             if status.leader_id == Some(m.id) {
@@ -418,15 +422,16 @@ pub fn members_text(status: &Status) -> String {
                 "-"
             },
             m.member.peer_addr,
-            m.member.client_addr
+            m.member.client_addr,
+            builds.get(&m.id).map_or("-", String::as_str),
         ));
     }
     text
 }
 
 /// `ctrlog members list -o json`: `{"leader_id":…,"members":[{"id","voter","leader",
-/// "peer_addr","client_addr"}]}`.
-pub fn members_json(status: &Status) -> Value {
+/// "peer_addr","client_addr","build"}]}`.
+pub fn members_json(status: &Status, builds: &BTreeMap<NodeId, String>) -> Value {
     let members: Vec<Value> = status
         .members
         .iter()
@@ -437,6 +442,7 @@ pub fn members_json(status: &Status) -> Value {
                 "leader": status.leader_id == Some(m.id),
                 "peer_addr": m.member.peer_addr,
                 "client_addr": m.member.client_addr,
+                "build": builds.get(&m.id),
             })
         })
         .collect();

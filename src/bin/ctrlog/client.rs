@@ -1,13 +1,14 @@
 //! The client subcommands (`append`, `tail`, `status`, `state`, `snapshot`, `vocabulary`,
 //! `members`) and `container`: their arguments, and a call each into `ctrlog::tools::cli`.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Subcommand;
-use ctrlog::client::Member;
+use ctrlog::client::{Member, MemberStatus};
 use ctrlog::log::{ContainerId, Filter, Frame, ProducerSeq, Target};
 use ctrlog::tools::cli::{self, ClientFlags, OutputFlags};
 use ctrlog::tools::container::{run_simulated_container, SimOptions};
@@ -184,24 +185,24 @@ pub async fn status(
         })?;
         return Ok(());
     }
-    // One attempt per replica, bounded by --dial-timeout: a dead replica is a row saying so,
-    // not the whole --command-timeout.
-    let options = flags.options()?.retry_deadline(std::time::Duration::ZERO);
     let members = client.leader_status().await?.members;
     let (count, mut unanswered) = (members.len(), Vec::new());
-    for member in members {
+    for (member, answer) in ask_each_replica(members, flags).await? {
         let addr = member.member.client_addr;
-        let status = async {
-            ctrlog::client::ControlClient::connect_with([&addr], options.clone())
-                .await?
-                .status_with_storage()
-                .await
-        };
-        match status.await {
-            Ok((status, storage)) => {
+        match answer {
+            Ok(ReplicaAnswer {
+                status,
+                storage,
+                build,
+            }) => {
                 let repairing = storage.and_then(|s| s.repairing);
-                output.print(out, cli::status_line(&status, repairing.as_ref()), || {
-                    cli::status_json(&status, repairing.as_ref().map(|r| r.to_string()))
+                let build = build.unwrap_or_default();
+                let line = cli::status_line(&status, repairing.as_ref(), &build);
+                output.print(out, line, || {
+                    let mut json =
+                        cli::status_json(&status, repairing.as_ref().map(|r| r.to_string()));
+                    json["build"] = build.clone().into();
+                    json
                 })?
             }
             Err(error) => {
@@ -223,6 +224,46 @@ pub async fn status(
             "{failed} of {count} replicas did not answer, replica {id} first"
         ))),
     }
+}
+
+/// What one replica said of itself.
+struct ReplicaAnswer {
+    status: ctrlog::client::Status,
+    storage: Option<ctrlog::client::StorageStatus>,
+    /// Its build, as its `hello` named it.
+    build: Option<String>,
+}
+
+/// Asks each of `members` for its own status, one attempt each, bounded by --dial-timeout: a
+/// dead replica is an error in its row, not the whole --command-timeout.
+async fn ask_each_replica(
+    members: Vec<ctrlog::client::MemberStatus>,
+    flags: &ClientFlags,
+) -> anyhow::Result<
+    Vec<(
+        MemberStatus,
+        Result<ReplicaAnswer, ctrlog::client::ClientError>,
+    )>,
+> {
+    let options = flags.options()?.retry_deadline(Duration::ZERO);
+    let mut answers = Vec::with_capacity(members.len());
+    for member in members {
+        let answer = async {
+            let addr = &member.member.client_addr;
+            let replica =
+                ctrlog::client::ControlClient::connect_with([addr], options.clone()).await?;
+            let (status, storage) = replica.status_with_storage().await?;
+            let build = replica.server_build().await;
+            Ok(ReplicaAnswer {
+                status,
+                storage,
+                build,
+            })
+        }
+        .await;
+        answers.push((member, answer));
+    }
+    Ok(answers)
 }
 
 pub async fn state(
@@ -285,8 +326,16 @@ pub async fn members(
     match command {
         MembersCmd::List => {
             let status = client.leader_status().await?;
-            output.print(out, cli::members_text(&status), || {
-                cli::members_json(&status)
+            let builds: BTreeMap<_, _> = ask_each_replica(status.members.clone(), flags)
+                .await?
+                .into_iter()
+                .map(|(member, answer)| {
+                    let build = answer.ok().and_then(|a| a.build);
+                    (member.id, build.unwrap_or_else(|| "unreachable".into()))
+                })
+                .collect();
+            output.print(out, cli::members_text(&status, &builds), || {
+                cli::members_json(&status, &builds)
             })?;
         }
         MembersCmd::Add {
