@@ -200,10 +200,13 @@ pub struct ServeFlags {
     /// A TOML file with any of the options; flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// This replica's node id (`id`): the data directory records it and refuses another.
     #[arg(long)]
     pub id: Option<NodeId>,
+    /// Listen for the other replicas here (`peer_addr`), HOST:PORT.
     #[arg(long)]
     pub peer_addr: Option<SocketAddr>,
+    /// Listen for clients and containers here (`client_addr`), HOST:PORT.
     #[arg(long)]
     pub client_addr: Option<SocketAddr>,
     /// Serve /metrics, /healthz, /readyz and the status page here (HTTP).
@@ -218,13 +221,16 @@ pub struct ServeFlags {
     /// This replica's private key (PEM).
     #[arg(long, requires = "tls_ca")]
     pub tls_key: Option<PathBuf>,
+    /// The data directory (`data_dir`): the log, snapshots and metadata.
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// The founding members: 1=PEER/CLIENT,2=PEER/CLIENT,3=PEER/CLIENT.
     #[arg(long)]
     pub initial_members: Option<String>,
+    /// Snapshot after this many entries since the last one (`snapshot_logs_since_last`).
     #[arg(long)]
     pub snapshot_logs_since_last: Option<u64>,
+    /// Entries kept behind a snapshot for followers to catch up from (`snapshot_logs_to_keep`).
     #[arg(long)]
     pub snapshot_logs_to_keep: Option<u64>,
     /// The `[job]` options.
