@@ -45,7 +45,7 @@ expect() {
     fi
 }
 expect '<span id="id">[0-9]'
-expect 'Leader, term [0-9]'
+expect 'ctrlog [0-9][^:]*: Leader, term [0-9]'
 expect '<td>container-1</td>'
 expect '<td>container-2</td>'
 for p in 0 1 2 3; do expect "<td>partition-$p</td><td>running</td>"; done

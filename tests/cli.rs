@@ -728,6 +728,30 @@ async fn printing_subcommands_speak_json_and_failures_have_their_own_exit_codes(
     ];
     exits_within(&addrs, &not_a_registration, 4).await;
 
+    // A replica that accepts connections and never answers (a hung process) costs one
+    // --dial-timeout before the next seed is tried, not the --command-timeout.
+    let never_answers = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hung = never_answers.local_addr().unwrap();
+    let past_the_hung = format!("{hung},{hung},{hung},{addrs}");
+    let started = std::time::Instant::now();
+    let answered = ctrlog(
+        &past_the_hung,
+        &[
+            "status",
+            "--dial-timeout",
+            "300ms",
+            "--command-timeout",
+            "30s",
+        ],
+    )
+    .await;
+    assert!(answered.status.success());
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+
     // A payload no replica accepts is refused at once, exit 4, without being read: this one
     // is a sparse file of 1 TiB, which reading whole would not survive.
     let huge = dir.path().join("huge");

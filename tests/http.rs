@@ -226,6 +226,59 @@ async fn readiness_is_refused_by_a_removed_replica_and_a_leader_without_quorum()
     assert!(why.contains("without a quorum"), "{why}");
 }
 
+/// Goal: a leader that removed itself, restarted on its directory by mistake, says once that
+/// it was removed and answers `/readyz` 503, on `ctrlog serve` processes. 3d7237e said nothing
+/// of it, and logged a warning at every refused request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_leader_restarted_says_once_that_it_was_removed() {
+    let mut cluster =
+        ctrlog::tools::bench::ProcessCluster::start_with_http(common::replica_exe(), 3, &[])
+            .await
+            .unwrap();
+    let leader = cluster.leader_index().await.unwrap();
+    let http = cluster.http_addr(leader).unwrap();
+    let client = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
+        .await
+        .unwrap();
+    client.remove_member(leader as u64 + 1).await.unwrap();
+    cluster.kill(leader);
+    cluster.restart(leader).unwrap();
+    const SAID: &str = "this replica was removed from the cluster";
+    poll_until("the removed replica to say so", WAIT, POLL_INTERVAL, || {
+        let tail = cluster.log_tail(leader, 200);
+        async move {
+            match tail.matches(SAID).count() {
+                0 => Err(tail),
+                _ => Ok(()),
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let why = poll_until(
+        "/readyz to answer 503",
+        WAIT,
+        POLL_INTERVAL,
+        || async move {
+            if tokio::net::TcpStream::connect(http).await.is_err() {
+                return Err("not listening (yet)".to_string());
+            }
+            match get(http, "/readyz").await {
+                (503, why) => Ok(why),
+                (code, why) => Err(format!("/readyz answers {code} {why}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(why.contains("not a member"), "{why}");
+    assert_eq!(
+        cluster.log_tail(leader, 200).matches(SAID).count(),
+        1,
+        "said once"
+    );
+}
+
 /// The `ctrlog_*` metric names a text mentions, as registered: without the `_total`,
 /// `_bucket`, `_sum` and `_count` suffixes the exposition adds to counters and histograms.
 fn metric_names(text: &str) -> std::collections::BTreeSet<String> {

@@ -26,7 +26,7 @@ use crate::raft::node::{Node, NodeConfig};
 use crate::raft::recover::ForcedMembership;
 use crate::raft::scrub::{self, ScrubConfig, StorageFaults};
 use crate::raft::storage::{open_storage_of, Storage};
-use crate::raft::types::RaftError;
+use crate::raft::types::{Raft, RaftError};
 use crate::wire::{Member, ANSWER_ENVELOPE_BYTES_MAX};
 use crate::NodeId;
 
@@ -95,6 +95,35 @@ impl Drop for Replica {
                 let _ = raft.shutdown().await;
             });
         }
+    }
+}
+
+/// Says once, at start, that this replica's own log no longer counts it a member: it was
+/// removed, and serves nothing (`/readyz` answers 503, its peers refuse it) until it is
+/// stopped and its directory wiped. A removed replica that did not receive its removal cannot
+/// know it; its peers then say it (`raft::network::RefusedOutsiders`). Waits for the first
+/// membership Raft reports (none on a new replica until it is added), or for `stopping`.
+async fn warn_if_removed(raft: Raft, id: NodeId, mut stopping: tokio::sync::watch::Receiver<bool>) {
+    let mut metrics = raft.metrics();
+    let members = tokio::select! {
+        reported = metrics.wait_for(|m| m.membership_config.membership().nodes().next().is_some()) => {
+            match reported {
+                Ok(metrics) => (metrics.membership_config.membership().nodes())
+                    .map(|(id, _)| *id)
+                    .collect::<Vec<NodeId>>(),
+                Err(_) => return,
+            }
+        }
+        _ = stopping.wait_for(|stop| *stop) => return,
+    };
+    if !members.contains(&id) {
+        tracing::warn!(
+            replica = id,
+            ?members,
+            "this replica was removed from the cluster: its log's membership does not name \
+             it. It serves nothing; stop it and wipe its directory (to bring the host back, \
+             add it as a new id)"
+        );
     }
 }
 
@@ -221,6 +250,7 @@ impl Replica {
             interval: Duration::from_millis(config.scrub_interval_ms),
         };
         tasks.extend([
+            tokio::spawn(warn_if_removed(raft.clone(), config.id, stopping.clone())),
             tokio::spawn(scrub_until_fault(handle.clone(), scrub, stopping.clone())),
             tokio::spawn(serve_peers(
                 peer_listener,
