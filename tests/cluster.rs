@@ -22,6 +22,7 @@ use ctrlog::raft::types::{
 };
 use ctrlog::server::force_new_cluster;
 use ctrlog::tools::LocalCluster;
+use ctrlog::wire::ClusterId;
 use futures::StreamExt;
 use tarpc::server::{BaseChannel, Channel};
 
@@ -905,6 +906,15 @@ impl RaftRpc for OlderBuildPeer {
             vocabulary_level_max: self.level,
             ..Hello::answering(&offer, &["hello"])?
         })
+    }
+
+    /// Not listed in its `hello`, so never asked.
+    async fn introduce(
+        self,
+        _: tarpc::context::Context,
+        _: Option<ClusterId>,
+    ) -> Result<Option<ClusterId>, ApiError> {
+        unreachable!("an older build is not introduced to")
     }
 }
 

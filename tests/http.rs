@@ -6,6 +6,7 @@ mod common;
 use common::{http_get as get, metric_sample as sample, WAIT};
 use ctrlog::client::ControlClient;
 use ctrlog::log::{Command, ContainerId, DesiredContainersV1, RegisterContainer, Target};
+use ctrlog::tools::bench::ProcessCluster;
 use ctrlog::tools::{poll_until, LocalCluster, POLL_INTERVAL};
 use serde_json::Value;
 
@@ -168,10 +169,9 @@ async fn metrics_probes_and_the_status_page_follow_the_cluster() {
 /// long as it ran, while every append and `state` failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_is_refused_by_a_removed_replica_and_a_leader_without_quorum() {
-    let mut cluster =
-        ctrlog::tools::bench::ProcessCluster::start_with_http(common::replica_exe(), 3, &[])
-            .await
-            .unwrap();
+    let mut cluster = ProcessCluster::start_with_http(common::replica_exe(), 3, &[])
+        .await
+        .unwrap();
     let leader = cluster.leader_index().await.unwrap();
     let (removed, last) = match leader {
         0 => (1, 2),
@@ -231,10 +231,9 @@ async fn readiness_is_refused_by_a_removed_replica_and_a_leader_without_quorum()
 /// of it, and logged a warning at every refused request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_leader_restarted_says_once_that_it_was_removed() {
-    let mut cluster =
-        ctrlog::tools::bench::ProcessCluster::start_with_http(common::replica_exe(), 3, &[])
-            .await
-            .unwrap();
+    let mut cluster = ProcessCluster::start_with_http(common::replica_exe(), 3, &[])
+        .await
+        .unwrap();
     let leader = cluster.leader_index().await.unwrap();
     let http = cluster.http_addr(leader).unwrap();
     let client = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
@@ -276,6 +275,106 @@ async fn a_removed_leader_restarted_says_once_that_it_was_removed() {
         cluster.log_tail(leader, 200).matches(SAID).count(),
         1,
         "said once"
+    );
+}
+
+/// The cluster id replica `i` of `cluster` records in its directory's `format` file, if any.
+fn recorded_cluster(cluster: &ProcessCluster, i: usize) -> Option<String> {
+    let format = std::fs::read_to_string(cluster.replica_dir(i).join("format")).ok()?;
+    let line = format.lines().find(|l| l.starts_with("cluster_id"))?;
+    Some(line.split('=').nth(1)?.trim().to_string())
+}
+
+/// Goal: every replica of a cluster records its founder's cluster id, and a replica started on
+/// a directory of another cluster (the same node id: a cluster built anew beside an old
+/// replica's directory) takes no part in it: its peers refuse it and it refuses them, each
+/// naming both clusters, while the cluster keeps committing, on `ctrlog serve` processes.
+/// 3d7237e recorded no cluster and spoke Raft with the stray replica as with any member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_on_another_clusters_directory_is_refused_naming_both_clusters() {
+    let exe = common::replica_exe();
+    let mut old = ProcessCluster::start_with_http(exe.clone(), 3, &[])
+        .await
+        .unwrap();
+    let mut new = ProcessCluster::start_with_http(exe, 3, &[]).await.unwrap();
+    for cluster in [&old, &new] {
+        poll_until(
+            "every replica to record the founder's cluster",
+            WAIT,
+            POLL_INTERVAL,
+            || {
+                let recorded: Vec<_> = (0..3).map(|i| recorded_cluster(cluster, i)).collect();
+                async move {
+                    match recorded[0].is_some() && recorded.iter().all(|r| *r == recorded[0]) {
+                        true => Ok(()),
+                        false => Err(format!("{recorded:?}")),
+                    }
+                }
+            },
+        )
+        .await
+        .unwrap();
+    }
+    let (old_id, new_id) = (
+        recorded_cluster(&old, 0).unwrap(),
+        recorded_cluster(&new, 0).unwrap(),
+    );
+    assert_ne!(old_id, new_id, "each founder draws its own");
+
+    let leader = new.leader_index().await.unwrap();
+    let stray = (leader + 1) % 3;
+    for i in 0..3 {
+        old.kill(i);
+    }
+    new.kill(stray);
+    std::fs::remove_dir_all(new.replica_dir(stray)).unwrap();
+    common::copy_dir(&old.replica_dir(stray), &new.replica_dir(stray));
+    new.restart(stray).unwrap();
+
+    let refused_by_the_stray =
+        format!("this replica belongs to cluster {old_id}, the caller's directory to {new_id}");
+    let refused_by_the_leader =
+        format!("belongs to cluster {old_id}, and this replica to cluster {new_id}");
+    poll_until(
+        "both sides to name both clusters",
+        WAIT,
+        POLL_INTERVAL,
+        || {
+            let (stray_log, leader_log) = (new.log_tail(stray, 400), new.log_tail(leader, 400));
+            let said = stray_log.contains(&refused_by_the_stray)
+                && leader_log.contains(&refused_by_the_leader);
+            async move {
+                match said {
+                    true => Ok(()),
+                    false => Err(format!("stray:\n{stray_log}\nleader:\n{leader_log}")),
+                }
+            }
+        },
+    )
+    .await
+    .unwrap();
+
+    let client = ControlClient::connect_with(&new.client_addrs(), new.client_options())
+        .await
+        .unwrap();
+    let ack = client
+        .append(Command::DesiredContainersV1(DesiredContainersV1 {
+            count: 2,
+        }))
+        .await
+        .unwrap();
+    assert_eq!(
+        recorded_cluster(&new, stray),
+        Some(old_id.clone()),
+        "the stray keeps its own"
+    );
+    let status = get(new.http_addr(stray).unwrap(), "/status.json").await.1;
+    let status: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["replica"]["cluster_id"], Value::String(old_id));
+    let applied = status["replica"]["applied_offset"].as_u64().unwrap();
+    assert!(
+        applied < ack.offset,
+        "the stray received none of it: {status}"
     );
 }
 

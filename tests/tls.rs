@@ -513,6 +513,7 @@ async fn a_dialled_peer_must_be_the_node_dialled() {
         elections: None,
         stages: None,
         durable: None,
+        cluster: None,
     };
     let replica_2 = cluster.replica(2).member();
     let misdirected = network.vocabulary_level_max(3, &replica_2, WAIT).await;

@@ -23,11 +23,12 @@ use super::log_matching::{stop_on_divergence, Divergence};
 use super::log_store::{hold_to_durable, Durable, LogStore};
 use super::proposer::BATCH_BYTES_MAX;
 use super::stages::{CommitStages, Stage};
+use super::storage::{ClusterIdentity, Meeting};
 use super::types::*;
 use crate::log::Level;
 use crate::wire::tls::{dial_expecting, framed, node_name};
 use crate::wire::version::{Hello, ProtocolOffer};
-use crate::wire::{ApiError, Member};
+use crate::wire::{ApiError, ClusterId, Member};
 use crate::NodeId;
 
 /// The largest frame on the peer port. It must exceed the biggest AppendEntries message
@@ -89,6 +90,12 @@ pub trait RaftRpc {
     /// Added after v0.1.0 and last, so that the requests before it keep their wire form; a
     /// replica of v0.1.0 closes the connection on it, and is then spoken to as v0.1.0 spoke.
     async fn hello(offer: ProtocolOffer) -> Result<Hello, ApiError>;
+    /// The caller's cluster, if its directory records one, sent after `hello` (when the
+    /// answer lists `introduce`) and before any Raft request; answered with the server's,
+    /// which adopts the caller's if it records none, or refused with
+    /// [`ApiError::OtherCluster`], after which the connection serves no Raft request
+    /// ([`ClusterIdentity`]). Added after `hello` and last, for the same reason.
+    async fn introduce(cluster: Option<ClusterId>) -> Result<Option<ClusterId>, ApiError>;
 }
 
 /// The rules every incoming Raft request follows, whatever carried it (the peer port's tarpc
@@ -275,6 +282,10 @@ pub struct PeerNetwork {
     /// How far this replica's own log is on disk: a leader tells its followers of no commit
     /// beyond it (see [`log_store`](super::log_store), "The leader's own appends").
     pub durable: Option<watch::Receiver<Durable>>,
+    /// The cluster this replica's directory records, introduced to every peer it dials; a
+    /// peer of another cluster is not spoken to. `None`: no introductions (tools and tests
+    /// that speak to one peer).
+    pub cluster: Option<Arc<ClusterIdentity>>,
 }
 
 impl PeerNetwork {
@@ -314,6 +325,7 @@ impl PeerNetwork {
             target,
             addr: node.peer_addr.clone(),
             tls: self.tls.clone(),
+            cluster: self.cluster.clone(),
             client: None,
             unanswered_since: None,
         }
@@ -380,6 +392,8 @@ pub struct PeerClient {
     target: NodeId,
     addr: String,
     tls: Option<Arc<rustls::ClientConfig>>,
+    /// This replica's cluster, introduced on each new connection.
+    cluster: Option<Arc<ClusterIdentity>>,
     /// The connection, and what its `hello` agreed.
     client: Option<(RaftRpcClient, Arc<Hello>)>,
     /// When the oldest call not answered on this connection was sent, if any is; calls that
@@ -458,8 +472,62 @@ impl PeerClient {
                 (self.open(deadline).await?, Arc::new(Hello::v010()))
             }
         };
+        self.introduce(&connection, deadline).await?;
         self.client = Some(connection.clone());
         Ok(connection)
+    }
+
+    /// Introduces this replica's cluster on a new connection whose `hello` lists
+    /// `introduce`, and refuses the connection if the peer's directory is of another cluster
+    /// ([`ClusterIdentity`]). Such a peer is warned about once a minute, and treated as
+    /// unreachable, so that openraft backs off: it does not heal without an operator.
+    async fn introduce(
+        &self,
+        (client, hello): &(RaftRpcClient, Arc<Hello>),
+        deadline: Instant,
+    ) -> Result<(), CallError> {
+        let Some(identity) = &self.cluster else {
+            return Ok(());
+        };
+        if !hello.requests.iter().any(|request| request == "introduce") {
+            return Ok(());
+        }
+        let mut ctx = context::current();
+        ctx.deadline = deadline;
+        let meeting = match client.introduce(ctx, identity.known()).await {
+            Ok(Ok(theirs)) => identity.compare(theirs),
+            Ok(Err(ApiError::OtherCluster { ours, theirs })) => Meeting::Other {
+                ours: theirs,
+                theirs: ours,
+            },
+            Ok(Err(refused)) => {
+                return Err(CallError::Network(format!(
+                    "peer {} refused introduce: {refused}",
+                    self.target
+                )))
+            }
+            Err(error) => {
+                return Err(CallError::Network(format!(
+                    "peer {} did not answer introduce: {error}",
+                    self.target
+                )))
+            }
+        };
+        match meeting {
+            Meeting::Same => Ok(()),
+            Meeting::Other { ours, theirs } => {
+                let why = format!(
+                    "peer {} at {} belongs to cluster {theirs}, and this replica to cluster \
+                     {ours}: not spoken to (a replica started on another cluster's directory, \
+                     or pointed at another cluster's peers?)",
+                    self.target, self.addr
+                );
+                if identity.warn_about(&self.addr) {
+                    tracing::warn!(peer = self.target, addr = %self.addr, %ours, %theirs, "{why}; said again in a minute");
+                }
+                Err(CallError::Unreachable(why))
+            }
+        }
     }
 
     /// A new connection to the peer, dialled by `deadline`, expecting its certificate.
@@ -742,6 +810,14 @@ mod tests {
 
         async fn hello(self, _: context::Context, offer: ProtocolOffer) -> Result<Hello, ApiError> {
             Hello::answering(&offer, &[])
+        }
+
+        async fn introduce(
+            self,
+            _: context::Context,
+            cluster: Option<ClusterId>,
+        ) -> Result<Option<ClusterId>, ApiError> {
+            Ok(cluster)
         }
     }
 

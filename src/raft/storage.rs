@@ -11,12 +11,20 @@
 //! is plain text: `format = N`, then (format 2) `node_id = N`, the replica whose log and vote
 //! the directory holds, recorded by the first start that names it ([`claim`]): a replica
 //! started as another node on it is refused, as it would stand for election with another
-//! node's log and vote.
+//! node's log and vote. And (format 2) `cluster_id = X`, the cluster the replica belongs to
+//! ([`ClusterIdentity`]): drawn by the founder before it initialises a new cluster, and
+//! adopted by every other replica from the first peer that introduces itself with one, before
+//! that peer's first Raft request; two replicas that record different clusters refuse each
+//! other's peer connections.
 //!
 //! Formats: 1, v0.1.0's layout (no `format` file, or one saying `format = 1`); 2, the same
-//! layout with the node id recorded. A format-1 directory is recorded as format 2 by the
-//! first start of this build, which trusts its `--id` that once: nothing in it names the node.
-//! v0.1.0 reads no `format` file, so it still opens a format-2 directory.
+//! layout with the node id and cluster id recorded. A format-1 directory is recorded as
+//! format 2 by the first start of this build, which trusts its `--id` that once: nothing in it
+//! names the node. Its cluster id is adopted from the first peer that has one; a cluster that
+//! v0.1.0 initialised has none until a replica initialised by this build meets it, so its
+//! replicas are not checked against other clusters (nothing is drawn for it: two of its
+//! replicas drawing apart would split it). v0.1.0 reads no `format` file, so it still opens a
+//! format-2 directory.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -28,6 +36,7 @@ use super::meta_store::{Closed, MetaStore, SledRefused};
 use super::state_machine::{set_aside_damaged_snapshot, DamagedSnapshot, StateMachineStore};
 use super::wal::{create_durably, new_damaged_folder, sync_dir, DAMAGED_DIR};
 use super::write_faults;
+use crate::wire::ClusterId;
 use crate::NodeId;
 
 /// Where a replica keeps sled (metadata and snapshots) inside its data directory.
@@ -51,6 +60,9 @@ pub struct Recorded {
     /// The replica whose directory it is; `None` until a replica started on it (format 1
     /// never records one).
     pub node_id: Option<NodeId>,
+    /// The cluster it belongs to; `None` until its founder drew one or a peer introduced
+    /// one ([`ClusterIdentity`]).
+    pub cluster_id: Option<ClusterId>,
 }
 
 /// The file in a data directory that names its format.
@@ -100,7 +112,7 @@ pub fn check_format(data_dir: &Path) -> io::Result<u32> {
         Some(recorded) => Ok(recorded.format),
         None => {
             std::fs::create_dir_all(data_dir)?;
-            write_recorded(data_dir, None)?;
+            write_recorded(data_dir, None, None)?;
             Ok(DATA_FORMAT)
         }
     }
@@ -123,9 +135,10 @@ pub fn claim(data_dir: &Path, id: NodeId) -> io::Result<()> {
             given: id,
         })),
         // New, v0.1.0's (no file), format 1, or not yet claimed.
-        _ => {
+        recorded => {
             std::fs::create_dir_all(data_dir)?;
-            write_recorded(data_dir, Some(id))
+            let cluster_id = recorded.and_then(|r| r.cluster_id);
+            write_recorded(data_dir, Some(id), cluster_id)
         }
     }
 }
@@ -164,10 +177,10 @@ pub fn recorded_in(data_dir: &Path) -> io::Result<Option<Recorded>> {
     }
 }
 
-/// The lines that are not comments: first `format = N`, then, from format 2, an optional
-/// `node_id = N`. Anything else is refused rather than skipped: a rotted key must not leave
-/// the directory unclaimed. Format 0 was never written: a flip of a digit gives it, so it is
-/// refused rather than read as an older format.
+/// The lines that are not comments: first `format = N`, then, from format 2, `node_id = N`
+/// and `cluster_id = X`, each at most once. Anything else is refused rather than skipped: a
+/// rotted key must not leave the directory unclaimed. Format 0 was never written: a flip of a
+/// digit gives it, so it is refused rather than read as an older format.
 fn parse_recorded(text: &str) -> Result<Recorded, String> {
     let mut lines = text
         .lines()
@@ -177,15 +190,29 @@ fn parse_recorded(text: &str) -> Result<Recorded, String> {
         0 => return Err("`format = 0`: no build writes format 0".into()),
         format => format as u32,
     };
-    let node_id = match lines.next() {
-        Some(line) if format >= 2 => Some(parse_key(line, "node_id")?),
-        Some(line) => return Err(format!("`{line}`: format {format} records nothing else")),
-        None => None,
+    let mut recorded = Recorded {
+        format,
+        node_id: None,
+        cluster_id: None,
     };
-    if let Some(line) = lines.next() {
-        return Err(format!("`{line}`: not a key this build knows"));
+    for line in lines {
+        if format < 2 {
+            return Err(format!("`{line}`: format {format} records nothing else"));
+        }
+        let (key, value) = (line.split_once('='))
+            .map(|(key, value)| (key.trim(), value.trim()))
+            .ok_or_else(|| format!("`{line}`: not `key = value`"))?;
+        match key {
+            "node_id" if recorded.node_id.is_none() => {
+                recorded.node_id = Some(value.parse().map_err(|e| format!("`{line}`: {e}"))?)
+            }
+            "cluster_id" if recorded.cluster_id.is_none() => {
+                recorded.cluster_id = Some(value.parse()?)
+            }
+            _ => return Err(format!("`{line}`: not a key this build knows, or repeated")),
+        }
     }
-    Ok(Recorded { format, node_id })
+    Ok(recorded)
 }
 
 /// The value of `line` when it says `key = N`.
@@ -201,10 +228,14 @@ fn parse_key(line: &str, key: &str) -> Result<u64, String> {
     Ok(value)
 }
 
-/// Writes the `format` file (this build's format, and `node_id` when known) durably: a
-/// temporary file, synced, renamed over, and the directory synced, so that a crash leaves the
-/// old file or the new one.
-fn write_recorded(data_dir: &Path, node_id: Option<NodeId>) -> io::Result<()> {
+/// Writes the `format` file (this build's format, and what is known of whose it is) durably:
+/// a temporary file, synced, renamed over, and the directory synced, so that a crash leaves
+/// the old file or the new one.
+fn write_recorded(
+    data_dir: &Path,
+    node_id: Option<NodeId>,
+    cluster_id: Option<ClusterId>,
+) -> io::Result<()> {
     use std::io::Write as _;
     create_durably(data_dir, FORMAT_FILE, |mut file| {
         writeln!(
@@ -212,12 +243,121 @@ fn write_recorded(data_dir: &Path, node_id: Option<NodeId>) -> io::Result<()> {
             "# The layout of this ctrlog data directory (meta/, log/), and whose it is. Do not \
              edit.\nformat = {DATA_FORMAT}"
         )?;
-        match node_id {
-            Some(id) => writeln!(file, "node_id = {id}"),
-            None => Ok(()),
+        if let Some(id) = node_id {
+            writeln!(file, "node_id = {id}")?;
         }
+        if let Some(id) = cluster_id {
+            writeln!(file, "cluster_id = {id}")?;
+        }
+        Ok(())
     })
     .map(drop)
+}
+
+/// The cluster a replica's directory belongs to, as its `format` file records it, shared by
+/// the replica's peer port (which adopts a caller's) and its peer clients (which compare).
+///
+/// Invariant: every replica that holds any of a cluster's Raft state (a vote, an entry, a
+/// snapshot) and was initialised or joined by this build records that cluster's id, and
+/// no other. The founder draws and records the id before it initialises Raft
+/// ([`found`](Self::found)); a replica without one records a caller's before it answers the
+/// caller's first Raft request ([`meet`](Self::meet)), and by induction every caller that
+/// sends Raft requests in such a cluster has the id. A caller never takes a server's: a
+/// replica of another cluster would take it too.
+pub struct ClusterIdentity {
+    data_dir: PathBuf,
+    recorded: std::sync::Mutex<Option<ClusterId>>,
+    /// When each peer of another cluster was last warned about.
+    warned: std::sync::Mutex<std::collections::BTreeMap<String, std::time::Instant>>,
+}
+
+/// How two replicas' clusters compare when one introduces itself to the other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Meeting {
+    /// Both belong to the same cluster, or one (or both) of them to none yet.
+    Same,
+    /// The directories belong to different clusters: `ours`, `theirs`.
+    Other { ours: ClusterId, theirs: ClusterId },
+}
+
+/// How often a peer of another cluster is warned about.
+const OTHER_CLUSTER_WARNING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl ClusterIdentity {
+    /// What `data_dir`'s `format` file records (opened already: [`open_storage_of`]).
+    pub fn load(data_dir: &Path) -> io::Result<ClusterIdentity> {
+        let recorded = recorded_in(data_dir)?.and_then(|r| r.cluster_id);
+        Ok(ClusterIdentity {
+            data_dir: data_dir.to_path_buf(),
+            recorded: std::sync::Mutex::new(recorded),
+            warned: Default::default(),
+        })
+    }
+
+    /// The cluster recorded, if any.
+    pub fn known(&self) -> Option<ClusterId> {
+        *self.recorded.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The founder's draw: a new random id, recorded durably, unless one is recorded (a
+    /// founder restarted before its initialisation finished keeps its first draw). Only for a
+    /// replica whose Raft holds no state.
+    pub fn found(&self) -> io::Result<ClusterId> {
+        self.adopt_unless_known(ClusterId(rand::random()))
+    }
+
+    /// A caller that says it belongs to `theirs` meets this replica, which answers its Raft
+    /// requests: a replica that records no cluster adopts the caller's (durably, before it
+    /// answers), and one that records another is [`Meeting::Other`].
+    pub fn meet(&self, theirs: Option<ClusterId>) -> io::Result<Meeting> {
+        match (self.known(), theirs) {
+            (Some(ours), Some(theirs)) if ours != theirs => Ok(Meeting::Other { ours, theirs }),
+            (None, Some(theirs)) => {
+                let ours = self.adopt_unless_known(theirs)?;
+                if ours != theirs {
+                    return Ok(Meeting::Other { ours, theirs });
+                }
+                tracing::info!(cluster = %theirs, "joined cluster {theirs}, recorded in the data directory");
+                Ok(Meeting::Same)
+            }
+            _ => Ok(Meeting::Same),
+        }
+    }
+
+    /// This replica, calling a peer that answers it belongs to `theirs`: compared, never
+    /// adopted.
+    pub fn compare(&self, theirs: Option<ClusterId>) -> Meeting {
+        match (self.known(), theirs) {
+            (Some(ours), Some(theirs)) if ours != theirs => Meeting::Other { ours, theirs },
+            _ => Meeting::Same,
+        }
+    }
+
+    /// Whether a meeting with `peer` (an address or a node) of another cluster is worth a
+    /// warning: once a minute per peer, as it does not heal without an operator.
+    pub fn warn_about(&self, peer: &str) -> bool {
+        let now = std::time::Instant::now();
+        let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
+        match warned.get(peer) {
+            Some(at) if now.duration_since(*at) < OTHER_CLUSTER_WARNING_INTERVAL => false,
+            _ => {
+                warned.insert(peer.to_string(), now);
+                true
+            }
+        }
+    }
+
+    /// Records `id` unless an id is recorded; returns the one recorded after.
+    fn adopt_unless_known(&self, id: ClusterId) -> io::Result<ClusterId> {
+        let mut recorded = self.recorded.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(known) = *recorded {
+            return Ok(known);
+        }
+        let node_id = recorded_in(&self.data_dir)?.and_then(|r| r.node_id);
+        write_recorded(&self.data_dir, node_id, Some(id))?;
+        *recorded = Some(id);
+        Ok(id)
+    }
 }
 
 /// Opens the storage of replica `id` in `data_dir` ([`open_storage`]) once the directory is
@@ -436,6 +576,8 @@ mod tests {
             "format = 1\nnode_id = 1",
             "format = 2\nnode = 1",
             "format = 2\nnode_id = 1\nnode_id = 2",
+            "format = 2\nnode_id = 1\ncluster_id = 12",
+            "format = 1\ncluster_id = 000102030405060708090a0b0c0d0e0f",
         ] {
             std::fs::write(data.join(FORMAT_FILE), garbage).unwrap();
             let refused = check_format(&data).unwrap_err().to_string();
@@ -460,7 +602,8 @@ mod tests {
             recorded(&data),
             Recorded {
                 format: DATA_FORMAT,
-                node_id: Some(3)
+                node_id: Some(3),
+                cluster_id: None,
             }
         );
         claim(&data, 3).unwrap();
@@ -484,7 +627,8 @@ mod tests {
                 recorded(&data),
                 Recorded {
                     format: 2,
-                    node_id: Some(2)
+                    node_id: Some(2),
+                    cluster_id: None,
                 }
             );
         }
@@ -495,6 +639,73 @@ mod tests {
         assert_eq!(recorded(&unclaimed).node_id, None);
         claim(&unclaimed, 1).unwrap();
         assert_eq!(recorded(&unclaimed).node_id, Some(1));
+    }
+
+    /// Goal: a cluster id is drawn once by a founder and kept across restarts, adopted by a
+    /// replica that records none from the first caller that has one (beside its node id),
+    /// and another is refused by name, never adopted; a caller never takes a server's.
+    #[test]
+    fn a_directory_records_its_cluster_once_and_meets_another_as_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let founder = dir.path().join("founder");
+        claim(&founder, 1).unwrap();
+        let drawn = ClusterIdentity::load(&founder).unwrap().found().unwrap();
+        let reopened = ClusterIdentity::load(&founder).unwrap();
+        assert_eq!(reopened.known(), Some(drawn));
+        assert_eq!(
+            reopened.found().unwrap(),
+            drawn,
+            "a restarted founder keeps its draw"
+        );
+
+        let joiner = dir.path().join("joiner");
+        claim(&joiner, 2).unwrap();
+        let identity = ClusterIdentity::load(&joiner).unwrap();
+        assert_eq!(identity.meet(None).unwrap(), Meeting::Same);
+        assert_eq!(
+            identity.known(),
+            None,
+            "nothing to adopt from a caller without one"
+        );
+        assert_eq!(identity.meet(Some(drawn)).unwrap(), Meeting::Same);
+        let recorded = recorded_in(&joiner).unwrap().unwrap();
+        assert_eq!(
+            (recorded.node_id, recorded.cluster_id),
+            (Some(2), Some(drawn)),
+            "adopted durably, beside the node id"
+        );
+        let other = ClusterId(drawn.0 ^ 1);
+        assert_eq!(
+            identity.meet(Some(other)).unwrap(),
+            Meeting::Other {
+                ours: drawn,
+                theirs: other
+            }
+        );
+        assert_eq!(
+            identity.compare(Some(other)),
+            Meeting::Other {
+                ours: drawn,
+                theirs: other
+            }
+        );
+        assert_eq!(
+            ClusterIdentity::load(&joiner).unwrap().known(),
+            Some(drawn),
+            "kept"
+        );
+
+        let caller = dir.path().join("caller");
+        claim(&caller, 3).unwrap();
+        let identity = ClusterIdentity::load(&caller).unwrap();
+        assert_eq!(identity.compare(Some(drawn)), Meeting::Same);
+        assert_eq!(identity.known(), None, "a caller takes no server's cluster");
+        // Claiming again keeps the cluster.
+        claim(&joiner, 2).unwrap();
+        assert_eq!(
+            recorded_in(&joiner).unwrap().unwrap().cluster_id,
+            Some(drawn)
+        );
     }
 
     /// Goal: a disk that is full when a new directory's format is recorded fails the start

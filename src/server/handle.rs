@@ -18,9 +18,11 @@ use crate::log::{Command, ContainerId, Epoch, Offset, Proposal, Target, TaskId};
 use crate::raft::node::Node;
 use crate::raft::scrub::StorageFaults;
 use crate::raft::state_machine::{Applied, SnapshotStats};
+use crate::raft::storage::ClusterIdentity;
 use crate::raft::types::{Raft, RaftMetrics};
 use crate::wire::{
-    ApiError, AppendAck, FetchRequest, FetchResponse, HeartbeatAck, Member, StateAt, Status,
+    ApiError, AppendAck, ClusterId, FetchRequest, FetchResponse, HeartbeatAck, Member, StateAt,
+    Status,
 };
 use crate::NodeId;
 
@@ -40,6 +42,8 @@ pub(super) struct Inner {
     pub(super) certificate_expiries: Vec<CertificateExpiry>,
     /// Storage faults found at open and by the scrubber.
     pub(super) storage_faults: Arc<StorageFaults>,
+    /// The cluster this replica's directory records.
+    pub(super) cluster: Arc<ClusterIdentity>,
 }
 
 /// A cheap, cloneable handle to a running replica: the library API.
@@ -56,6 +60,12 @@ impl ReplicaHandle {
 
     pub fn id(&self) -> NodeId {
         self.inner.node.id()
+    }
+
+    /// The cluster this replica's directory records: `None` until its founder drew one or a
+    /// peer introduced one (a cluster that v0.1.0 initialised has none).
+    pub fn cluster_id(&self) -> Option<ClusterId> {
+        self.inner.cluster.known()
     }
 
     pub fn peer_addr(&self) -> SocketAddr {

@@ -586,6 +586,7 @@ async fn status_json(
         .collect();
     let mut this_replica = json::status_json(&status, repairing);
     this_replica["build"] = crate::wire::version::BUILD.into();
+    this_replica["cluster_id"] = (replica.cluster_id()).map(|id| id.to_string()).into();
     axum::Json(json!({
         "replica": this_replica,
         "lag": lag,

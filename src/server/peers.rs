@@ -2,6 +2,7 @@
 //! peer's certificate names when TLS is on, and against the membership (`RaftRpcServer::admit`).
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -14,10 +15,11 @@ use super::tls::named_nodes;
 use crate::raft::network::{
     PeerAnswers, RaftRpc, RaftRpcRequest, RaftRpcResponse, PEER_FRAME_BYTES_MAX,
 };
+use crate::raft::storage::{ClusterIdentity, Meeting};
 use crate::raft::types::*;
 use crate::wire::tls::framed;
 use crate::wire::version::{Hello, ProtocolOffer, PEER_REQUESTS_AFTER_V010};
-use crate::wire::ApiError;
+use crate::wire::{ApiError, ClusterId};
 use crate::NodeId;
 use openraft::error::SnapshotMismatch;
 
@@ -31,6 +33,12 @@ struct RaftRpcServer {
     peer_nodes: Option<Arc<[NodeId]>>,
     /// What has arrived of the snapshot being received, shared by the port's connections.
     snapshot_chunks: Arc<SnapshotChunks>,
+    /// The cluster this replica's directory records, shared by the port's connections.
+    cluster: Arc<ClusterIdentity>,
+    /// Set once the connection introduced another cluster: its Raft requests are refused.
+    other_cluster: Arc<AtomicBool>,
+    /// The calling peer's address, for the logs.
+    peer: SocketAddr,
 }
 
 /// Connections the peer port holds at once: a few per peer (one for Raft, a re-dial that
@@ -91,6 +99,9 @@ impl RaftRpcServer {
     /// Admits a Raft request by its sender's certificate and this replica's membership
     /// ([`PeerAnswers::admit`]).
     fn admit<E: std::error::Error>(&self, vote: &Vote) -> Result<(), RaftError<E>> {
+        if self.other_cluster.load(Ordering::Relaxed) {
+            return Err(RaftError::Fatal(openraft::error::Fatal::Stopped));
+        }
         self.answers.admit(vote, self.peer_nodes.as_deref())
     }
 }
@@ -144,6 +155,43 @@ impl RaftRpc for RaftRpcServer {
         tracing::debug!(build = %offer.build, protocol = hello.protocol, "peer said hello");
         Ok(hello)
     }
+
+    /// Adopts the caller's cluster if this replica records none (durably, before the
+    /// caller's first Raft request, which it sends only once answered), or refuses the
+    /// connection's Raft requests if it records another ([`ClusterIdentity`]).
+    async fn introduce(
+        self,
+        _: context::Context,
+        theirs: Option<ClusterId>,
+    ) -> Result<Option<ClusterId>, ApiError> {
+        let cluster = self.cluster.clone();
+        let meeting = tokio::task::spawn_blocking(move || cluster.meet(theirs))
+            .await
+            .map_err(|e| ApiError::Unavailable(e.to_string()))?
+            .map_err(|e| {
+                tracing::error!(error = %e, "could not record the cluster a peer introduced");
+                ApiError::Unavailable(format!("recording the cluster id: {e}"))
+            })?;
+        match meeting {
+            Meeting::Same => Ok(self.cluster.known()),
+            Meeting::Other { ours, theirs } => {
+                self.other_cluster.store(true, Ordering::Relaxed);
+                if self.cluster.warn_about(&self.peer.ip().to_string()) {
+                    tracing::warn!(
+                        peer = %self.peer,
+                        nodes = ?self.peer_nodes,
+                        %ours,
+                        %theirs,
+                        "refused a peer of another cluster: this replica belongs to cluster \
+                         {ours}, the caller's directory to {theirs} (a replica started on \
+                         another cluster's directory, or pointed at this cluster's peers by \
+                         mistake?); said again in a minute"
+                    );
+                }
+                Err(ApiError::OtherCluster { ours, theirs })
+            }
+        }
+    }
 }
 
 /// A bound, not yet serving, peer listener.
@@ -157,11 +205,13 @@ pub async fn bind_peers(addr: SocketAddr) -> std::io::Result<PeerListener> {
 }
 
 /// Serves Raft RPCs on every accepted connection until `stop` fires, over mutual TLS when `tls` is
-/// given, admitting each and answering it by `answers`. A connection that sends a malformed
-/// frame is closed; the others keep going.
+/// given, admitting each and answering it by `answers`. A connection that introduces another
+/// cluster than `cluster` is refused its Raft requests; one that sends a malformed frame is
+/// closed; the others keep going.
 pub async fn serve_peers(
     listener: PeerListener,
     answers: PeerAnswers,
+    cluster: Arc<ClusterIdentity>,
     tls: Option<TlsAcceptor>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -183,6 +233,9 @@ pub async fn serve_peers(
                 answers: answers.clone(),
                 snapshot_chunks: snapshot_chunks.clone(),
                 peer_nodes,
+                cluster: cluster.clone(),
+                other_cluster: Arc::default(),
+                peer: accepted.peer,
             };
             async move {
                 if server

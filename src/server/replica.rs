@@ -25,7 +25,7 @@ use crate::raft::network::{PeerAnswers, PeerNetwork, RAFT_PAYLOAD_ENTRIES_MAX};
 use crate::raft::node::{Node, NodeConfig};
 use crate::raft::recover::ForcedMembership;
 use crate::raft::scrub::{self, ScrubConfig, StorageFaults};
-use crate::raft::storage::{open_storage_of, Storage};
+use crate::raft::storage::{open_storage_of, ClusterIdentity, Storage};
 use crate::raft::types::{Raft, RaftError};
 use crate::wire::{Member, ANSWER_ENVELOPE_BYTES_MAX};
 use crate::NodeId;
@@ -174,14 +174,20 @@ impl Replica {
         let (data_dir, id) = (config.data_dir.clone(), config.id);
         // Recovery reads the whole retained log, and opening may wait for the directory's lock:
         // blocking work, kept off the runtime's workers.
-        let Storage {
-            log,
-            state_machine,
-            closed: storage_closed,
-            found_at_open,
-        } = tokio::task::spawn_blocking(move || open_storage_of(&data_dir, id))
-            .await
-            .map_err(std::io::Error::other)??;
+        let (
+            Storage {
+                log,
+                state_machine,
+                closed: storage_closed,
+                found_at_open,
+            },
+            cluster,
+        ) = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
+            let storage = open_storage_of(&data_dir, id)?;
+            Ok((storage, Arc::new(ClusterIdentity::load(&data_dir)?)))
+        })
+        .await
+        .map_err(std::io::Error::other)??;
         let storage_faults = Arc::new(StorageFaults::default());
         for kind in found_at_open {
             storage_faults.found(kind);
@@ -208,6 +214,7 @@ impl Replica {
             elections: Some(elections.clone()),
             stages: Some(stages.clone()),
             durable: Some(log.durable()),
+            cluster: Some(cluster.clone()),
         };
         let (stop, stopping) = tokio::sync::watch::channel(false);
         let node_config = NodeConfig {
@@ -242,6 +249,7 @@ impl Replica {
                 history: Default::default(),
                 certificate_expiries: tls.as_ref().map(|t| t.expiries.clone()).unwrap_or_default(),
                 storage_faults,
+                cluster: cluster.clone(),
             }),
         };
         let mut tasks = node_tasks;
@@ -260,6 +268,7 @@ impl Replica {
                     elections,
                     outsiders: Default::default(),
                 },
+                cluster.clone(),
                 tls.as_ref().map(|t| t.peers.clone()),
                 stopping.clone(),
             )),
@@ -315,11 +324,7 @@ impl Replica {
         }
 
         let lowest = config.initial_members.keys().next().copied();
-        let initialized = raft
-            .is_initialized()
-            .await
-            .map_err(|e| StartError::Raft(e.to_string()))?;
-        if lowest == Some(config.id) && !initialized {
+        if lowest == Some(config.id) {
             replica.initialize(config.initial_members.clone()).await?;
         }
         Ok(replica)
@@ -369,10 +374,23 @@ impl Replica {
         self.handle.clone()
     }
 
-    /// Initialises a new cluster with these members. Does nothing if this replica already has
-    /// state (a restart, or a cluster that another founder initialised).
+    /// Initialises a new cluster with these members, after drawing and recording its cluster
+    /// id. Does nothing if this replica already has state (a restart, or a cluster that
+    /// another founder initialised): nothing is drawn for a replica with state, whose cluster
+    /// may have an id it has not met yet.
     pub async fn initialize(&self, members: BTreeMap<NodeId, Member>) -> Result<(), StartError> {
-        match self.raft().initialize(members).await {
+        let raft = self.raft();
+        let initialized =
+            (raft.is_initialized().await).map_err(|e| StartError::Raft(e.to_string()))?;
+        if initialized {
+            return Ok(());
+        }
+        let cluster = self.handle.inner.cluster.clone();
+        let drawn = tokio::task::spawn_blocking(move || cluster.found())
+            .await
+            .map_err(std::io::Error::other)??;
+        tracing::info!(cluster = %drawn, "initialising cluster {drawn}");
+        match raft.initialize(members).await {
             Ok(()) => Ok(()),
             Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
             Err(e) => Err(StartError::Raft(e.to_string())),

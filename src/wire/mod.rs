@@ -16,7 +16,7 @@ pub mod tls;
 pub mod version;
 
 pub use protocol::{
-    ApiError, AppendAck, FetchRequest, FetchResponse, HeartbeatAck, Member, MemberStatus, StateAt,
-    StateChunk, Status, ANSWER_ENVELOPE_BYTES_MAX, APPEND_MANY_BYTES_MAX,
+    ApiError, AppendAck, ClusterId, FetchRequest, FetchResponse, HeartbeatAck, Member,
+    MemberStatus, StateAt, StateChunk, Status, ANSWER_ENVELOPE_BYTES_MAX, APPEND_MANY_BYTES_MAX,
     APPEND_MANY_PROPOSALS_MAX, COMMAND_BYTES_MAX_ANY_REPLICA,
 };

@@ -23,6 +23,33 @@ pub struct Member {
     pub client_addr: String,
 }
 
+/// The cluster a replica belongs to: drawn at random by the founder that initialises it,
+/// recorded in every replica's data directory, and compared when two replicas' peer
+/// connections meet (`introduce` on the peer port), so that a replica of one cluster never
+/// takes part in another's elections or log (etcd's cluster ID, KRaft's `cluster.id`).
+/// Written as 32 hexadecimal digits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ClusterId(pub u128);
+
+impl fmt::Display for ClusterId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl std::str::FromStr for ClusterId {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<ClusterId, String> {
+        if text.len() != 32 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!("`{text}` is not 32 hexadecimal digits"));
+        }
+        u128::from_str_radix(text, 16)
+            .map(ClusterId)
+            .map_err(|e| format!("`{text}`: {e}"))
+    }
+}
+
 impl fmt::Display for Member {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.peer_addr, self.client_addr)
@@ -198,6 +225,17 @@ pub enum ApiError {
         supported_min: u16,
         /// The highest version this replica speaks.
         supported_max: u16,
+    },
+    /// The peer port's `introduce`: the calling replica's data directory belongs to another
+    /// cluster than this one's. Nothing is served on the connection. A replica started on a
+    /// directory of an earlier cluster (or pointed at the wrong cluster's peers) meets this:
+    /// give it a directory of its own cluster, or an empty one to join as a new replica.
+    #[error("this replica is of cluster {ours}; the caller's directory is of cluster {theirs}")]
+    OtherCluster {
+        /// The cluster the answering replica belongs to.
+        ours: ClusterId,
+        /// The cluster the caller said it belongs to.
+        theirs: ClusterId,
     },
 }
 

@@ -17,7 +17,8 @@
 //! | 2 | `hello`, `state_chunk`; `ApiError` variants from `AnswerTooLarge` on | `hello` (which says the build's highest vocabulary level) |
 //!
 //! Requests added since without a new version, listed in `hello`'s answer (a caller asks a
-//! server for one only if its `hello` offers it): `storage_status` on the client port.
+//! server for one only if its `hello` offers it): `storage_status` on the client port;
+//! `introduce` on the peer port (the caller's cluster id, compared with the server's).
 
 use std::ops::RangeInclusive;
 
@@ -39,7 +40,7 @@ pub const V010_LEVEL_MAX: Level = 2;
 pub const CLIENT_REQUESTS_AFTER_V010: &[&str] = &["state_chunk", "hello", "storage_status"];
 
 /// The peer port's requests added after v0.1.0, which a `hello` answer lists.
-pub const PEER_REQUESTS_AFTER_V010: &[&str] = &["hello"];
+pub const PEER_REQUESTS_AFTER_V010: &[&str] = &["hello", "introduce"];
 
 /// This build, as a `hello` names it.
 pub const BUILD: &str = concat!("ctrlog ", env!("CARGO_PKG_VERSION"));
@@ -132,7 +133,7 @@ pub fn error_for_protocol(error: ApiError, protocol: u16) -> ApiError {
         AnswerTooLarge { .. } | ProducerForgotten { .. } | ProtocolUnsupported { .. } => {
             Invalid(error.to_string())
         }
-        MemberLevelUnsupported { .. } => Rejected(error.to_string()),
+        MemberLevelUnsupported { .. } | OtherCluster { .. } => Rejected(error.to_string()),
     }
 }
 
