@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use common::WAIT;
 use ctrlog::client::{ApiError, FetchRequest};
-use ctrlog::log::{Command, Target};
+use ctrlog::log::vocabulary::LEVEL_CLUSTER_ID_DERIVED;
+use ctrlog::log::{Command, SetVocabularyLevel, Target};
 use ctrlog::raft::storage::{DATA_FORMAT, FORMAT_FILE};
 use ctrlog::server::{Replica, ReplicaConfig};
 use ctrlog::tools::cli::{entry_json, state_json};
@@ -106,6 +107,32 @@ async fn a_v0_1_0_data_directory_opens_and_serves_what_v0_1_0_served() {
     assert_eq!(after.len(), 21);
     assert_eq!(after[..20], tail[..]);
     assert_eq!(after[20].frame.body, b"written by this build");
+
+    // A cluster v0.1.0 initialised has no cluster id until its level is raised to the one
+    // that derives it; then the directory records it, and keeps it across a restart.
+    assert_eq!(
+        replica.cluster_id(),
+        None,
+        "nothing is drawn for a replica with state"
+    );
+    let raise = Command::SetVocabularyLevel(SetVocabularyLevel {
+        level: LEVEL_CLUSTER_ID_DERIVED,
+    });
+    let raise = ctrlog::log::Proposal {
+        producer: None,
+        target: Target::All,
+        frame: raise.into_frame(),
+    };
+    replica.append(raise).await.unwrap();
+    let derived = replica.cluster_id().expect("derived by the raise");
+    let format = std::fs::read_to_string(data.join(FORMAT_FILE)).unwrap();
+    assert!(
+        format.contains(&format!("cluster_id = {derived}")) && format.contains("node_id = 1"),
+        "{format}"
+    );
+    replica.shutdown().await;
+    let replica = start(&data).await;
+    assert_eq!(replica.cluster_id(), Some(derived), "kept");
     replica.shutdown().await;
 }
 

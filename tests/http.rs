@@ -378,6 +378,80 @@ async fn a_replica_on_another_clusters_directory_is_refused_naming_both_clusters
     );
 }
 
+/// Goal: a cluster initialised before cluster ids (its directories record none) gets one id
+/// on every replica when its vocabulary level is raised to the level that derives it, and
+/// nothing is drawn before: no replica that holds state draws one of its own, on `ctrlog
+/// serve` processes. Steps: a cluster's `cluster_id` lines removed while it is stopped, as a
+/// build before cluster ids left them; restarted, it commits with none; the raise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_without_an_id_gets_one_from_the_level_raise_on_every_replica() {
+    let mut cluster = ProcessCluster::start_with_http(common::replica_exe(), 3, &[])
+        .await
+        .unwrap();
+    poll_until(
+        "the founder's id on every replica",
+        WAIT,
+        POLL_INTERVAL,
+        || {
+            let all = (0..3).all(|i| recorded_cluster(&cluster, i).is_some());
+            async move { all.then_some(()).ok_or("not yet") }
+        },
+    )
+    .await
+    .unwrap();
+    let drawn = recorded_cluster(&cluster, 0).unwrap();
+    for i in 0..3 {
+        cluster.kill(i);
+        let format = cluster.replica_dir(i).join("format");
+        let text = std::fs::read_to_string(&format).unwrap();
+        let without: String = (text.lines())
+            .filter(|line| !line.starts_with("cluster_id"))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        std::fs::write(&format, without).unwrap();
+    }
+    for i in 0..3 {
+        cluster.restart(i).unwrap();
+    }
+    let client = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
+        .await
+        .unwrap();
+    client
+        .append(Command::DesiredContainersV1(DesiredContainersV1 {
+            count: 1,
+        }))
+        .await
+        .unwrap();
+    let recorded: Vec<_> = (0..3).map(|i| recorded_cluster(&cluster, i)).collect();
+    assert_eq!(
+        recorded,
+        [None, None, None],
+        "nothing drawn for a replica with state"
+    );
+
+    let raise = Command::SetVocabularyLevel(ctrlog::log::SetVocabularyLevel {
+        level: ctrlog::log::vocabulary::LEVEL_CLUSTER_ID_DERIVED,
+    });
+    client.append(raise).await.unwrap();
+    let derived = poll_until(
+        "every replica to record the derived id",
+        WAIT,
+        POLL_INTERVAL,
+        || {
+            let recorded: Vec<_> = (0..3).map(|i| recorded_cluster(&cluster, i)).collect();
+            async move {
+                match &recorded[0] {
+                    Some(id) if recorded.iter().all(|r| r.as_ref() == Some(id)) => Ok(id.clone()),
+                    _ => Err(format!("{recorded:?}")),
+                }
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_ne!(derived, drawn);
+}
+
 /// The `ctrlog_*` metric names a text mentions, as registered: without the `_total`,
 /// `_bucket`, `_sum` and `_count` suffixes the exposition adds to counters and histograms.
 fn metric_names(text: &str) -> std::collections::BTreeSet<String> {

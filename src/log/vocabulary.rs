@@ -27,8 +27,11 @@ pub const LEVEL_INITIAL: Level = 1;
 /// * level 3: an append from a producer the replicas no longer remember is refused instead
 ///   of taken for new ([`LEVEL_FORGOTTEN_PRODUCERS_REFUSED`]); `launch-container` and
 ///   `cancel-launch`, with which the controller records its launches before carrying them
-///   out ([`LEVEL_LAUNCHES_RECORDED`]).
-pub const LEVEL_MAX: Level = 3;
+///   out ([`LEVEL_LAUNCHES_RECORDED`]);
+/// * level 4: a cluster without a cluster id (initialised by v0.1.0, or by a build before
+///   cluster ids) takes the one derived from the entry that raises the level to 4
+///   ([`LEVEL_CLUSTER_ID_DERIVED`]).
+pub const LEVEL_MAX: Level = 4;
 
 /// The highest level every release knows (v0.1.0 knew up to 2): a replica of any build can
 /// join a log recorded at this level or below, so adding one needs no question about its
@@ -39,6 +42,12 @@ pub const LEVEL_KNOWN_TO_EVERY_RELEASE: Level = 2;
 /// each launch it gives up (`cancel-launch`) in the log before carrying it out. Below it, it
 /// launches without a record, as builds before level 3 did.
 pub const LEVEL_LAUNCHES_RECORDED: Level = 3;
+
+/// The level whose raise gives a cluster without a cluster id one, derived on every replica
+/// from the entry that raises it (`raft::state_machine::derived_cluster_id`): the same
+/// everywhere, as the entry is, where a draw by each leader could differ. A cluster that has
+/// one keeps it. No command changes meaning.
+pub const LEVEL_CLUSTER_ID_DERIVED: Level = 4;
 
 /// From this level on, the idempotent-producer table refuses an append from a producer it
 /// does not remember whose sequence is above those a producer starts with, since it may be a

@@ -28,8 +28,9 @@ use super::types::{
 };
 use super::write_faults::{attempt, Operation};
 use crate::jobs::{JobState, Outcome, RecordedRejection, RejectionLog};
-use crate::log::vocabulary::{kinds, LEVEL_MAX};
+use crate::log::vocabulary::{kinds, LEVEL_CLUSTER_ID_DERIVED, LEVEL_MAX};
 use crate::log::{decode, encode, Batch, Level, LogEntry, Offset, Proposal};
+use crate::wire::ClusterId;
 
 const SNAPSHOT_TREE: &str = "snapshot";
 const CURRENT_KEY: &[u8] = b"current";
@@ -262,6 +263,34 @@ struct Shared {
     snapshots_built: AtomicU64,
     last_snapshot_bytes: AtomicU64,
     last_snapshot_millis: AtomicU64,
+    /// Told the cluster id an applied entry derived ([`derived_cluster_id`]), before the
+    /// apply returns; unset in stores without a directory's identity (the tools').
+    on_cluster_derived: std::sync::OnceLock<ClusterDerived>,
+}
+
+/// Records a cluster id derived from the log ([`StateMachineStore::on_cluster_derived`]).
+pub type ClusterDerived = Box<dyn Fn(ClusterId) -> io::Result<()> + Send + Sync>;
+
+/// The cluster id of a cluster initialised without one (by v0.1.0, or a build before cluster
+/// ids), derived from the entry that raised its vocabulary level to
+/// [`LEVEL_CLUSTER_ID_DERIVED`]: the same on every replica, as the entry is, and another for
+/// every cluster (it hashes the entry's term, leader, index and the leader's clock). The
+/// level is raised once every replica runs a build that derives it, so none derives it apart.
+pub fn derived_cluster_id(log_id: &LogId, appended_at_ms: u64) -> ClusterId {
+    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+    context.update(b"ctrlog cluster id derived at a level raise");
+    for part in [
+        log_id.leader_id.term,
+        log_id.leader_id.node_id,
+        log_id.index,
+        appended_at_ms,
+    ] {
+        context.update(&part.to_le_bytes());
+    }
+    let digest = context.finish();
+    let mut first = [0u8; 16];
+    first.copy_from_slice(&digest.as_ref()[..16]);
+    ClusterId(u128::from_le_bytes(first))
 }
 
 /// What a replica's snapshot builds looked like, for its metrics.
@@ -327,6 +356,7 @@ impl StateMachineStore {
                 snapshots_built: AtomicU64::new(0),
                 last_snapshot_bytes: AtomicU64::new(0),
                 last_snapshot_millis: AtomicU64::new(0),
+                on_cluster_derived: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -369,6 +399,12 @@ impl StateMachineStore {
     pub fn stored_snapshot_last(&self) -> io::Result<Option<LogId>> {
         let tree = self.shared.meta.tree(SNAPSHOT_TREE)?;
         Ok(read_header(&tree)?.and_then(|h| h.meta.last_log_id))
+    }
+
+    /// Has `record` told, before an apply returns, the cluster id an applied entry derives
+    /// ([`derived_cluster_id`]). Set once; later calls are ignored.
+    pub fn on_cluster_derived(&self, record: ClusterDerived) {
+        let _ = self.shared.on_cluster_derived.set(record);
     }
 
     pub fn snapshot_stats(&self) -> SnapshotStats {
@@ -671,9 +707,20 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let first_log_index = self.shared.log.first_index();
         let mut state = self.shared.state.write().expect("state lock poisoned");
         let mut replies = Vec::new();
+        let mut derived = None;
         for entry in entries {
+            let level_before = state.job.level();
             match state.apply(&entry) {
-                Ok(outcomes) => replies.push(outcomes),
+                Ok(outcomes) => {
+                    if let (EntryPayload::Normal(batch), true) = (
+                        &entry.payload,
+                        level_before < LEVEL_CLUSTER_ID_DERIVED
+                            && state.job.level() >= LEVEL_CLUSTER_ID_DERIVED,
+                    ) {
+                        derived = Some(derived_cluster_id(&entry.log_id, batch.appended_at_ms));
+                    }
+                    replies.push(outcomes)
+                }
                 Err(unknown) => {
                     tracing::error!(
                         recorded = unknown.recorded,
@@ -696,6 +743,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             last_offset: state.job.last_offset(),
         };
         drop(state);
+        if let (Some(id), Some(record)) = (derived, self.shared.on_cluster_derived.get()) {
+            record(id).map_err(|e| StorageIOError::write_state_machine(&e))?;
+        }
         (self.shared.log.stages()).observe(Stage::applied, started.elapsed());
         self.shared.applied.send_replace(applied);
         Ok(replies)

@@ -20,11 +20,12 @@
 //! Formats: 1, v0.1.0's layout (no `format` file, or one saying `format = 1`); 2, the same
 //! layout with the node id and cluster id recorded. A format-1 directory is recorded as
 //! format 2 by the first start of this build, which trusts its `--id` that once: nothing in it
-//! names the node. Its cluster id is adopted from the first peer that has one; a cluster that
-//! v0.1.0 initialised has none until a replica initialised by this build meets it, so its
-//! replicas are not checked against other clusters (nothing is drawn for it: two of its
-//! replicas drawing apart would split it). v0.1.0 reads no `format` file, so it still opens a
-//! format-2 directory.
+//! names the node. A cluster that v0.1.0 initialised has no cluster id, and its replicas are
+//! not checked against other clusters, until its vocabulary level is raised to
+//! `LEVEL_CLUSTER_ID_DERIVED`: every replica derives the same id from the raising entry
+//! ([`ClusterIdentity::derived`]). Nothing is drawn for a replica that holds state: two of a
+//! cluster's replicas drawing apart would split it. v0.1.0 reads no `format` file, so it
+//! still opens a format-2 directory.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -304,6 +305,19 @@ impl ClusterIdentity {
     /// replica whose Raft holds no state.
     pub fn found(&self) -> io::Result<ClusterId> {
         self.adopt_unless_known(ClusterId(rand::random()))
+    }
+
+    /// The id the log derived for a cluster initialised without one (the raise of the
+    /// vocabulary level to `LEVEL_CLUSTER_ID_DERIVED`), recorded unless this replica records
+    /// one: a cluster that has an id keeps it.
+    pub fn derived(&self, id: ClusterId) -> io::Result<()> {
+        if let Some(known) = self.known() {
+            tracing::debug!(cluster = %known, derived = %id, "the cluster has an id: the level raise derives none");
+            return Ok(());
+        }
+        let recorded = self.adopt_unless_known(id)?;
+        tracing::info!(cluster = %recorded, "the log gave this cluster its id, {recorded}; recorded in the data directory");
+        Ok(())
     }
 
     /// A caller that says it belongs to `theirs` meets this replica, which answers its Raft

@@ -188,6 +188,8 @@ impl Replica {
         })
         .await
         .map_err(std::io::Error::other)??;
+        let identity = cluster.clone();
+        state_machine.on_cluster_derived(Box::new(move |id| identity.derived(id)));
         let storage_faults = Arc::new(StorageFaults::default());
         for kind in found_at_open {
             storage_faults.found(kind);
