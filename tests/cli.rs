@@ -769,3 +769,132 @@ async fn printing_subcommands_speak_json_and_failures_have_their_own_exit_codes(
     assert!(said.contains("exceeds the 4194304-byte limit"), "{said}");
     cluster.shutdown().await;
 }
+
+/// The subject alternative names of the certificate in `path`, and the days it has left.
+fn names_and_days_left(path: &std::path::Path) -> (Vec<String>, i64) {
+    use x509_parser::extensions::GeneralName;
+    let pem = std::fs::read(path).unwrap();
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).unwrap();
+    let cert = pem.parse_x509().unwrap();
+    let names = (cert
+        .subject_alternative_name()
+        .unwrap()
+        .unwrap()
+        .value
+        .general_names
+        .iter())
+    .map(|name| match name {
+        GeneralName::DNSName(dns) => dns.to_string(),
+        GeneralName::IPAddress(ip) => format!("{ip:?}"),
+        other => format!("{other:?}"),
+    })
+    .collect();
+    let left =
+        cert.validity().not_after.timestamp() - time::OffsetDateTime::now_utc().unix_timestamp();
+    (names, left / 86_400)
+}
+
+/// Goal: leaves are issued and renewed under the cluster's own CA, as an operator rotates
+/// short-lived certificates, on a secure cluster of `ctrlog serve` processes. Steps: `certs
+/// issue --client ops` adds a leaf (and refuses to replace it, naming `renew`); `certs renew
+/// --days 20` gives every leaf a fresh key and certificate with the same names, valid 20
+/// days, and leaves the CA as it was; each replica restarted in turn on its renewed files
+/// serves `status --all-replicas` to the renewed admin certificate. 3d7237e had only `certs
+/// generate --force`, which replaces the CA and so every certificate at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_are_issued_and_renewed_under_the_clusters_ca() {
+    use ctrlog::tools::bench::ProcessCluster;
+    let mut cluster = ProcessCluster::start_secure(common::replica_exe(), 3, "", false, &[])
+        .await
+        .unwrap();
+    let pki = cluster.pki().unwrap().to_path_buf();
+    let dir = pki.display().to_string();
+    let read = |file: &str| std::fs::read(pki.join(file)).unwrap();
+
+    let issued = ctrlog(
+        "",
+        &[
+            "certs", "issue", "--dir", &dir, "--client", "ops", "--days", "10",
+        ],
+    )
+    .await;
+    assert!(stdout_of(&issued).contains("client-ops.pem"));
+    let (names, days) = names_and_days_left(&pki.join("client-ops.pem"));
+    assert_eq!(names, ["client-ops"]);
+    assert!((9..=10).contains(&days), "valid 10 days: {days} left");
+    let again = ctrlog("", &["certs", "issue", "--dir", &dir, "--client", "ops"]).await;
+    let said = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        !again.status.success() && said.contains("certs renew"),
+        "{said}"
+    );
+
+    let (ca, node_1, node_1_key) = (read("ca.pem"), read("node-1.pem"), read("node-1-key.pem"));
+    let renewed = ctrlog("", &["certs", "renew", "--dir", &dir, "--days", "20"]).await;
+    let renewed = stdout_of(&renewed);
+    for leaf in [
+        "node-1.pem",
+        "node-3.pem",
+        "client-admin.pem",
+        "client-ops.pem",
+    ] {
+        assert!(renewed.contains(leaf), "{leaf} renewed: {renewed}");
+    }
+    assert_eq!(read("ca.pem"), ca, "the CA is unchanged");
+    assert_ne!(read("node-1.pem"), node_1);
+    assert_ne!(read("node-1-key.pem"), node_1_key, "a fresh key");
+    let (names, days) = names_and_days_left(&pki.join("node-1.pem"));
+    assert!((19..=20).contains(&days), "valid 20 days: {days} left");
+    assert_eq!(names, ["node-1", "[127, 0, 0, 1]"], "the same names");
+
+    for i in 0..3 {
+        cluster.restart(i).unwrap();
+        poll_until(
+            "the restarted replica to serve",
+            WAIT,
+            POLL_INTERVAL,
+            || {
+                let leader = cluster.leader_index();
+                async move { leader.await.map_err(|e| e.to_string()) }
+            },
+        )
+        .await
+        .unwrap();
+    }
+    let (cert, key) = ctrlog::tools::certs::client_identity(&pki, "admin");
+    let ca_file = ctrlog::tools::certs::ca_file(&pki);
+    let seeds = cluster.client_addrs().join(",");
+    let (ca_file, cert, key) = (
+        ca_file.to_str().unwrap(),
+        cert.to_str().unwrap(),
+        key.to_str().unwrap(),
+    );
+    let args = [
+        "--ca",
+        ca_file,
+        "--cert",
+        cert,
+        "--key",
+        key,
+        "status",
+        "--all-replicas",
+    ];
+    let rows = poll_until(
+        "every replica to answer the renewed admin",
+        WAIT,
+        POLL_INTERVAL,
+        || {
+            let status = ctrlog(&seeds, &args);
+            async move {
+                let status = status.await;
+                match status.status.success() {
+                    true => Ok(String::from_utf8_lossy(&status.stdout).into_owned()),
+                    false => Err(String::from_utf8_lossy(&status.stderr).into_owned()),
+                }
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(rows.matches("Leader").count(), 1, "{rows}");
+}

@@ -316,6 +316,46 @@ enum CertsCmd {
         #[command(flatten)]
         output: OutputFlags,
     },
+    /// One more certificate under the CA in --dir (its ca.pem and ca-key.pem): a replica's
+    /// (`--node N`, named node-N plus --hosts) or a client's (`--client NAME`).
+    #[command(group(clap::ArgGroup::new("leaf").required(true).args(["node", "client"])))]
+    Issue {
+        /// The folder holding the CA (as `certs generate --out` wrote it); the leaf is
+        /// written there.
+        #[arg(long)]
+        dir: PathBuf,
+        /// A replica's certificate, for this id.
+        #[arg(long)]
+        node: Option<u64>,
+        /// A client's certificate, for this name.
+        #[arg(long)]
+        client: Option<String>,
+        /// Host names and IP addresses the replica is dialled at (a replica's only).
+        #[arg(long, value_delimiter = ',', default_value = "127.0.0.1,localhost")]
+        hosts: Vec<String>,
+        /// How long it is valid; refused if it would outlive the CA.
+        #[arg(long, default_value_t = 365)]
+        days: i64,
+        #[command(flatten)]
+        output: OutputFlags,
+    },
+    /// Fresh keys and certificates, with the same names, for the leaves in --dir, under the
+    /// CA there (the CA is unchanged, so everything that trusts it trusts them). Replicas
+    /// read their files at start: replace each replica's files, then restart it.
+    Renew {
+        /// The folder holding the CA and the leaves (as `certs generate --out` wrote it).
+        #[arg(long)]
+        dir: PathBuf,
+        /// The leaves to renew (`node-2`, `client-ops`); every node-*.pem and client-*.pem
+        /// in --dir when not given.
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+        /// How long the new certificates are valid; refused if they would outlive the CA.
+        #[arg(long, default_value_t = 30)]
+        days: i64,
+        #[command(flatten)]
+        output: OutputFlags,
+    },
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -397,12 +437,42 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let written =
                 ctrlog::tools::certs::generate(&dir, &nodes, &hosts, &clients, days, force)?;
-            let written: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
-            output.print(
-                &mut out,
-                written.join("\n"),
-                || serde_json::json!({ "written": written }),
-            )?;
+            print_written(&mut out, &output, &written)?;
+        }
+        Cmd::Certs {
+            action:
+                CertsCmd::Issue {
+                    dir,
+                    node,
+                    client,
+                    hosts,
+                    days,
+                    output,
+                },
+        } => {
+            use ctrlog::tools::certs::Leaf;
+            let leaf = match (node, client) {
+                (Some(id), _) => Leaf::Node(id),
+                (None, Some(name)) => Leaf::Client(name),
+                (None, None) => unreachable!("clap requires one of them"),
+            };
+            let written = ctrlog::tools::certs::issue(&dir, &leaf, &hosts, days)?;
+            print_written(&mut out, &output, &[written])?;
+        }
+        Cmd::Certs {
+            action:
+                CertsCmd::Renew {
+                    dir,
+                    only,
+                    days,
+                    output,
+                },
+        } => {
+            let only = (only.iter())
+                .map(|name| ctrlog::tools::certs::Leaf::parse(name))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let written = ctrlog::tools::certs::renew(&dir, &only, days)?;
+            print_written(&mut out, &output, &written)?;
         }
         Cmd::Tokens {
             action: TokensCmd::Hash { file },
@@ -421,6 +491,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 struct FaultsFound(usize);
 
 /// The exit code for `error`, as [`EXIT_CODES`] lists them.
+/// Prints the files a `certs` subcommand wrote, one per line (`{"written": [...]}` in JSON).
+fn print_written(
+    out: &mut dyn Write,
+    output: &OutputFlags,
+    written: &[PathBuf],
+) -> std::io::Result<()> {
+    let written: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
+    output.print(
+        out,
+        written.join("\n"),
+        || serde_json::json!({ "written": written }),
+    )
+}
+
 fn exit_code(error: &anyhow::Error) -> u8 {
     use ctrlog::client::{ApiError, ClientError};
     if error.downcast_ref::<FaultsFound>().is_some() {
