@@ -898,3 +898,39 @@ async fn certificates_are_issued_and_renewed_under_the_clusters_ca() {
     .unwrap();
     assert_eq!(rows.matches("Leader").count(), 1, "{rows}");
 }
+
+/// Goal: `state --consistent` holds every write acknowledged before it started, asked through
+/// a follower (the leader confirms it leads with a quorum and names its applied offset), and
+/// refuses where no quorum can confirm a leader: with the other two replicas stopped, the
+/// follower left still answers a plain `state` from what it holds, and `--consistent` exits
+/// 3. 3d7237e had no such read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consistent_state_holds_every_acknowledged_write_and_needs_a_quorum() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let follower = cluster.follower_of(leader);
+    let client = ctrlog::client::ControlClient::connect(&cluster.client_addrs())
+        .await
+        .unwrap();
+    let mut acknowledged = 0;
+    for n in 0..3u8 {
+        let command = ctrlog::log::Command::custom(1, 1, vec![n]);
+        acknowledged = client.append(command).await.unwrap().offset;
+    }
+    let through = cluster.replica(follower).client_addr().to_string();
+    let state = ctrlog(&through, &["state", "--consistent", "-o", "json"]).await;
+    let offset = json_lines(&state)[0]["offset"].as_u64().unwrap();
+    assert!(offset >= acknowledged, "{offset} < {acknowledged}");
+
+    for id in cluster.running_ids() {
+        if id != follower {
+            cluster.stop(id).await;
+        }
+    }
+    let plain = ctrlog(&through, &["state", "-o", "json"]).await;
+    assert_eq!(json_lines(&plain)[0]["offset"].as_u64(), Some(offset));
+    let args = ["state", "--consistent", "--command-timeout", "2s"];
+    let said = exits_within(&through, &args, 3).await;
+    assert!(said.contains("gave up"), "{said}");
+}

@@ -995,6 +995,31 @@ impl ControlClient {
         self.within(state_at(&self.connector, min_offset)).await
     }
 
+    /// The job state as of a linearizable read: it holds every write acknowledged, to any
+    /// client, before this call. The leader confirms its leadership with a quorum and names
+    /// its applied offset (the read index, [`read_index`](Self::read_index)); any replica
+    /// then answers once it has applied that far. [`state`](Self::state) instead reads what
+    /// the replica it speaks to has applied, at least `min_offset`: this client's own writes
+    /// when given their offset (read-your-writes), not necessarily others'.
+    ///
+    /// Cancel safe: dropping the future abandons the call and changes nothing.
+    pub async fn consistent_state(&self) -> Result<StateAt, ClientError> {
+        let offset = self.read_index().await?;
+        self.state(offset).await
+    }
+
+    /// The read index: the leader's applied offset once a quorum confirmed it leads and it
+    /// applied every entry committed when asked (follows redirects to the leader). A replica
+    /// whose build has no `read_index` closes the connection on it, and the call gives up at
+    /// the client's deadline.
+    ///
+    /// Cancel safe: dropping the future abandons the call and changes nothing.
+    pub async fn read_index(&self) -> Result<Offset, ClientError> {
+        let call =
+            (self.connector).call(true, |rpc, ctx, _| async move { rpc.read_index(ctx).await });
+        self.within(call).await
+    }
+
     /// The status of whichever replica answers.
     ///
     /// Cancel safe: dropping the future abandons the call and changes nothing.

@@ -28,7 +28,7 @@ use super::log_store::LogStore;
 use super::proposer::{Proposer, BATCH_BYTES_MAX};
 use super::reader::read_committed;
 use super::state_machine::{Applied, StateMachineStore};
-use super::types::{not_leader, not_leader_from, Raft, RaftMetrics};
+use super::types::{not_leader, not_leader_from, Raft, RaftError, RaftMetrics};
 use super::TypeConfig;
 use crate::jobs::{JobState, Liveness, Outcome, Rejection, ReportedLag, Session};
 use crate::log::vocabulary::{LEVEL_KNOWN_TO_EVERY_RELEASE, LEVEL_MAX};
@@ -470,6 +470,33 @@ impl Node {
             )));
         }
         Ok(())
+    }
+
+    /// The read index for a linearizable read: confirms with a quorum of voters that this
+    /// replica still leads (openraft's `ensure_linearizable`, a round of heartbeats), waits
+    /// until it has applied every entry committed when asked, and answers with its applied
+    /// offset then. A `state` with that `min_offset`, at any replica, holds every write
+    /// acknowledged before the call. Unlike [`state`](Self::state) at the leader, which
+    /// trusts the leader lease (a bound on clock drift), it trusts no clock. `NotLeader` on a
+    /// follower; `Unavailable` when no quorum confirms.
+    pub async fn read_index(&self) -> Result<Offset, ApiError> {
+        use openraft::error::CheckIsLeaderError;
+        match self.raft().ensure_linearizable().await {
+            Ok(_) => Ok(self.applied().borrow().last_offset),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward))) => {
+                Err(not_leader(forward.leader_id, forward.leader_node.as_ref()))
+            }
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => {
+                Err(ApiError::Unavailable(format!(
+                    "replica {} could not confirm with a quorum that it leads: {e}",
+                    self.id()
+                )))
+            }
+            Err(RaftError::Fatal(fatal)) => Err(ApiError::Unavailable(format!(
+                "replica {}: {fatal}",
+                self.id()
+            ))),
+        }
     }
 
     /// The JobState as of this replica's applied offset, once that reaches `min_offset`.

@@ -194,6 +194,11 @@ impl ReplicaHandle {
         self.inner.node.reported_lag()
     }
 
+    /// The read index for a linearizable read ([`Node::read_index`]).
+    pub async fn read_index(&self) -> Result<Offset, ApiError> {
+        self.inner.node.read_index().await
+    }
+
     /// The JobState once applied to `min_offset` ([`Node::state`]).
     pub async fn state(&self, min_offset: Offset, max_wait: Duration) -> Result<StateAt, ApiError> {
         self.inner.node.state(min_offset, max_wait).await

@@ -276,9 +276,10 @@ fn for_protocol(reply: Reply, protocol: u16) -> Reply {
         ),
         StateChunk(a) => StateChunk(a.map_err(down)),
         // Whoever sends `hello` is newer than v0.1.0 and decodes its refusal; a v0.1.0 client
-        // knows no `storage_status` either.
+        // knows no `storage_status` or `read_index` either.
         Hello(a) => Hello(a),
         StorageStatus(a) => StorageStatus(a),
+        ReadIndex(a) => ReadIndex(a),
     });
     Reply {
         request_id: reply.request_id,
@@ -645,6 +646,12 @@ impl ControlLog for ControlLogServer {
             id: self.replica.id(),
             repairing: repairing.map(|r| r.report()),
         })
+    }
+
+    async fn read_index(self, _: context::Context) -> Result<Offset, ApiError> {
+        self.admit()?;
+        self.check(Action::Read)?;
+        self.replica.read_index().await
     }
 
     async fn authenticate(self, _: context::Context, token: String) -> Result<String, ApiError> {

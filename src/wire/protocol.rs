@@ -468,6 +468,13 @@ pub trait ControlLog {
     /// the leader. Added after protocol 2 and last, so the requests before it keep their wire
     /// form; a replica whose `hello` does not list it repairs nothing.
     async fn storage_status() -> Result<StorageStatus, ApiError>;
+    /// The read index, for a linearizable read (leader only, `NotLeader` elsewhere): the
+    /// leader confirms with a quorum of voters that it still leads (a round of heartbeats,
+    /// openraft's `ensure_linearizable`), waits until it has applied every entry committed
+    /// when asked, and answers with its applied offset. A `state` with that `min_offset`, at
+    /// any replica, holds every write acknowledged before this call. `Unavailable` when no
+    /// quorum confirms. Added last, after `storage_status`, listed in `hello`.
+    async fn read_index() -> Result<Offset, ApiError>;
 }
 
 /// A replica's storage, as `storage_status` reports it.

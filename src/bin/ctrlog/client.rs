@@ -267,11 +267,16 @@ async fn ask_each_replica(
 }
 
 pub async fn state(
+    consistent: bool,
     output: OutputFlags,
     flags: &ClientFlags,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
-    let at = flags.connect().await?.state(0).await?;
+    let client = flags.connect().await?;
+    let at = match consistent {
+        true => client.consistent_state().await?,
+        false => client.state(0).await?,
+    };
     output.print(out, cli::state_text(&at), || cli::state_json(&at))?;
     Ok(())
 }

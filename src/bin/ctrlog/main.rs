@@ -197,8 +197,15 @@ enum Cmd {
         #[command(flatten)]
         client: ClientFlags,
     },
-    /// Show the job state folded from the log.
+    /// Show the job state folded from the log: what the replica answering has applied (it
+    /// may lag the leader by what is in flight), or with --consistent every write
+    /// acknowledged before the command started.
     State {
+        /// A linearizable read: the leader confirms with a quorum that it leads and names
+        /// the offset it has applied (the read index); the state is read once applied that
+        /// far. Costs a round trip to a quorum; fails when none answers.
+        #[arg(long)]
+        consistent: bool,
         #[command(flatten)]
         output: OutputFlags,
         #[command(flatten)]
@@ -397,7 +404,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             output,
             client,
         } => client::status(all_replicas, output, &client, &mut out).await?,
-        Cmd::State { output, client } => client::state(output, &client, &mut out).await?,
+        Cmd::State {
+            consistent,
+            output,
+            client,
+        } => client::state(consistent, output, &client, &mut out).await?,
         Cmd::Snapshot { output, client } => client::snapshot(output, &client, &mut out).await?,
         Cmd::Vocabulary {
             command,
