@@ -934,3 +934,27 @@ async fn a_consistent_state_holds_every_acknowledged_write_and_needs_a_quorum() 
     let said = exits_within(&through, &args, 3).await;
     assert!(said.contains("gave up"), "{said}");
 }
+
+/// Goal: `bench` never loads a cluster it was not told to by name: with `CTRLOG_CLUSTER` set
+/// (as for day-to-day commands against a real job) and no `--cluster`, `bench append` exits 2
+/// at once saying how to name one, and the cluster receives nothing. 3d7237e sent a real
+/// job's containers 1,040 commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_refuses_a_cluster_it_was_not_given_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 1, |_| {}).await.unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    let seeds = cluster.client_addrs().join(",");
+    let args = ["bench", "append", "--clients", "1", "--duration-s", "1"];
+    let said = exits_within(&seeds, &args, 2).await;
+    assert!(
+        said.contains("--cluster") && said.contains("CTRLOG_CLUSTER"),
+        "{said}"
+    );
+    let status = ctrlog(&seeds, &["status", "-o", "json"]).await;
+    assert_eq!(
+        json_lines(&status)[0]["commit_offset"],
+        0,
+        "nothing appended"
+    );
+}

@@ -560,9 +560,48 @@ fn refuse_token_on_the_command_line(matches: &clap::ArgMatches) -> Result<(), St
     Ok(())
 }
 
+/// Refuses a `bench append` or `fanout` whose cluster came from `CTRLOG_CLUSTER` only: the variable is set for
+/// day-to-day commands against a real job, and a bench sends it thousands of commands its
+/// containers would receive. A cluster to benchmark is named with `--cluster`; without one,
+/// `bench` starts a cluster of its own.
+fn refuse_a_bench_cluster_not_named(matches: &clap::ArgMatches) -> Result<(), String> {
+    use clap::parser::ValueSource;
+    let workload = (matches.subcommand_matches("bench")).and_then(|bench| bench.subcommand_name());
+    if !matches!(workload, Some("append" | "fanout")) {
+        return Ok(());
+    }
+    let source = |matches: &clap::ArgMatches| {
+        (matches
+            .try_get_raw("cluster")
+            .is_ok_and(|raw| raw.is_some()))
+        .then(|| matches.value_source("cluster"))
+        .flatten()
+    };
+    let mut sources = Vec::new();
+    let mut level = Some(matches);
+    while let Some(matches) = level {
+        sources.extend(source(matches));
+        level = matches.subcommand().map(|(_, sub)| sub);
+    }
+    match (
+        sources.contains(&ValueSource::EnvVariable),
+        sources.contains(&ValueSource::CommandLine),
+    ) {
+        (true, false) => Err(
+            "bench would load the cluster CTRLOG_CLUSTER names, and its job's containers would \
+             receive every command: name a cluster to benchmark with --cluster, or unset \
+             CTRLOG_CLUSTER to benchmark a cluster bench starts itself"
+                .into(),
+        ),
+        _ => Ok(()),
+    }
+}
+
 fn main() -> ExitCode {
     let matches = <Cli as clap::CommandFactory>::command().get_matches();
-    if let Err(error) = refuse_token_on_the_command_line(&matches) {
+    let refused = refuse_token_on_the_command_line(&matches)
+        .and_then(|()| refuse_a_bench_cluster_not_named(&matches));
+    if let Err(error) = refused {
         eprintln!("ctrlog: {error}");
         return ExitCode::from(2);
     }
