@@ -958,3 +958,58 @@ async fn bench_refuses_a_cluster_it_was_not_given_by_name() {
         "nothing appended"
     );
 }
+
+/// Goal: `tail` reads as the status page does: a built-in command as what it does (text and
+/// JSON's `summary`), every kind by name (`kind_name`), and a producer id above 2^53 exact
+/// as text in `producer_id` beside v0.1.0's integer `producer`. 3d7237e printed a built-in
+/// command's encoding as an escaped string, and only the integer, which jq rounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_reads_built_in_commands_and_exact_producer_ids() {
+    use ctrlog::log::{Command, ContainerId, ProducerSeq, Proposal, RegisterContainer, Target};
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 1, |_| {}).await.unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    let client = ctrlog::client::ControlClient::connect(&cluster.client_addrs())
+        .await
+        .unwrap();
+    let register = Command::RegisterContainer(RegisterContainer {
+        container: ContainerId::new("c1").unwrap(),
+        location: "host-a".into(),
+    });
+    client.append(register).await.unwrap();
+    let producer = (1u64 << 53) + 1;
+    let custom = Proposal {
+        producer: Some(ProducerSeq { producer, seq: 1 }),
+        target: Target::All,
+        frame: Command::custom(1, 1, b"start task 0".to_vec()).into_frame(),
+    };
+    client.append_proposal(custom).await.unwrap();
+
+    let seeds = cluster.client_addrs().join(",");
+    let text = stdout_of(&ctrlog(&seeds, &["tail", "--from", "1", "--max", "2"]).await);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].contains("register-container v1") && lines[0].contains("register c1 (epoch 1)"),
+        "{text}"
+    );
+    assert!(
+        lines[1].contains("custom:1 v1") && lines[1].contains("\"start task 0\""),
+        "{text}"
+    );
+    let json =
+        json_lines(&ctrlog(&seeds, &["tail", "--from", "1", "--max", "2", "-o", "json"]).await);
+    assert_eq!(json[0]["kind_name"], "register-container");
+    assert_eq!(json[0]["summary"], "register c1 (epoch 1)");
+    assert_eq!(json[1]["kind_name"], "custom:1");
+    assert_eq!(
+        json[1]["summary"],
+        Value::Null,
+        "a custom command is its payload"
+    );
+    assert_eq!(json[1]["producer_id"], producer.to_string());
+    assert_eq!(
+        json[1]["producer"].as_u64(),
+        Some(producer),
+        "v0.1.0's field kept"
+    );
+}

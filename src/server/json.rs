@@ -6,11 +6,14 @@ use base64::Engine;
 use serde_json::{json, Value};
 
 use crate::jobs::{Awaiting, ContainerStatus, Session, TaskPhase};
+use crate::log::vocabulary::{kind_label, kind_spec};
 use crate::log::{LogEntry, Offset, TaskId};
 use crate::wire::{StateAt, Status};
 
 /// One entry as `ctrlog tail --json` prints it. The payload is UTF-8 text in `payload` when
-/// it is valid UTF-8, else base64 in `payload_b64`.
+/// it is valid UTF-8, else base64 in `payload_b64`. v0.1.0's fields keep their meaning;
+/// `producer_id` (the producer as text), `kind_name` and, for a built-in command, `summary`
+/// (what it does, as the status page says it) came after.
 pub fn entry_json(entry: &LogEntry) -> Value {
     let mut object = json!({
         "offset": entry.offset,
@@ -20,8 +23,14 @@ pub fn entry_json(entry: &LogEntry) -> Value {
         "version": entry.frame.version,
         "target": entry.target.to_string(),
         "producer": entry.producer.map(|p| p.producer),
+        // As text too: jq and JavaScript read integers above 2^53 rounded.
+        "producer_id": entry.producer.map(|p| p.producer.to_string()),
         "seq": entry.producer.map(|p| p.seq),
+        "kind_name": kind_label(entry.frame.kind, entry.frame.version),
     });
+    if kind_spec(entry.frame.kind, entry.frame.version).is_some() {
+        object["summary"] = Value::from(entry.summary());
+    }
     match std::str::from_utf8(&entry.frame.body) {
         Ok(text) => object["payload"] = Value::from(text),
         Err(_) => {

@@ -18,7 +18,7 @@ use crate::client::{
     ApiError, AppendAck, ClientError, ClientOptions, ControlClient, FetchRequest, Repairing,
     StateAt, Status, SubscriptionItem,
 };
-use crate::log::vocabulary::{kind_by_name, kind_label, KINDS, LEVEL_MAX};
+use crate::log::vocabulary::{kind_by_name, kind_label, kind_spec, KINDS, LEVEL_MAX};
 use crate::log::{
     Command, Filter, Frame, Kind, Level, LogEntry, Offset, ProducerSeq, Proposal,
     SetVocabularyLevel, Target, TaskId, CUSTOM_KIND_MIN,
@@ -243,9 +243,14 @@ pub fn entry_line(entry: &LogEntry) -> String {
     let producer = entry.producer.map_or("-".to_string(), |p| {
         format!("{:016x}/{}", p.producer, p.seq)
     });
-    let payload = match std::str::from_utf8(&entry.frame.body) {
-        Ok(text) => format!("{text:?}"),
-        Err(_) => format!("<{} bytes>", entry.frame.body.len()),
+    // A built-in command reads as what it does; a custom one as its payload.
+    let payload = match (
+        kind_spec(entry.frame.kind, entry.frame.version),
+        std::str::from_utf8(&entry.frame.body),
+    ) {
+        (Some(_), _) => entry.summary(),
+        (None, Ok(text)) => format!("{text:?}"),
+        (None, Err(_)) => format!("<{} bytes>", entry.frame.body.len()),
     };
     format!(
         "{:>8}  term {}  {}  {} v{}  -> {}  producer {}  {}",
