@@ -1013,3 +1013,55 @@ async fn tail_reads_built_in_commands_and_exact_producer_ids() {
         "v0.1.0's field kept"
     );
 }
+
+/// Goal: an operator broadcasts a schema or a configuration change from the CLI, and the job
+/// state records it; a key the cluster marks secret is refused (exit 4) before it enters the
+/// log, and a schema file over the limit is refused unread. 3d7237e's only way, `append
+/// --kind schema-change`, was refused ("value exceeds the 7-byte decode limit").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_and_config_changes_are_broadcast_from_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 1, |_| {}).await.unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    let seeds = cluster.client_addrs().join(",");
+    let schema = dir.path().join("orders.avsc");
+    std::fs::write(&schema, r#"{"type": "record", "name": "Order"}"#).unwrap();
+    let file = schema.to_str().unwrap();
+    let sent = ctrlog(&seeds, &["broadcast", "schema", "orders", "--file", file]).await;
+    assert_eq!(stdout_of(&sent).trim(), "1");
+    let args = [
+        "broadcast",
+        "config",
+        "batch.size=100",
+        "linger.ms=5",
+        "-o",
+        "json",
+    ];
+    assert_eq!(json_lines(&ctrlog(&seeds, &args).await)[0]["offset"], 2);
+
+    let said = exits_within(&seeds, &["broadcast", "config", "db.password=hunter2"], 4).await;
+    assert!(said.contains("db.password"), "{said}");
+    let huge = dir.path().join("huge.avsc");
+    std::fs::File::create(&huge)
+        .unwrap()
+        .set_len(1 << 40)
+        .unwrap();
+    let args = [
+        "broadcast",
+        "schema",
+        "big",
+        "--file",
+        huge.to_str().unwrap(),
+    ];
+    exits_within(&seeds, &args, 4).await;
+
+    let state = json_lines(&ctrlog(&seeds, &["state", "-o", "json"]).await);
+    assert_eq!(state[0]["schemas"][0]["subject"], "orders");
+    assert_eq!(
+        state[0]["schemas"][0]["schema"],
+        r#"{"type": "record", "name": "Order"}"#
+    );
+    assert_eq!(state[0]["config"]["batch.size"], "100");
+    assert_eq!(state[0]["config"]["linger.ms"], "5");
+    assert_eq!(state[0]["config"].get("db.password"), None);
+}

@@ -73,6 +73,36 @@ pub enum VocabularyCmd {
 }
 
 #[derive(Subcommand)]
+pub enum BroadcastCmd {
+    /// A schema change: every live container must ack it (`schema-change`).
+    Schema {
+        /// What the schema describes, for example a stream name.
+        subject: String,
+        /// The schema, opaque to ctrlog (at most 4 MiB, refused before it is read).
+        #[arg(long)]
+        file: PathBuf,
+    },
+    /// A configuration change: every live container must ack it (`config-change`). Keys the
+    /// cluster marks secret (`secret_config_keys`) are refused: containers read the log.
+    Config {
+        /// Keys to set, as KEY=VALUE.
+        #[arg(value_parser = key_value)]
+        set: Vec<(String, String)>,
+        /// Keys to remove (applied before the ones set).
+        #[arg(long)]
+        remove: Vec<String>,
+    },
+}
+
+/// `KEY=VALUE`, split at the first `=`.
+fn key_value(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}` is not KEY=VALUE"))?;
+    Ok((key.to_string(), value.to_string()))
+}
+
+#[derive(Subcommand)]
 pub enum MembersCmd {
     /// The replicas in the membership, voters and learners, and which one leads.
     List,
@@ -125,18 +155,7 @@ pub async fn append(
 ) -> anyhow::Result<()> {
     let body = match (args.payload, args.payload_file) {
         (Some(text), _) => text.into_bytes(),
-        (None, Some(path)) => {
-            // Refused before it is read: a 300 MB file must not cost 300 MB to say no to.
-            let size = std::fs::metadata(&path)
-                .with_context(|| format!("reading {}", path.display()))?
-                .len();
-            let limit = ctrlog::client::COMMAND_BYTES_MAX_ANY_REPLICA as u64;
-            if size > limit {
-                let too_large = ctrlog::client::ApiError::TooLarge { size, limit };
-                return Err(ctrlog::client::ClientError::Api(too_large).into());
-            }
-            std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?
-        }
+        (None, Some(path)) => read_command_file(&path)?,
         (None, None) => unreachable!("clap requires one of them"),
     };
     let frame = Frame {
@@ -149,14 +168,68 @@ pub async fn append(
         .zip(args.seq)
         .map(|(producer, seq)| ProducerSeq { producer, seq });
     let ack = cli::append(&flags.connect().await?, args.target, frame, producer).await?;
-    if args.output.json() {
-        writeln!(out, "{}", serde_json::to_string(&ack)?)?;
+    print_ack(&ack, args.output, out)
+}
+
+/// A file that goes into a command whole, refused before it is read if no replica would
+/// accept it: a 300 MB file must not cost 300 MB to say no to.
+fn read_command_file(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    let size = std::fs::metadata(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .len();
+    let limit = ctrlog::client::COMMAND_BYTES_MAX_ANY_REPLICA as u64;
+    if size > limit {
+        let too_large = ctrlog::client::ApiError::TooLarge { size, limit };
+        return Err(ctrlog::client::ClientError::Api(too_large).into());
+    }
+    std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// An append's answer: its offset, and whether it was appended before.
+fn print_ack(
+    ack: &ctrlog::client::AppendAck,
+    output: OutputFlags,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    if output.json() {
+        writeln!(out, "{}", serde_json::to_string(ack)?)?;
     } else if ack.duplicate {
         writeln!(out, "{} (already appended)", ack.offset)?;
     } else {
         writeln!(out, "{}", ack.offset)?;
     }
     Ok(())
+}
+
+/// `ctrlog broadcast`: a schema or configuration change every live container must ack.
+pub async fn broadcast(
+    command: BroadcastCmd,
+    output: OutputFlags,
+    flags: &ClientFlags,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    use ctrlog::log::{Command, ConfigChange, SchemaChange};
+    let command = match command {
+        BroadcastCmd::Schema { subject, file } => Command::SchemaChange(SchemaChange {
+            subject,
+            schema: read_command_file(&file)?,
+        }),
+        BroadcastCmd::Config { set, remove } => {
+            if set.is_empty() && remove.is_empty() {
+                anyhow::bail!("nothing to change: give KEY=VALUE pairs or --remove KEY");
+            }
+            Command::ConfigChange(ConfigChange {
+                set: set.into_iter().collect(),
+                remove,
+            })
+        }
+    };
+    let ack = flags
+        .connect()
+        .await?
+        .append_to(Target::All, command)
+        .await?;
+    print_ack(&ack, output, out)
 }
 
 pub async fn tail(args: TailArgs, flags: &ClientFlags, out: &mut impl Write) -> anyhow::Result<()> {

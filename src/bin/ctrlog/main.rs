@@ -117,6 +117,7 @@ impl Cmd {
             | Cmd::Status { client, .. }
             | Cmd::State { client, .. }
             | Cmd::Snapshot { client, .. }
+            | Cmd::Broadcast { client, .. }
             | Cmd::Vocabulary { client, .. }
             | Cmd::Members { client, .. }
             | Cmd::Bench { client, .. }
@@ -213,6 +214,16 @@ enum Cmd {
     },
     /// Take a snapshot on the leader now (and purge what retention allows).
     Snapshot {
+        #[command(flatten)]
+        output: OutputFlags,
+        #[command(flatten)]
+        client: ClientFlags,
+    },
+    /// Broadcast a schema or configuration change to every container (each live one must
+    /// ack it); prints the offset it got.
+    Broadcast {
+        #[command(subcommand)]
+        command: client::BroadcastCmd,
         #[command(flatten)]
         output: OutputFlags,
         #[command(flatten)]
@@ -415,6 +426,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             output,
             client,
         } => client::vocabulary(command, output, &client, &mut out).await?,
+        Cmd::Broadcast {
+            command,
+            output,
+            client,
+        } => client::broadcast(command, output, &client, &mut out).await?,
         Cmd::Members {
             command,
             output,
