@@ -1065,3 +1065,42 @@ async fn schema_and_config_changes_are_broadcast_from_the_cli() {
     assert_eq!(state[0]["config"]["linger.ms"], "5");
     assert_eq!(state[0]["config"].get("db.password"), None);
 }
+
+/// Goal: Ctrl-C during `bench` stops the replicas it started and removes their folder, and
+/// exits 130. Steps: `bench append` with its temporary folders under a folder of the test's
+/// own; once its three replicas run, SIGINT. 3d7237e died at once and left the replicas
+/// running and the folder behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_bench_leaves_no_replica_and_no_folder() {
+    use ctrlog::tools::bench::processes_mentioning;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut bench = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctrlog"))
+        .args(["bench", "append", "--clients", "1", "--duration-s", "60"])
+        .env("TMPDIR", tmp.path())
+        .env_remove("CTRLOG_CLUSTER")
+        .env("RUST_LOG", "off")
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    poll_until("bench's three replicas", WAIT, POLL_INTERVAL, || {
+        let running = processes_mentioning(tmp.path()).len();
+        async move { (running >= 3).then_some(()).ok_or(running) }
+    })
+    .await
+    .unwrap();
+    // SAFETY: kill(2) on the child this test spawned; no memory is involved.
+    unsafe { libc::kill(bench.id().unwrap() as libc::pid_t, libc::SIGINT) };
+    let status = tokio::time::timeout(WAIT, bench.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert_eq!(
+        processes_mentioning(tmp.path()),
+        Vec::<libc::pid_t>::new(),
+        "no replica left"
+    );
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+    assert!(left.is_empty(), "folders left: {left:?}");
+}

@@ -32,7 +32,9 @@ Exit codes:
      it unchanged
   5  credentials refused: the token, the client certificate or the CA (TLS)
   6  `check` found faults in the data directory (each is listed)
-  7  forbidden: the credentials were accepted, but their role may not do this";
+  7  forbidden: the credentials were accepted, but their role may not do this
+130  interrupted (Ctrl-C or SIGTERM); bench and chaos stop the replicas they started and
+     remove their folders first";
 
 #[derive(Parser)]
 #[command(
@@ -437,8 +439,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             client,
         } => client::members(command, output, &client, &mut out).await?,
         Cmd::Container { args, client } => client::container(args, client).await?,
-        Cmd::Bench { args, client } => bench::bench(args, &client, &mut out).await?,
-        Cmd::Chaos(args) => bench::chaos(args, &mut out).await?,
+        // Interrupted, the future is dropped, and with it the cluster the command started:
+        // its replicas are killed and its folder removed, rather than left running.
+        Cmd::Bench { args, client } => tokio::select! {
+            done = bench::bench(args, &client, &mut out) => done?,
+            () = shutdown_signal() => return Err(Interrupted.into()),
+        },
+        Cmd::Chaos(args) => tokio::select! {
+            done = bench::chaos(args, &mut out) => done?,
+            () = shutdown_signal() => return Err(Interrupted.into()),
+        },
         Cmd::Demo { data, serve } => ctrlog::tools::demo::run(data, serve).await?,
         Cmd::Check { data, output } => {
             let report = ctrlog::raft::check::check_data_dir(&data)
@@ -517,7 +527,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 #[error("{0} fault(s) found")]
 struct FaultsFound(usize);
 
-/// The exit code for `error`, as [`EXIT_CODES`] lists them.
+/// Interrupted by Ctrl-C or SIGTERM (exit code 130), after what the command started was
+/// stopped and removed.
+#[derive(Debug, thiserror::Error)]
+#[error("interrupted: the replicas this command started were stopped and their folders removed")]
+struct Interrupted;
+
 /// Prints the files a `certs` subcommand wrote, one per line (`{"written": [...]}` in JSON).
 fn print_written(
     out: &mut dyn Write,
@@ -532,10 +547,14 @@ fn print_written(
     )
 }
 
+/// The exit code for `error`, as [`EXIT_CODES`] lists them.
 fn exit_code(error: &anyhow::Error) -> u8 {
     use ctrlog::client::{ApiError, ClientError};
     if error.downcast_ref::<FaultsFound>().is_some() {
         return 6;
+    }
+    if error.downcast_ref::<Interrupted>().is_some() {
+        return 130;
     }
     match error.downcast_ref::<ClientError>() {
         Some(ClientError::Config { .. }) => 2,
