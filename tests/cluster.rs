@@ -21,7 +21,7 @@ use ctrlog::raft::types::{
     InstallSnapshotResponse, RaftError, VoteRequest, VoteResponse,
 };
 use ctrlog::server::force_new_cluster;
-use ctrlog::tools::LocalCluster;
+use ctrlog::tools::{poll_until, LocalCluster, POLL_INTERVAL};
 use ctrlog::wire::ClusterId;
 use futures::StreamExt;
 use tarpc::server::{BaseChannel, Channel};
@@ -938,6 +938,61 @@ async fn serve_older_build(peer: OlderBuildPeer) -> String {
         }
     });
     addr
+}
+
+/// Goal: Ctrl-C during `ctrlog members add` calls the change off: the learner it added is
+/// removed again before the command exits (130). Steps: a peer that answers `hello` with this
+/// build's level and never takes an entry, so the add waits for its first contact; SIGINT
+/// once the learner is in the leader's membership. 3d7237e left the learner behind (here for
+/// `LEARNER_FIRST_CONTACT_MAX`, and for good when the learner is slow rather than silent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_members_add_removes_the_learner_it_added() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let silent = serve_older_build(OlderBuildPeer { level: LEVEL_MAX }).await;
+    let client_addr = unreachable_member().client_addr;
+    let add = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctrlog"))
+        .args(["members", "add", "--id", "4", "--peer-addr", &silent])
+        .args(["--client-addr", &client_addr, "--command-timeout", "30s"])
+        .env("CTRLOG_CLUSTER", cluster.client_addrs().join(","))
+        .env("RUST_LOG", "off")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    poll_until("the learner in the membership", WAIT, POLL_INTERVAL, || {
+        let learners = members(&cluster, leader).1;
+        async move {
+            learners
+                .contains(&4)
+                .then_some(())
+                .ok_or(format!("{learners:?}"))
+        }
+    })
+    .await
+    .unwrap();
+    // SAFETY: kill(2) on the child this test spawned; no memory is involved.
+    unsafe { libc::kill(add.id().unwrap() as libc::pid_t, libc::SIGINT) };
+    let started = std::time::Instant::now();
+    let exited = tokio::time::timeout(WAIT, add.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let said = String::from_utf8_lossy(&exited.stderr);
+    assert_eq!(exited.status.code(), Some(130), "{said}");
+    assert!(said.contains("removed again"), "{said}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let (voters, learners) = members(&cluster, leader);
+    assert_eq!(
+        (voters, learners),
+        (BTreeSet::from([1, 2, 3]), BTreeSet::new())
+    );
+    cluster.shutdown().await;
 }
 
 /// Goal: once the log records a vocabulary level above what every release knows, `members

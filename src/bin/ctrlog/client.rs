@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Subcommand;
-use ctrlog::client::{Member, MemberStatus};
+use ctrlog::client::{ApiError, ClientError, Member, MemberStatus};
 use ctrlog::log::{ContainerId, Filter, Frame, ProducerSeq, Target};
 use ctrlog::tools::cli::{self, ClientFlags, OutputFlags};
 use ctrlog::tools::container::{run_simulated_container, SimOptions};
@@ -425,7 +425,22 @@ pub async fn members(
                 peer_addr,
                 client_addr,
             };
-            client.add_member(id, member).await?;
+            // Interrupted while the new replica catches up, the operator called the change
+            // off: the learner already added is removed again, not left to follow the log.
+            tokio::select! {
+                added = client.add_member(id, member) => added?,
+                () = crate::shutdown_signal() => {
+                    match client.remove_member(id).await {
+                        Ok(()) => eprintln!("ctrlog: interrupted: replica {id}, added as a learner, was removed again"),
+                        Err(ClientError::Api(ApiError::Rejected(why))) if why.contains("not a member") => {}
+                        Err(error) => eprintln!(
+                            "ctrlog: interrupted, and replica {id} may be a learner still: \
+                             {error}; remove it with `ctrlog members remove --id {id}`"
+                        ),
+                    }
+                    return Err(crate::Interrupted.into());
+                }
+            };
             output.print(
                 out,
                 format!("replica {id} added and promoted to voter"),

@@ -34,7 +34,7 @@ Exit codes:
   6  `check` found faults in the data directory (each is listed)
   7  forbidden: the credentials were accepted, but their role may not do this
 130  interrupted (Ctrl-C or SIGTERM); bench and chaos stop the replicas they started and
-     remove their folders first";
+     remove their folders first, and `members add` removes the learner it added";
 
 #[derive(Parser)]
 #[command(
@@ -531,7 +531,7 @@ struct FaultsFound(usize);
 /// stopped and removed.
 #[derive(Debug, thiserror::Error)]
 #[error("interrupted: the replicas this command started were stopped and their folders removed")]
-struct Interrupted;
+pub(crate) struct Interrupted;
 
 /// Prints the files a `certs` subcommand wrote, one per line (`{"written": [...]}` in JSON).
 fn print_written(
