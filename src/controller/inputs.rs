@@ -31,11 +31,17 @@ impl InputSource for StaticInputs {
 /// A file with one `system/stream/partition` per line (`#` starts a comment), re-read when it
 /// changes: partitions appear and disappear by editing it. A file that does not parse keeps
 /// the last good set (and says why), so a half-written edit never revokes the job's inputs.
+/// A file that lists no input does not parse either unless it says [`NO_INPUTS`] alone: an
+/// empty set stops every task, and an empty file is more often a truncated one (an editor's
+/// save, a configuration tool's first write) than an intent.
 pub struct WatchedFile {
     path: PathBuf,
     seen: Option<(std::time::SystemTime, u64)>,
     last: Option<Arc<BTreeSet<Input>>>,
 }
+
+/// What an inputs file says, alone, to mean that the job has no inputs (every task stops).
+pub const NO_INPUTS: &str = "none";
 
 impl WatchedFile {
     pub fn new(path: impl Into<PathBuf>) -> WatchedFile {
@@ -48,11 +54,26 @@ impl WatchedFile {
 
     /// Parses the file's text.
     pub fn parse(text: &str) -> Result<BTreeSet<Input>, String> {
-        text.lines()
-            .enumerate()
+        let lines: Vec<(usize, &str)> = (text.lines().enumerate())
             .map(|(n, line)| (n, line.split('#').next().unwrap_or("").trim()))
             .filter(|(_, line)| !line.is_empty())
-            .map(|(n, line)| line.parse().map_err(|e| format!("line {}: {e}", n + 1)))
+            .collect();
+        match lines.as_slice() {
+            [] => {
+                return Err(format!(
+                    "it lists no input; an empty file is taken for a truncated one, since \
+                     no inputs stops every task: write `{NO_INPUTS}` on a line of its own to \
+                     mean that"
+                ))
+            }
+            [(_, only)] if *only == NO_INPUTS => return Ok(BTreeSet::new()),
+            _ => {}
+        }
+        (lines.into_iter())
+            .map(|(n, line)| match line {
+                NO_INPUTS => Err(format!("line {}: `{NO_INPUTS}` beside inputs", n + 1)),
+                line => line.parse().map_err(|e| format!("line {}: {e}", n + 1)),
+            })
             .collect()
     }
 }
@@ -115,5 +136,27 @@ mod tests {
         assert_eq!(source.inputs().unwrap().len(), 2);
         std::fs::write(&path, "kafka/events/0\nkafka/ev").unwrap();
         assert_eq!(source.inputs().unwrap().len(), 2);
+    }
+
+    /// Goal: an inputs file emptied (truncated by a save, a first write) keeps the job's
+    /// inputs; only `none` alone revokes them all. 3d7237e read an empty file as "no inputs"
+    /// and stopped every task.
+    #[test]
+    fn an_empty_file_keeps_the_inputs_and_none_revokes_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("inputs");
+        std::fs::write(&path, "kafka/events/0\nkafka/events/1\n").unwrap();
+        let mut source = WatchedFile::new(&path);
+        assert_eq!(source.inputs().unwrap().len(), 2);
+        for emptied in ["", "\n\n", "# all gone\n"] {
+            std::fs::write(&path, emptied).unwrap();
+            assert_eq!(source.inputs().unwrap().len(), 2, "{emptied:?} keeps the inputs");
+        }
+        std::fs::write(&path, "none\n").unwrap();
+        assert!(source.inputs().unwrap().is_empty(), "`none` says so");
+        let refused = WatchedFile::parse("none\nkafka/events/0").unwrap_err();
+        assert!(refused.contains("beside inputs"), "{refused}");
+        let refused = WatchedFile::parse("").unwrap_err();
+        assert!(refused.contains("`none`"), "{refused}");
     }
 }
