@@ -150,7 +150,11 @@ mod tests {
         assert_eq!(source.inputs().unwrap().len(), 2);
         for emptied in ["", "\n\n", "# all gone\n"] {
             std::fs::write(&path, emptied).unwrap();
-            assert_eq!(source.inputs().unwrap().len(), 2, "{emptied:?} keeps the inputs");
+            assert_eq!(
+                source.inputs().unwrap().len(),
+                2,
+                "{emptied:?} keeps the inputs"
+            );
         }
         std::fs::write(&path, "none\n").unwrap();
         assert!(source.inputs().unwrap().is_empty(), "`none` says so");

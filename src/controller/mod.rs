@@ -251,11 +251,14 @@ impl<P: ControlPlane> Controller<P> {
             }
             return;
         }
+        let state = state.unwrap_or_else(|| self.plane.job_state());
         if !self.report.borrow().leading {
             tracing::info!("controller active: this replica leads");
             self.report.send_modify(|r| r.leading = true);
+            if state.desired_containers().is_some() {
+                (self.driver.policy).took_over(Instant::now().into_std());
+            }
         }
-        let state = state.unwrap_or_else(|| self.plane.job_state());
         self.reconcile(state).await;
     }
 

@@ -364,6 +364,46 @@ async fn a_command_never_answered_is_given_up_and_planned_again() {
     assert_eq!(owners(&job).get("container-1").map(Vec::len), Some(2));
 }
 
+/// Goal: the scaling cooldown survives a failover: a new leader that finds a count in the
+/// log makes no lag-driven change for one cooldown after it takes over, since the last change
+/// may have been a moment before. Steps: leader A scales 2 → 3 on a high lag; B takes over on
+/// the same log with the lag still high; B's ticks leave 3. 3d7237e's B scaled again at once.
+#[tokio::test]
+async fn a_new_leader_keeps_the_scaling_cooldown() {
+    use crate::jobs::plan::LagPolicy;
+    let plane = FakePlane::leading();
+    plane.register("container-1");
+    plane.register("container-2");
+    plane.lock().lag = [(c("container-1"), 500), (c("container-2"), 500)].into();
+    let lag_policy = || Box::new(LagPolicy::new(2, 8, 100, 10, Duration::from_secs(60)));
+    let with_policy = |plane: &FakePlane| {
+        Controller::new(
+            plane.clone(),
+            JobDriver {
+                inputs: Box::new(StaticInputs::new(inputs(0..4))),
+                grouper: Box::new(GroupByPartition),
+                policy: lag_policy(),
+                capacity: Capacity::Orchestrated,
+            },
+            ControllerConfig::default(),
+        )
+    };
+    let desired = |plane: &FakePlane| plane.job().desired_containers().map(|d| d.count);
+    let mut a = with_policy(&plane);
+    a.tick().await; // records 2, the least it wants
+    a.tick().await; // 2 → 3 on the lag
+    assert_eq!(desired(&plane), Some(3));
+
+    plane.lock().leading = false;
+    a.tick().await;
+    plane.lock().leading = true;
+    let mut b = with_policy(&plane);
+    for _ in 0..5 {
+        b.tick().await;
+    }
+    assert_eq!(desired(&plane), Some(3), "no change within the cooldown");
+}
+
 /// Goal: scaling out moves work with the handshake in the log: stop, the old owner's
 /// acknowledgement, then start on the new container, and never an assignment before the stop
 /// was acknowledged.

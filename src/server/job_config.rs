@@ -71,7 +71,8 @@ pub enum GrouperName {
 
 /// `[job.scaling]`: the lag policy ([`LagPolicy`]). One container is added while the lag per
 /// container exceeds `scale_out_lag`, one drained while it is below `scale_in_lag`, within
-/// `[min, max]`, at most once per `cooldown_ms`.
+/// `[min, max]`, at most once per `cooldown_ms`, which also starts over when a replica takes
+/// the lead (the log says the count changed, not when).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ScalingConfig {
