@@ -98,6 +98,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                         // A real task flushes its state and names its checkpoint here.
                         session.task_stopped(stop.task, None).await
                     }
+                    // Drained (the job scaled in): the controller moved every task off this
+                    // container first, and the session is over; there is nothing to answer.
+                    Command::DeregisterContainer(drained) if drained.epoch == session.epoch() => {
+                        println!("[{me}] drained: leaving");
+                        return Ok(());
+                    }
                     _ => {
                         let kind = kind_label(entry.frame.kind, entry.frame.version);
                         println!("[{me}] offset {}: {kind}", entry.offset);

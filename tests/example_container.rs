@@ -81,3 +81,56 @@ async fn the_container_example_joins_answers_and_leaves() {
     );
     cluster.shutdown().await;
 }
+
+/// Goal: the container example leaves cleanly when the controller drains it: it receives its
+/// own deregistration and exits 0 without answering it. 3d7237e's example (and the README's
+/// loop) acknowledged it, was refused `Fenced`, and exited with an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_container_example_exits_cleanly_when_drained() {
+    use ctrlog::log::DeregisterContainer;
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 1, |_| {}).await.unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    let seeds = cluster.client_addrs();
+    let example = tokio::process::Command::new(example_binary())
+        .args([
+            "--cluster",
+            &seeds.join(","),
+            "--id",
+            "c1",
+            "--commands",
+            "5",
+        ])
+        .env_remove("CTRLOG_CA")
+        .env_remove("CTRLOG_TOKEN")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the example was built by cargo test");
+    let client = ControlClient::connect(&seeds).await.unwrap();
+    let c1 = ContainerId::new("c1").unwrap();
+    let epoch = poll_until("the example to join", WAIT, POLL_INTERVAL, || async {
+        let state = client.state(0).await.map_err(|e| e.to_string())?;
+        let session = state.state.live_sessions().find(|s| s.container == c1);
+        session
+            .map(|s| s.epoch)
+            .ok_or_else(|| "not yet".to_string())
+    })
+    .await
+    .unwrap();
+    client
+        .append(Command::DeregisterContainer(DeregisterContainer {
+            container: c1.clone(),
+            epoch,
+        }))
+        .await
+        .unwrap();
+    let exited = tokio::time::timeout(WAIT, example.wait_with_output())
+        .await
+        .expect("the example finished")
+        .unwrap();
+    let said = String::from_utf8_lossy(&exited.stdout);
+    assert!(exited.status.success(), "{}: {said}", exited.status);
+    assert!(said.contains("drained: leaving"), "{said}");
+    cluster.shutdown().await;
+}
