@@ -1307,3 +1307,185 @@ async fn raw_peer_client(cluster: &LocalCluster, id: u64) -> ctrlog::raft::netwo
     .unwrap();
     ctrlog::raft::network::RaftRpcClient::new(tarpc::client::Config::default(), transport).spawn()
 }
+
+/// Goal: a backup taken under load restores into a new cluster whose job state equals the
+/// source's at the backup's offset, and the new cluster carries on from there. Steps: three
+/// replicas under a steady append load; `ctrlog snapshot save` (offset N); the load stops;
+/// the source's state at N is folded anew from its log (entries 1..=N); `ctrlog snapshot
+/// restore` into three empty directories, each a member at addresses of its own; the three
+/// start, elect a leader, answer `state` as of N equal to the fold, record one cluster id
+/// (another than the source's), and append at N + 1; a fetch from 1 is `Compacted`. 3d7237e
+/// had no backup but a copy of a stopped replica's directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_taken_under_load_restores_into_a_new_cluster() {
+    use ctrlog::server::{Replica, ReplicaConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let source = LocalCluster::start(&dir.path().join("source"), 3, |_| {})
+        .await
+        .unwrap();
+    source.wait_for_leader(WAIT).await.unwrap();
+    let seeds = source.client_addrs().join(",");
+    let client = ControlClient::connect(&source.client_addrs())
+        .await
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = tokio::spawn({
+        let (client, stop) = (client.clone(), stop.clone());
+        async move {
+            let mut n = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let command = Command::custom(1, 1, n.to_le_bytes().to_vec());
+                client.append(command).await.unwrap();
+            }
+        }
+    });
+    source.wait_for_applied(20, WAIT).await.unwrap();
+    let file = dir.path().join("job.backup");
+    let saved = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctrlog"))
+        .args(["snapshot", "save", file.to_str().unwrap(), "-o", "json"])
+        .env("CTRLOG_CLUSTER", &seeds)
+        .env("RUST_LOG", "off")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        saved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&saved.stderr)
+    );
+    let saved: serde_json::Value = serde_json::from_slice(&saved.stdout).unwrap();
+    let offset = saved["offset"].as_u64().unwrap();
+    assert!(offset >= 20);
+    stop.store(true, Ordering::Relaxed);
+    load.await.unwrap();
+    let mut expected = ctrlog::jobs::JobState::default();
+    for entry in read_from(&source.replica(1).clone_handle(), 1).await {
+        if entry.offset <= offset {
+            expected.apply_entry(&entry).unwrap();
+        }
+    }
+    assert_eq!(expected.last_offset(), offset);
+
+    // Addresses for the new cluster: three replicas started empty and stopped.
+    let mut members = std::collections::BTreeMap::new();
+    for id in 1..=3u64 {
+        let probe = Replica::start(ReplicaConfig {
+            id,
+            data_dir: dir.path().join(format!("probe-{id}")),
+            ..ReplicaConfig::default()
+        })
+        .await
+        .unwrap();
+        members.insert(id, probe.member());
+        probe.shutdown().await;
+    }
+    let listed: Vec<String> = (members.iter())
+        .map(|(id, m)| format!("{id}={}/{}", m.peer_addr, m.client_addr))
+        .collect();
+    let mut restored = Vec::new();
+    for (id, member) in &members {
+        let data = dir.path().join(format!("restored-{id}"));
+        let id_text = id.to_string();
+        let done = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctrlog"))
+            .args([
+                "snapshot",
+                "restore",
+                file.to_str().unwrap(),
+                "--id",
+                &id_text,
+            ])
+            .args([
+                "--data",
+                data.to_str().unwrap(),
+                "--initial-members",
+                &listed.join(","),
+            ])
+            .env("RUST_LOG", "off")
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            done.status.success(),
+            "{}",
+            String::from_utf8_lossy(&done.stderr)
+        );
+        let config = ReplicaConfig {
+            id: *id,
+            data_dir: data,
+            peer_addr: member.peer_addr.parse().unwrap(),
+            client_addr: member.client_addr.parse().unwrap(),
+            ..ReplicaConfig::default()
+        };
+        restored.push(config);
+    }
+    let format_of =
+        |config: &ReplicaConfig| std::fs::read_to_string(config.data_dir.join("format")).unwrap();
+    let cluster_line = |text: String| {
+        text.lines()
+            .find(|l| l.starts_with("cluster_id"))
+            .map(str::to_string)
+    };
+    let ids: BTreeSet<_> = restored
+        .iter()
+        .map(|c| cluster_line(format_of(c)))
+        .collect();
+    assert_eq!(ids.len(), 1, "one cluster id: {ids:?}");
+    let source_id =
+        cluster_line(std::fs::read_to_string(dir.path().join("source/replica-1/format")).unwrap());
+    assert!(
+        ids.iter().next().unwrap().is_some() && !ids.contains(&source_id),
+        "{ids:?}"
+    );
+
+    let mut replicas = Vec::new();
+    for config in restored {
+        replicas.push(Replica::start(config).await.unwrap());
+    }
+    let addrs: Vec<String> = members.values().map(|m| m.client_addr.clone()).collect();
+    let new_client = ControlClient::connect(&addrs).await.unwrap();
+    let state = new_client.consistent_state().await.unwrap();
+    assert_eq!(state.offset, offset);
+    assert_eq!(
+        *state.state, expected,
+        "the restored state is the source's at the backup"
+    );
+    let ack = new_client
+        .append(Command::custom(1, 1, b"after".to_vec()))
+        .await
+        .unwrap();
+    assert_eq!(ack.offset, offset + 1);
+    match new_client.fetch(FetchRequest::from(1)).await {
+        Err(ctrlog::client::ClientError::Api(ApiError::Compacted { .. })) => {}
+        other => panic!("expected Compacted below the backup, got {other:?}"),
+    }
+    // A restart right after: the restored snapshot and the entry after it come back.
+    let first = replicas.remove(0);
+    let config = ReplicaConfig {
+        id: first.id(),
+        data_dir: dir.path().join(format!("restored-{}", first.id())),
+        peer_addr: first.peer_addr(),
+        client_addr: first.client_addr(),
+        ..ReplicaConfig::default()
+    };
+    first.shutdown().await;
+    let first = Replica::start(config).await.unwrap();
+    let handle = first.clone_handle();
+    let state = poll_until("the restarted replica's state", WAIT, POLL_INTERVAL, || {
+        let handle = handle.clone();
+        async move {
+            handle
+                .state(ack.offset, WAIT)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(state.offset, ack.offset);
+    replicas.push(first);
+    for replica in replicas {
+        replica.shutdown().await;
+    }
+    source.shutdown().await;
+}

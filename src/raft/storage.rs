@@ -320,6 +320,12 @@ impl ClusterIdentity {
         Ok(())
     }
 
+    /// The id of a cluster seeded from a backup (`recover::seed_from_state`), which every
+    /// member's restore derives alike; recorded unless one is.
+    pub fn restored(&self, id: ClusterId) -> io::Result<ClusterId> {
+        self.adopt_unless_known(id)
+    }
+
     /// A caller that says it belongs to `theirs` meets this replica, which answers its Raft
     /// requests: a replica that records no cluster adopts the caller's (durably, before it
     /// answers), and one that records another is [`Meeting::Other`].

@@ -250,7 +250,7 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 /// name (`name.tmp`), which is synced and renamed into place, and the directory is synced, so
 /// that a crash leaves the old file (or none) or the new one, never a part. Returns the new
 /// file, open for reading and writing.
-pub(super) fn create_durably(
+pub fn create_durably(
     dir: &Path,
     name: &str,
     write: impl FnOnce(&File) -> io::Result<()>,

@@ -5,6 +5,7 @@
 //!
 //! Tools depend on everything; nothing outside `tools` and the binary depends on them.
 
+pub mod backup;
 pub mod bench;
 pub mod certs;
 pub mod chaos;

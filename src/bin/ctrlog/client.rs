@@ -73,6 +73,32 @@ pub enum VocabularyCmd {
 }
 
 #[derive(Subcommand)]
+pub enum SnapshotCmd {
+    /// Save a backup of the job to FILE: the state as of a linearizable read (every write
+    /// acknowledged before it began), checksummed. Restore it with `snapshot restore`.
+    Save {
+        /// Where to write it (replaced whole, or left as it was).
+        file: PathBuf,
+    },
+    /// Seed the empty data directory of one replica of a new cluster from a backup; run it
+    /// for every member with the same FILE and --initial-members, then start them with
+    /// `serve`. The new log continues at the backup's next offset. Talks to no cluster.
+    Restore {
+        /// The backup, as `snapshot save` wrote it.
+        file: PathBuf,
+        /// The new replica's data directory (must not hold a replica).
+        #[arg(long)]
+        data: PathBuf,
+        /// The new replica's id.
+        #[arg(long)]
+        id: u64,
+        /// The new cluster's members: 1=PEER/CLIENT,2=PEER/CLIENT,3=PEER/CLIENT.
+        #[arg(long)]
+        initial_members: String,
+    },
+}
+
+#[derive(Subcommand)]
 pub enum BroadcastCmd {
     /// A schema change: every live container must ack it (`schema-change`).
     Schema {
@@ -355,16 +381,50 @@ pub async fn state(
 }
 
 pub async fn snapshot(
+    action: Option<SnapshotCmd>,
     output: OutputFlags,
     flags: &ClientFlags,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
-    let offset = flags.connect().await?.snapshot().await?;
-    output.print(
-        out,
-        format!("snapshot taken; it covers offsets up to {offset}"),
-        || serde_json::json!({ "snapshot_offset": offset }),
-    )?;
+    use ctrlog::tools::backup;
+    match action {
+        None => {
+            let offset = flags.connect().await?.snapshot().await?;
+            output.print(
+                out,
+                format!("snapshot taken; it covers offsets up to {offset}"),
+                || serde_json::json!({ "snapshot_offset": offset }),
+            )?;
+        }
+        Some(SnapshotCmd::Save { file }) => {
+            let saved = backup::save(&flags.connect().await?, &file).await?;
+            output.print(
+                out,
+                format!("saved the job as of offset {} to {}", saved.offset(), file.display()),
+                || serde_json::json!({ "offset": saved.offset(), "file": file.display().to_string() }),
+            )?;
+        }
+        Some(SnapshotCmd::Restore {
+            file,
+            data,
+            id,
+            initial_members,
+        }) => {
+            let members = ctrlog::server::parse_members(&initial_members)?;
+            let (saved, seeded) = backup::restore(&file, &data, id, members).await?;
+            output.print(
+                out,
+                format!(
+                    "replica {id} restored in {} as of offset {}; start every member, and the \
+                     log continues at offset {}",
+                    data.display(),
+                    saved.offset(),
+                    seeded.offset + 1
+                ),
+                || serde_json::json!({ "restored": id, "offset": saved.offset(), "data": data.display().to_string() }),
+            )?;
+        }
+    }
     Ok(())
 }
 

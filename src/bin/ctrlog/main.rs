@@ -214,8 +214,11 @@ enum Cmd {
         #[command(flatten)]
         client: ClientFlags,
     },
-    /// Take a snapshot on the leader now (and purge what retention allows).
+    /// Take a snapshot on the leader now (and purge what retention allows); or save a backup
+    /// of the job to a file, or restore one into a new cluster's data directory.
     Snapshot {
+        #[command(subcommand)]
+        action: Option<client::SnapshotCmd>,
         #[command(flatten)]
         output: OutputFlags,
         #[command(flatten)]
@@ -422,7 +425,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             output,
             client,
         } => client::state(consistent, output, &client, &mut out).await?,
-        Cmd::Snapshot { output, client } => client::snapshot(output, &client, &mut out).await?,
+        Cmd::Snapshot {
+            action,
+            output,
+            client,
+        } => client::snapshot(action, output, &client, &mut out).await?,
         Cmd::Vocabulary {
             command,
             output,
