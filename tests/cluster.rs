@@ -909,6 +909,11 @@ impl RaftRpc for OlderBuildPeer {
     }
 
     /// Not listed in its `hello`, so never asked.
+    async fn take_over(self, _: tarpc::context::Context, _: u64, _: u64) -> Result<(), ApiError> {
+        unreachable!("an older build is not handed over to")
+    }
+
+    /// Not listed in its `hello`, so never asked.
     async fn introduce(
         self,
         _: tarpc::context::Context,

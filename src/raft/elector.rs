@@ -35,6 +35,14 @@
 //!   and drop its own candidacy, round after round (seen in `ctrlog chaos`: 60 s without a
 //!   leader). Backing off lets the others' terms overtake it.
 //!
+//! * a leader that stops (SIGTERM) hands over: it names the most caught-up voter after its
+//!   Raft core went silent ([`ElectionTimer::handed_over`]), and that voter stands the moment
+//!   the voters' leases lapse, a margin after, rather than a heartbeat and a random spread
+//!   later; a heartbeat of the old leader that arrives after the handover moves nothing.
+//!   openraft 0.9 offers no way to shorten the voters' lease, so a handover costs one lease
+//!   (`election_timeout_max`) plus a vote round, against a failover's lease, heartbeat and
+//!   spread.
+//!
 //! Safety is openraft's alone: who may vote for whom (the voters' lease and log checks) is
 //! unchanged; this decides only when a replica asks.
 
@@ -50,6 +58,10 @@ use super::types::{
     AppendEntriesResponse, InstallSnapshotResponse, Raft, Vote, VoteRequest, VoteResponse,
 };
 use crate::NodeId;
+
+/// How long after the voters' leases lapse a handed-over voter stands: room for a heartbeat
+/// that left the old leader as its core stopped, and for the two clocks' rates.
+pub const HANDOVER_MARGIN: Duration = Duration::from_millis(20);
 
 /// Doublings of the wait after candidacies in a row that no peer answered: at most 8 × the
 /// timeout (3.6 s with the defaults) between such tries.
@@ -86,6 +98,8 @@ struct TimerState {
     unanswered: bool,
     /// Candidacies in a row that no peer answered.
     unanswered_in_a_row: u32,
+    /// A leader handed over to this replica, which stands then whatever it hears before.
+    handed_over_at: Option<Instant>,
     random: StdRng,
 }
 
@@ -118,6 +132,7 @@ impl ElectionTimer {
             refused_for_log: false,
             unanswered: false,
             unanswered_in_a_row: 0,
+            handed_over_at: None,
             random: StdRng::seed_from_u64(seed),
         };
         let first = state.after_lease(&timing);
@@ -139,14 +154,33 @@ impl ElectionTimer {
         self.with(|state, _| state.stand_at)
     }
 
-    /// A leader was heard: stand only once the voters' leases have passed.
+    /// A leader was heard: stand only once the voters' leases have passed. A heartbeat the
+    /// old leader sent before it handed over, arriving after, moves nothing.
     fn heard_leader(&self) {
         self.with(|state, timing| {
             state.refused_for_log = false;
             state.unanswered = false;
             state.unanswered_in_a_row = 0;
-            state.stand_at = Instant::now() + state.after_lease(timing);
+            if state.handed_over_at.is_none() {
+                state.stand_at = Instant::now() + state.after_lease(timing);
+            }
         });
+    }
+
+    /// The leader handed over to this replica, its core silent for `silent_for` already
+    /// (a stopping leader, whose last message left then): stand as soon as every voter's
+    /// lease from that message has lapsed, [`HANDOVER_MARGIN`] after. Stands once; a new
+    /// leader heard afterwards moves the timer as usual.
+    pub fn handed_over(&self, silent_for: Duration) {
+        self.with(|state, timing| {
+            let stand_at =
+                Instant::now() + timing.lease().saturating_sub(silent_for) + HANDOVER_MARGIN;
+            state.stand_at = stand_at;
+            state.handed_over_at = Some(stand_at);
+            state.refused_for_log = false;
+            state.unanswered_in_a_row = 0;
+        });
+        self.hastened.notify_one();
     }
 
     /// This replica granted its vote: give that candidate a fresh timeout to win.
@@ -171,6 +205,7 @@ impl ElectionTimer {
     /// unanswered candidacy in a row, plus a lease if a longer log refused the last one.
     fn standing(&self) {
         self.with(|state, timing| {
+            state.handed_over_at = None;
             if std::mem::replace(&mut state.unanswered, true) {
                 state.unanswered_in_a_row += 1;
             } else {
@@ -345,6 +380,24 @@ mod tests {
             waits.insert(wait);
         }
         assert!(waits.len() > 50, "{waits:?}");
+    }
+
+    /// A handed-over follower stands as the voters' leases from the stopped leader's last
+    /// message lapse, a margin after, with no spread; a heartbeat that arrives after the
+    /// handover (sent before it) moves nothing; once it stood, a leader heard moves the
+    /// timer as usual.
+    #[tokio::test(start_paused = true)]
+    async fn a_handed_over_follower_stands_as_the_leases_lapse() {
+        let timer = ElectionTimer::new(TIMING, 1);
+        timer.heard_leader();
+        timer.handed_over(Duration::from_millis(30));
+        let expected = TIMING.lease() - Duration::from_millis(30) + HANDOVER_MARGIN;
+        assert_eq!(wait(&timer), expected);
+        timer.heard_leader();
+        assert_eq!(wait(&timer), expected, "a late heartbeat moves nothing");
+        timer.standing();
+        timer.heard_leader();
+        assert!(wait(&timer) >= TIMING.lease() + TIMING.heartbeat);
     }
 
     /// Regression (issue 31): a restarted follower stood 300–450 ms after start, before the

@@ -96,6 +96,11 @@ pub trait RaftRpc {
     /// [`ApiError::OtherCluster`], after which the connection serves no Raft request
     /// ([`ClusterIdentity`]). Added after `hello` and last, for the same reason.
     async fn introduce(cluster: Option<ClusterId>) -> Result<Option<ClusterId>, ApiError>;
+    /// The leader `from`, stopping, hands over to this replica: its Raft core has been silent
+    /// for `silent_for_ms`, and this replica stands once the voters' leases from its last
+    /// message lapse ([`ElectionTimer::handed_over`]). Refused unless this replica follows
+    /// `from`. Sent only to a peer whose `hello` lists `take_over`; added last.
+    async fn take_over(from: NodeId, silent_for_ms: u64) -> Result<(), ApiError>;
 }
 
 /// The rules every incoming Raft request follows, whatever carried it (the peer port's tarpc
@@ -305,6 +310,59 @@ impl PeerNetwork {
             .await
             .map_err(CallError::into_message)?;
         Ok(hello.vocabulary_level_max)
+    }
+}
+
+/// A connection to a peer that a stopping leader hands over to, dialled and introduced while
+/// its Raft core still runs, so that the handover waits on no dial once the core is silent.
+pub struct Handover {
+    to: NodeId,
+    client: RaftRpcClient,
+}
+
+impl PeerNetwork {
+    /// Dials `to` at `member` for a handover, within `timeout`; `Err` names why not (its
+    /// build takes no handover: a v0.1.0 peer, or one before handovers).
+    pub async fn prepare_handover(
+        &self,
+        to: NodeId,
+        member: &Member,
+        timeout: Duration,
+    ) -> Result<Handover, String> {
+        let mut peer = self.client_for(to, member);
+        let (client, hello) = peer
+            .connected(timeout)
+            .await
+            .map_err(CallError::into_message)?;
+        if !hello.requests.iter().any(|request| request == "take_over") {
+            return Err(format!("replica {to}'s build takes no handover"));
+        }
+        Ok(Handover { to, client })
+    }
+}
+
+impl Handover {
+    /// The replica handed over to.
+    pub fn to(&self) -> NodeId {
+        self.to
+    }
+
+    /// Tells the peer that `from`, whose core has been silent since `silent_since`, hands
+    /// over to it, within `timeout`.
+    pub async fn send(
+        self,
+        from: NodeId,
+        silent_since: Instant,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        let mut ctx = context::current();
+        ctx.deadline = Instant::now() + timeout;
+        let silent_for = silent_since.elapsed().as_millis() as u64;
+        match self.client.take_over(ctx, from, silent_for).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(refused)) => Err(format!("replica {} refused: {refused}", self.to)),
+            Err(error) => Err(format!("replica {}: {error}", self.to)),
+        }
     }
 }
 
@@ -818,6 +876,10 @@ mod tests {
             cluster: Option<ClusterId>,
         ) -> Result<Option<ClusterId>, ApiError> {
             Ok(cluster)
+        }
+
+        async fn take_over(self, _: context::Context, _: NodeId, _: u64) -> Result<(), ApiError> {
+            Ok(())
         }
     }
 

@@ -156,6 +156,31 @@ impl RaftRpc for RaftRpcServer {
         Ok(hello)
     }
 
+    /// A stopping leader hands over: accepted from the leader this replica follows (and, with
+    /// TLS, whose certificate names it), never from another node.
+    async fn take_over(
+        self,
+        _: context::Context,
+        from: NodeId,
+        silent_for_ms: u64,
+    ) -> Result<(), ApiError> {
+        let named = self
+            .peer_nodes
+            .as_deref()
+            .is_none_or(|nodes| nodes.contains(&from));
+        let follows = self.answers.raft.metrics().borrow().current_leader == Some(from);
+        if !(named && follows) || self.other_cluster.load(Ordering::Relaxed) {
+            tracing::warn!(peer = %self.peer, from, "refused a handover from a node that does not lead here");
+            return Err(ApiError::Rejected(format!(
+                "replica {from} does not lead this replica: no handover"
+            )));
+        }
+        let silent_for = std::time::Duration::from_millis(silent_for_ms);
+        tracing::info!(from, silent_for_ms, "the leader hands over to this replica");
+        self.answers.elections.handed_over(silent_for);
+        Ok(())
+    }
+
     /// Adopts the caller's cluster if this replica records none (durably, before the
     /// caller's first Raft request, which it sends only once answered), or refuses the
     /// connection's Raft requests if it records another ([`ClusterIdentity`]).

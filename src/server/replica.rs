@@ -69,6 +69,8 @@ pub struct Replica {
     stopped: bool,
     /// Fires when the storage is closed; taken by [`Replica::shutdown`] to wait for it.
     storage_closed: Option<Closed>,
+    /// The peers, as Raft dials them: a stopping leader dials one more to hand over.
+    peers: PeerNetwork,
 }
 
 impl std::ops::Deref for Replica {
@@ -97,6 +99,18 @@ impl Drop for Replica {
         }
     }
 }
+
+/// How long a stopping leader waits for a voter to hold its last entry before it hands over
+/// to the one that holds the most: under a steady load there is always one more entry.
+const HANDOVER_CATCH_UP_MAX: Duration = Duration::from_millis(300);
+
+/// How long a stopping leader may take to dial the voter it hands over to.
+const HANDOVER_DIAL_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How long the handover message may take once the leader's core is silent: the voter
+/// stands a lease after the core's last message whatever it is told, so a late message only
+/// loses the handover.
+const HANDOVER_SEND_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// Says once, at start, that this replica's own log no longer counts it a member: it was
 /// removed, and serves nothing (`/readyz` answers 503, its peers refuse it) until it is
@@ -226,6 +240,7 @@ impl Replica {
             fetch_answer_bytes_max: config.client_frame_bytes_max - ANSWER_ENVELOPE_BYTES_MAX,
             secret_config_keys: config.secret_config_keys.clone(),
         };
+        let handover_peers = peers.clone();
         let (node, node_tasks) = Node::start(
             node_config,
             peers.clone(),
@@ -319,6 +334,7 @@ impl Replica {
             tasks,
             stop,
             handle,
+            peers: handover_peers,
         };
         tracing::info!(id = config.id, %peer_addr, %client_addr, ?http_addr, "replica started");
         for warning in config.exposure_warnings() {
@@ -330,6 +346,79 @@ impl Replica {
             replica.initialize(config.initial_members.clone()).await?;
         }
         Ok(replica)
+    }
+
+    /// Stops as [`shutdown`](Self::shutdown) does; a leader first hands over to its most
+    /// caught-up voter (`ctrlog serve` on SIGTERM): it waits (briefly) for one to hold its
+    /// last entry, dials it, stops its Raft core, and tells it so, and that voter stands as
+    /// soon as the voters' leases from the core's last message lapse, instead of a heartbeat
+    /// and a random spread after (`raft::elector`). Without a voter whose build takes a
+    /// handover, it stops as before and the voters elect on their timeouts.
+    pub async fn shutdown_handing_over(self) {
+        if let Some(handover) = self.prepare_handover().await {
+            let to = handover.to();
+            if let Err(error) = self.raft().shutdown().await {
+                tracing::warn!(%error, "raft did not shut down cleanly");
+            }
+            let silent_since = std::time::Instant::now();
+            match handover
+                .send(self.id(), silent_since, HANDOVER_SEND_TIMEOUT)
+                .await
+            {
+                Ok(()) => tracing::info!(to, "handed the leadership over to replica {to}"),
+                Err(why) => tracing::warn!(
+                    %why,
+                    "no handover; the voters elect a leader on their election timeouts"
+                ),
+            }
+        }
+        self.shutdown().await
+    }
+
+    /// The voter this leader hands over to, dialled: the one that holds the most of its log,
+    /// waiting up to [`HANDOVER_CATCH_UP_MAX`] for one to hold the last entry. `None` on a
+    /// follower, a lone voter, or a peer that takes no handover.
+    async fn prepare_handover(&self) -> Option<crate::raft::network::Handover> {
+        let id = self.id();
+        let mut metrics = self.raft().metrics();
+        let (last, membership) = {
+            let m = metrics.borrow();
+            if m.current_leader != Some(id) {
+                return None;
+            }
+            (m.last_log_index, m.membership_config.membership().clone())
+        };
+        let voters: Vec<NodeId> = membership.voter_ids().filter(|v| *v != id).collect();
+        let deadline = tokio::time::Instant::now() + HANDOVER_CATCH_UP_MAX;
+        let best = loop {
+            let best = {
+                let m = metrics.borrow_and_update();
+                let matched = |voter: &NodeId| {
+                    let index = m.replication.as_ref()?.get(voter).copied().flatten()?.index;
+                    Some((index, *voter))
+                };
+                voters.iter().filter_map(matched).max()
+            };
+            let caught_up = best.is_some_and(|(index, _)| Some(index) >= last);
+            if caught_up || tokio::time::Instant::now() >= deadline {
+                break best;
+            }
+            if let Ok(Err(_)) = tokio::time::timeout_at(deadline, metrics.changed()).await {
+                return None; // Raft stopped under it
+            }
+        };
+        let (_, to) = best?;
+        let member = membership.get_node(&to)?;
+        match (self.peers)
+            .prepare_handover(to, member, HANDOVER_DIAL_TIMEOUT)
+            .await
+        {
+            Ok(handover) => Some(handover),
+            Err(why) => {
+                tracing::warn!(%why, "no handover; the voters elect a leader on their election timeouts");
+                None
+            }
+        }
     }
 
     /// Stops Raft and the listeners, then waits (up to a grace period) for the storage to
@@ -493,7 +582,11 @@ pub async fn serve(
     if let Some(controller) = controller {
         let _ = controller.await;
     }
-    replica.shutdown().await;
+    match result {
+        // Stopping as asked (SIGTERM): a leader hands over first.
+        Ok(()) => replica.shutdown_handing_over().await,
+        Err(_) => replica.shutdown().await,
+    }
     result
 }
 

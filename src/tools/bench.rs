@@ -422,11 +422,13 @@ impl ProcessCluster {
             .arg("--data")
             .arg(&data)
             .args(&self.extra)
-            // `CTRLOG_REPLICA_LOG` sets the replicas' filter (e.g. `info` to follow elections).
+            // `CTRLOG_REPLICA_LOG` sets the replicas' filter (e.g. `info` to follow elections);
+            // by default warnings, the controller, and a replica's start, stop and handover.
             .env(
                 "RUST_LOG",
-                std::env::var("CTRLOG_REPLICA_LOG")
-                    .unwrap_or_else(|_| "warn,ctrlog::controller=info".into()),
+                std::env::var("CTRLOG_REPLICA_LOG").unwrap_or_else(|_| {
+                    "warn,ctrlog::controller=info,ctrlog::server::replica=info".into()
+                }),
             )
             .env("TOKIO_WORKER_THREADS", self.worker_threads.to_string())
             .stdin(Stdio::null())

@@ -19,7 +19,8 @@
 //! Requests added since without a new version, listed in `hello`'s answer (a caller asks a
 //! server for one only if its `hello` offers it): `storage_status` and `read_index` on the
 //! client port;
-//! `introduce` on the peer port (the caller's cluster id, compared with the server's).
+//! `introduce` on the peer port (the caller's cluster id, compared with the server's), and
+//! `take_over` (a stopping leader hands over to a follower).
 
 use std::ops::RangeInclusive;
 
@@ -42,7 +43,7 @@ pub const CLIENT_REQUESTS_AFTER_V010: &[&str] =
     &["state_chunk", "hello", "storage_status", "read_index"];
 
 /// The peer port's requests added after v0.1.0, which a `hello` answer lists.
-pub const PEER_REQUESTS_AFTER_V010: &[&str] = &["hello", "introduce"];
+pub const PEER_REQUESTS_AFTER_V010: &[&str] = &["hello", "introduce", "take_over"];
 
 /// This build, as a `hello` names it.
 pub const BUILD: &str = concat!("ctrlog ", env!("CARGO_PKG_VERSION"));
