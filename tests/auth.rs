@@ -765,7 +765,9 @@ async fn a_deployment_style_container_joins_works_and_leaves_under_a_prefix_role
         .unwrap()
         .unwrap();
     assert!(left.success(), "{left}");
-    let state = admin.state(0).await.unwrap().state;
+    // The container's deregistration is another client's write: read it linearizably (a
+    // follower may not have applied it yet).
+    let state = admin.consistent_state().await.unwrap().state;
     let status = state.containers().get(&id).map(|record| &record.status);
     assert_eq!(
         status,
