@@ -31,7 +31,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-pub use inputs::{InputSource, StaticInputs, WatchedFile};
+pub use inputs::{InputSource, StaticInputs, WatchedFile, NO_INPUTS};
 pub use launcher::{ContainerLauncher, LaunchSettings, ProcessLauncher, SettingsFn, STOP_GRACE};
 
 use crate::jobs::plan::{owed_acks, plan, Action, Grouper, Observed, ScalingPolicy};

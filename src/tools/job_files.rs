@@ -59,7 +59,10 @@ impl JobFiles {
 
     /// Rewrites the inputs as an operator would, atomically: `kafka/events/{partitions}`.
     pub fn set_inputs(&self, partitions: std::ops::Range<u32>) -> anyhow::Result<()> {
-        let text: String = partitions.map(|p| format!("kafka/events/{p}\n")).collect();
+        let mut text: String = partitions.map(|p| format!("kafka/events/{p}\n")).collect();
+        if text.is_empty() {
+            text = format!("{}\n", crate::controller::NO_INPUTS);
+        }
         let next = self.inputs.with_extension("next");
         std::fs::write(&next, text).context("writing the inputs file")?;
         std::fs::rename(&next, &self.inputs).context("replacing the inputs file")

@@ -16,6 +16,7 @@
 //! The inputs are `bench/s{j}/{p}` over [`STREAMS`] streams, so the partition grouper makes
 //! `M / STREAMS` tasks, spread over the `N` containers.
 
+use crate::controller::NO_INPUTS;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -117,6 +118,9 @@ impl Containers {
 
 /// The inputs file of a job of `inputs` inputs (see the module docs).
 fn inputs_file(inputs: usize) -> String {
+    if inputs == 0 {
+        return format!("{NO_INPUTS}\n");
+    }
     let per_stream = inputs.div_ceil(STREAMS);
     (0..inputs)
         .map(|i| format!("bench/s{}/{}\n", i / per_stream, i % per_stream))
@@ -288,7 +292,7 @@ pub async fn scale(run: &ScaleRun) -> anyhow::Result<serde_json::Value> {
     // The inputs appear once every container has registered (the file is watched), so that
     // the first plan spreads the tasks over all of them: tasks given to the first few would
     // then be moved one at a time, a task's move being four commits and a tick.
-    std::fs::write(&inputs_path, "")?;
+    std::fs::write(&inputs_path, format!("{NO_INPUTS}\n"))?;
     let tasks = run.inputs.div_ceil(STREAMS);
     let count = run.containers.to_string();
     let extra: Vec<String> = [
