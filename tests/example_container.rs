@@ -15,6 +15,20 @@ fn example_binary() -> std::path::PathBuf {
     profile.join("examples").join("container")
 }
 
+/// Runs the example as container `c1` of the cluster at `seeds`, obeying up to `commands`
+/// commands, its output piped.
+fn spawn_example(seeds: &[String], commands: u32) -> tokio::process::Child {
+    tokio::process::Command::new(example_binary())
+        .args(["--cluster", &seeds.join(","), "--id", "c1"])
+        .args(["--commands", &commands.to_string()])
+        .env_remove("CTRLOG_CA")
+        .env_remove("CTRLOG_TOKEN")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the example was built by cargo test")
+}
+
 /// Goal: the container example joins the job as a session, answers what it is sent (a
 /// schema broadcast is acknowledged, so no handshake stays pending) and leaves the job when
 /// done. Steps: one replica; the example runs with `--commands 2`; once it is live, a schema
@@ -26,20 +40,7 @@ async fn the_container_example_joins_answers_and_leaves() {
     let cluster = LocalCluster::start(dir.path(), 1, |_| {}).await.unwrap();
     cluster.wait_for_leader(WAIT).await.unwrap();
     let seeds = cluster.client_addrs();
-    let mut example = tokio::process::Command::new(example_binary())
-        .args([
-            "--cluster",
-            &seeds.join(","),
-            "--id",
-            "c1",
-            "--commands",
-            "2",
-        ])
-        .env_remove("CTRLOG_CA")
-        .env_remove("CTRLOG_TOKEN")
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the example was built by cargo test");
+    let mut example = spawn_example(&seeds, 2);
 
     let client = ControlClient::connect(&seeds).await.unwrap();
     let c1 = ContainerId::new("c1").unwrap();
@@ -92,21 +93,7 @@ async fn the_container_example_exits_cleanly_when_drained() {
     let cluster = LocalCluster::start(dir.path(), 1, |_| {}).await.unwrap();
     cluster.wait_for_leader(WAIT).await.unwrap();
     let seeds = cluster.client_addrs();
-    let example = tokio::process::Command::new(example_binary())
-        .args([
-            "--cluster",
-            &seeds.join(","),
-            "--id",
-            "c1",
-            "--commands",
-            "5",
-        ])
-        .env_remove("CTRLOG_CA")
-        .env_remove("CTRLOG_TOKEN")
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the example was built by cargo test");
+    let example = spawn_example(&seeds, 5);
     let client = ControlClient::connect(&seeds).await.unwrap();
     let c1 = ContainerId::new("c1").unwrap();
     let epoch = poll_until("the example to join", WAIT, POLL_INTERVAL, || async {
