@@ -1104,3 +1104,59 @@ async fn an_interrupted_bench_leaves_no_replica_and_no_folder() {
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
     assert!(left.is_empty(), "folders left: {left:?}");
 }
+
+/// Goal: `ctrlog members transfer-leader --to N` moves the leadership to voter N with one
+/// election, under a steady append load that loses no append; a replica that is not a voter
+/// is refused (exit 4). 3d7237e had no such command: the only way was to stop the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_is_transferred_to_the_voter_named() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let to = cluster.follower_of(leader);
+    let client = ctrlog::client::ControlClient::connect(&cluster.client_addrs())
+        .await
+        .unwrap();
+    let term_before = client.leader_status().await.unwrap().term;
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = tokio::spawn({
+        let (client, stop) = (client.clone(), stop.clone());
+        async move {
+            let (mut appended, mut failed) = (0, Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                match client
+                    .append(ctrlog::log::Command::custom(1, 1, vec![1]))
+                    .await
+                {
+                    Ok(_) => appended += 1,
+                    Err(error) => failed.push(error.to_string()),
+                }
+            }
+            (appended, failed)
+        }
+    });
+    let seeds = cluster.client_addrs().join(",");
+    let to_text = to.to_string();
+    let args = ["members", "transfer-leader", "--to", &to_text, "-o", "json"];
+    let moved = json_lines(&ctrlog(&seeds, &args).await);
+    assert_eq!(moved[0]["leader"], to);
+    stop.store(true, Ordering::Relaxed);
+    let (appended, failed) = load.await.unwrap();
+    assert!(
+        failed.is_empty() && appended > 0,
+        "{appended} appended, failed: {failed:?}"
+    );
+    let status = client.leader_status().await.unwrap();
+    assert_eq!(
+        (status.leader_id, status.term),
+        (Some(to), term_before + 1),
+        "one election"
+    );
+
+    let said = exits_within(&seeds, &["members", "transfer-leader", "--to", "9"], 4).await;
+    assert!(said.contains("not a member"), "{said}");
+    let said = exits_within(&seeds, &["members", "transfer-leader", "--to", &to_text], 4).await;
+    assert!(said.contains("not another voter"), "{said}");
+}

@@ -1020,6 +1020,17 @@ impl ControlClient {
         self.within(call).await
     }
 
+    /// Hands the leadership over to the voter `to` (follows redirects to the leader);
+    /// answered once `to` leads. About an election timeout, during which appends wait.
+    ///
+    /// Cancel safe: dropping the future abandons the call; the leader still hands over.
+    pub async fn transfer_leader(&self, to: NodeId) -> Result<NodeId, ClientError> {
+        let call = (self.connector).call(true, |rpc, ctx, _| async move {
+            rpc.transfer_leader(ctx, to).await
+        });
+        self.within(call).await
+    }
+
     /// The status of whichever replica answers.
     ///
     /// Cancel safe: dropping the future abandons the call and changes nothing.

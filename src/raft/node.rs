@@ -79,6 +79,10 @@ pub trait MemberLevels: Send + Sync {
     ) -> BoxFuture<'a, Result<Level, String>>;
 }
 
+/// How long a leader handing over waits, after its last entry is committed, for the message
+/// that carries the commit to leave: longer than a replication round on a LAN.
+const HANDOVER_SETTLE: Duration = Duration::from_millis(20);
+
 /// What a node is started with, besides its network and storage.
 pub struct NodeConfig {
     pub id: NodeId,
@@ -109,6 +113,8 @@ struct NodeInner {
     /// Held through each membership change, so that changes run one at a time here.
     membership_changes: tokio::sync::Mutex<()>,
     levels: Arc<dyn MemberLevels>,
+    /// The voter this leader is handing over to (0: none): appends are sent there meanwhile.
+    handing_over_to: std::sync::atomic::AtomicU64,
 }
 
 /// A cheap, cloneable handle to a running Raft node.
@@ -172,6 +178,7 @@ impl Node {
                 lease,
                 membership_changes: tokio::sync::Mutex::new(()),
                 levels,
+                handing_over_to: std::sync::atomic::AtomicU64::new(0),
             }),
         };
         Ok((node, tasks))
@@ -283,6 +290,13 @@ impl Node {
         }
         if self.leads_without_quorum() {
             return Err(not_leader(None, None));
+        }
+        if let Some(to) = self.handing_over_to() {
+            let metrics = self.metrics();
+            return Err(not_leader(
+                Some(to),
+                metrics.membership_config.membership().get_node(&to),
+            ));
         }
         let producer = proposal.producer;
         // An append waiting for a leader that loses its quorum meanwhile is answered then: its
@@ -470,6 +484,87 @@ impl Node {
             )));
         }
         Ok(())
+    }
+
+    /// The voter this leader is handing over to, if it is ([`quiesce_for_handover`]).
+    ///
+    /// [`quiesce_for_handover`]: Self::quiesce_for_handover
+    pub fn handing_over_to(&self) -> Option<NodeId> {
+        match self
+            .inner
+            .handing_over_to
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            0 => None,
+            to => Some(to),
+        }
+    }
+
+    /// Makes this leader fall silent for a handover to the voter `to`: appends are answered
+    /// `NotLeader` naming `to`, heartbeats stop, and it waits (up to `catch_up_max`) until
+    /// `to` holds and the leader has committed its last entry, then for the message carrying
+    /// that commit to leave. Then no voter hears it again, and their leases lapse an
+    /// `election_timeout_max` later. [`end_handover`](Self::end_handover) undoes it, whether
+    /// the handover succeeded or not. `NotLeader` on a follower; `Rejected` for a `to` that is
+    /// not another voter.
+    pub async fn quiesce_for_handover(
+        &self,
+        to: NodeId,
+        catch_up_max: Duration,
+    ) -> Result<(), ApiError> {
+        let mut metrics = self.raft().metrics();
+        {
+            let m = metrics.borrow();
+            if m.current_leader != Some(self.id()) {
+                return Err(not_leader_from(&m));
+            }
+            let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
+            if to == self.id() || !voters.contains(&to) {
+                return Err(ApiError::Rejected(format!(
+                    "replica {to} is not another voter: the voters are {voters:?}"
+                )));
+            }
+        }
+        self.inner
+            .handing_over_to
+            .store(to, std::sync::atomic::Ordering::Release);
+        self.raft().runtime_config().heartbeat(false);
+        let deadline = tokio::time::Instant::now() + catch_up_max;
+        loop {
+            let settled = {
+                let m = metrics.borrow_and_update();
+                let held = (m.replication.as_ref())
+                    .and_then(|r| r.get(&to).copied().flatten())
+                    .map(|l| l.index);
+                let last = m.last_log_index;
+                let committed = m.last_applied.map(|l| l.index);
+                last.is_some() && held == last && committed == last
+            };
+            if settled {
+                break;
+            }
+            match tokio::time::timeout_at(deadline, metrics.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(ApiError::ShuttingDown),
+                Err(_) => {
+                    return Err(ApiError::Unavailable(format!(
+                        "replica {to} did not catch up within {catch_up_max:?}"
+                    )))
+                }
+            }
+        }
+        // The commit of the last entry reaches the followers in one more message.
+        tokio::time::sleep(HANDOVER_SETTLE).await;
+        Ok(())
+    }
+
+    /// Ends a handover ([`quiesce_for_handover`](Self::quiesce_for_handover)): appends are
+    /// taken again, and heartbeats resume should this replica still lead.
+    pub fn end_handover(&self) {
+        self.raft().runtime_config().heartbeat(true);
+        self.inner
+            .handing_over_to
+            .store(0, std::sync::atomic::Ordering::Release);
     }
 
     /// The read index for a linearizable read: confirms with a quorum of voters that this

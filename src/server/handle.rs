@@ -15,6 +15,7 @@ use super::tls::CertificateExpiry;
 use crate::controller::ControlPlane;
 use crate::jobs::{JobState, ReportedLag, Session};
 use crate::log::{Command, ContainerId, Epoch, Offset, Proposal, Target, TaskId};
+use crate::raft::network::PeerNetwork;
 use crate::raft::node::Node;
 use crate::raft::scrub::StorageFaults;
 use crate::raft::state_machine::{Applied, SnapshotStats};
@@ -44,7 +45,25 @@ pub(super) struct Inner {
     pub(super) storage_faults: Arc<StorageFaults>,
     /// The cluster this replica's directory records.
     pub(super) cluster: Arc<ClusterIdentity>,
+    /// The peers, as Raft dials them: a leader dials one more to hand over.
+    pub(super) peers: PeerNetwork,
 }
+
+/// How long a leader may take to dial the voter it hands over to.
+pub(super) const HANDOVER_DIAL_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How long the handover message may take once the leader is silent: the voter stands a
+/// lease after the leader's last message whatever it is told, so a late message only loses
+/// the handover.
+pub(super) const HANDOVER_SEND_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// How long `transfer_leader` waits for the voter it hands over to to hold the leader's
+/// last entry (appends are refused meanwhile, so it stops growing).
+const TRANSFER_CATCH_UP_MAX: Duration = Duration::from_secs(2);
+
+/// How long `transfer_leader` waits for the voter to lead once told: a lease, a vote round,
+/// and room for a slow disk.
+const TRANSFER_MAX: Duration = Duration::from_secs(5);
 
 /// A cheap, cloneable handle to a running replica: the library API.
 #[derive(Clone)]
@@ -192,6 +211,52 @@ impl ReplicaHandle {
     /// The lag each live container last reported to this leader ([`Node::reported_lag`]).
     pub fn reported_lag(&self) -> Result<BTreeMap<ContainerId, u64>, ApiError> {
         self.inner.node.reported_lag()
+    }
+
+    /// Hands the leadership over to the voter `to` (`ctrlog members transfer-leader`): this
+    /// leader dials it, falls silent ([`Node::quiesce_for_handover`]) and tells it so, and `to`
+    /// stands as the voters' leases lapse (an `election_timeout_max`). Answers once `to`
+    /// leads; appends meanwhile are answered `NotLeader` naming `to`. `Unavailable` if it
+    /// did not happen within [`TRANSFER_MAX`], when this replica takes appends again.
+    pub async fn transfer_leader(&self, to: NodeId) -> Result<NodeId, ApiError> {
+        let member = (self
+            .metrics()
+            .membership_config
+            .membership()
+            .get_node(&to)
+            .cloned())
+        .ok_or_else(|| ApiError::Rejected(format!("replica {to} is not a member")))?;
+        if !self.is_leader() {
+            return Err(crate::raft::types::not_leader_from(&self.metrics()));
+        }
+        let handover = (self.inner.peers)
+            .prepare_handover(to, &member, HANDOVER_DIAL_TIMEOUT)
+            .await
+            .map_err(ApiError::Unavailable)?;
+        let node = &self.inner.node;
+        let moved = async {
+            node.quiesce_for_handover(to, TRANSFER_CATCH_UP_MAX).await?;
+            (handover.send(self.id(), std::time::Instant::now(), HANDOVER_SEND_TIMEOUT))
+                .await
+                .map_err(ApiError::Unavailable)?;
+            let mut metrics = self.raft().metrics();
+            let leads =
+                async { (metrics.wait_for(|m| m.current_leader == Some(to)).await).map(drop) };
+            match tokio::time::timeout(TRANSFER_MAX, leads).await {
+                Ok(Ok(())) => Ok(to),
+                Ok(Err(_)) => Err(ApiError::ShuttingDown),
+                Err(_) => Err(ApiError::Unavailable(format!(
+                    "replica {to} did not take the lead within {TRANSFER_MAX:?}; this replica \
+                     takes appends again"
+                ))),
+            }
+        }
+        .await;
+        node.end_handover();
+        if moved.is_ok() {
+            tracing::info!(to, "handed the leadership over to replica {to}");
+        }
+        moved
     }
 
     /// The read index for a linearizable read ([`Node::read_index`]).

@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use super::auth::Authenticator;
 use super::config::{ConfigError, ReplicaConfig};
 use super::connections::PortLimits;
-use super::handle::{Inner, ReplicaHandle};
+use super::handle::{Inner, ReplicaHandle, HANDOVER_DIAL_TIMEOUT, HANDOVER_SEND_TIMEOUT};
 use super::http::{bind_http, serve_http};
 use super::page_access::PageAccess;
 use super::peers::{bind_peers, serve_peers};
@@ -69,8 +69,6 @@ pub struct Replica {
     stopped: bool,
     /// Fires when the storage is closed; taken by [`Replica::shutdown`] to wait for it.
     storage_closed: Option<Closed>,
-    /// The peers, as Raft dials them: a stopping leader dials one more to hand over.
-    peers: PeerNetwork,
 }
 
 impl std::ops::Deref for Replica {
@@ -103,14 +101,6 @@ impl Drop for Replica {
 /// How long a stopping leader waits for a voter to hold its last entry before it hands over
 /// to the one that holds the most: under a steady load there is always one more entry.
 const HANDOVER_CATCH_UP_MAX: Duration = Duration::from_millis(300);
-
-/// How long a stopping leader may take to dial the voter it hands over to.
-const HANDOVER_DIAL_TIMEOUT: Duration = Duration::from_millis(500);
-
-/// How long the handover message may take once the leader's core is silent: the voter
-/// stands a lease after the core's last message whatever it is told, so a late message only
-/// loses the handover.
-const HANDOVER_SEND_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// Says once, at start, that this replica's own log no longer counts it a member: it was
 /// removed, and serves nothing (`/readyz` answers 503, its peers refuse it) until it is
@@ -267,6 +257,7 @@ impl Replica {
                 certificate_expiries: tls.as_ref().map(|t| t.expiries.clone()).unwrap_or_default(),
                 storage_faults,
                 cluster: cluster.clone(),
+                peers: handover_peers,
             }),
         };
         let mut tasks = node_tasks;
@@ -334,7 +325,6 @@ impl Replica {
             tasks,
             stop,
             handle,
-            peers: handover_peers,
         };
         tracing::info!(id = config.id, %peer_addr, %client_addr, ?http_addr, "replica started");
         for warning in config.exposure_warnings() {
@@ -409,7 +399,7 @@ impl Replica {
         };
         let (_, to) = best?;
         let member = membership.get_node(&to)?;
-        match (self.peers)
+        match (self.handle.inner.peers)
             .prepare_handover(to, member, HANDOVER_DIAL_TIMEOUT)
             .await
         {

@@ -276,10 +276,11 @@ fn for_protocol(reply: Reply, protocol: u16) -> Reply {
         ),
         StateChunk(a) => StateChunk(a.map_err(down)),
         // Whoever sends `hello` is newer than v0.1.0 and decodes its refusal; a v0.1.0 client
-        // knows no `storage_status` or `read_index` either.
+        // knows none of the requests after `hello` either.
         Hello(a) => Hello(a),
         StorageStatus(a) => StorageStatus(a),
         ReadIndex(a) => ReadIndex(a),
+        TransferLeader(a) => TransferLeader(a),
     });
     Reply {
         request_id: reply.request_id,
@@ -646,6 +647,12 @@ impl ControlLog for ControlLogServer {
             id: self.replica.id(),
             repairing: repairing.map(|r| r.report()),
         })
+    }
+
+    async fn transfer_leader(self, _: context::Context, to: NodeId) -> Result<NodeId, ApiError> {
+        self.admit()?;
+        self.check(Action::Membership)?;
+        self.replica.transfer_leader(to).await
     }
 
     async fn read_index(self, _: context::Context) -> Result<Offset, ApiError> {

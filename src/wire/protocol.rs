@@ -475,6 +475,11 @@ pub trait ControlLog {
     /// any replica, holds every write acknowledged before this call. `Unavailable` when no
     /// quorum confirms. Added last, after `storage_status`, listed in `hello`.
     async fn read_index() -> Result<Offset, ApiError>;
+    /// Hands the leadership over to the voter `to` (leader only, `NotLeader` elsewhere): the
+    /// leader falls silent once `to` holds its log and tells it to stand, which it does as
+    /// the voters' leases lapse; answered with `to` once it leads. Appends meanwhile are
+    /// answered `NotLeader` naming `to`. Added last, listed in `hello`.
+    async fn transfer_leader(to: NodeId) -> Result<NodeId, ApiError>;
 }
 
 /// A replica's storage, as `storage_status` reports it.

@@ -17,8 +17,8 @@
 //! | 2 | `hello`, `state_chunk`; `ApiError` variants from `AnswerTooLarge` on | `hello` (which says the build's highest vocabulary level) |
 //!
 //! Requests added since without a new version, listed in `hello`'s answer (a caller asks a
-//! server for one only if its `hello` offers it): `storage_status` and `read_index` on the
-//! client port;
+//! server for one only if its `hello` offers it): `storage_status`, `read_index` and
+//! `transfer_leader` on the client port;
 //! `introduce` on the peer port (the caller's cluster id, compared with the server's), and
 //! `take_over` (a stopping leader hands over to a follower).
 
@@ -39,8 +39,13 @@ pub const PROTOCOLS: RangeInclusive<u16> = PROTOCOL_V010..=2;
 pub const V010_LEVEL_MAX: Level = 2;
 
 /// The client port's requests added after v0.1.0, which a `hello` answer lists.
-pub const CLIENT_REQUESTS_AFTER_V010: &[&str] =
-    &["state_chunk", "hello", "storage_status", "read_index"];
+pub const CLIENT_REQUESTS_AFTER_V010: &[&str] = &[
+    "state_chunk",
+    "hello",
+    "storage_status",
+    "read_index",
+    "transfer_leader",
+];
 
 /// The peer port's requests added after v0.1.0, which a `hello` answer lists.
 pub const PEER_REQUESTS_AFTER_V010: &[&str] = &["hello", "introduce", "take_over"];

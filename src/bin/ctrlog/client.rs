@@ -150,6 +150,14 @@ pub enum MembersCmd {
         #[arg(long)]
         id: u64,
     },
+    /// Hand the leadership over to voter N: the leader falls silent once N holds its log
+    /// and tells N to stand, which it does as the voters' leases lapse (about an election
+    /// timeout, during which appends wait). Before maintenance on the leader's host.
+    TransferLeader {
+        /// The voter to lead.
+        #[arg(long)]
+        to: u64,
+    },
 }
 
 #[derive(clap::Args)]
@@ -505,6 +513,14 @@ pub async fn members(
                 out,
                 format!("replica {id} added and promoted to voter"),
                 || serde_json::json!({ "added": id, "voter": true }),
+            )?;
+        }
+        MembersCmd::TransferLeader { to } => {
+            let leader = client.transfer_leader(to).await?;
+            output.print(
+                out,
+                format!("replica {leader} leads"),
+                || serde_json::json!({ "leader": leader }),
             )?;
         }
         MembersCmd::Remove { id } => {
