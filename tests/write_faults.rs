@@ -370,38 +370,34 @@ async fn holds_up_to(addr: &str, last: u64) {
 /// Goal: a replica restarted on a disk that is already full exits at once, and what it prints
 /// names the folder sled could not open and the remedy, as a write that fails while serving
 /// does. Before, sled's failure at open said only "No space left on device".
+///
+/// The replica led a cluster of its own and holds appends, so its restart must write. A
+/// directory never initialised may need no new block at all: this test once copied one, and
+/// the replica started, awaited its founding members on the full disk and never exited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_restarted_on_a_full_disk_exits_naming_the_remedy() {
-    let serve = |data: &Path| {
-        let mut command = Process::new(replica_exe());
-        command
-            .args(["serve", "--id", "1", "--peer-addr", "127.0.0.1:0"])
-            .args(["--client-addr", "127.0.0.1:0", "--data"])
-            .arg(data)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped());
-        command.spawn().unwrap()
-    };
-    let initialised = tempfile::tempdir().unwrap();
-    let mut first = serve(initialised.path());
-    eventually("the replica wrote its sled", || {
-        meta_dir(initialised.path())
-            .join("db")
-            .exists()
-            .then_some(())
-    })
-    .await;
-    first.kill().unwrap();
-    first.wait().unwrap();
-
-    let mount = tempfile::tempdir().unwrap();
-    let dir = mount.path().join("data");
+    let mut cluster = ProcessCluster::start_with(replica_exe(), 1, &[])
+        .await
+        .unwrap();
+    let client = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
+        .await
+        .unwrap();
+    for i in 0..10 {
+        let command = Command::custom(1, 1, format!("append {i}").into_bytes());
+        client.append_to(Target::All, command).await.unwrap();
+    }
+    cluster.kill(0);
+    let dir = cluster.replica_dir(0);
+    let saved = tempfile::tempdir().unwrap();
+    copy_dir(&dir, saved.path());
     let disk = SmallDisk::mount(&dir, 8 << 20);
-    copy_dir(initialised.path(), &dir);
+    copy_dir(saved.path(), &dir);
     let filler = disk.fill();
-    let output = serve(&dir).wait_with_output().unwrap();
-    let printed = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "{printed}");
+
+    cluster.restart(0).unwrap();
+    let status = eventually("the replica on a full disk exits", || cluster.exited(0)).await;
+    let printed = cluster.log_tail(0, 40);
+    assert!(!status.success(), "{printed}");
     assert!(
         printed.contains(&*dir.to_string_lossy())
             && printed.contains(NO_SPACE)
