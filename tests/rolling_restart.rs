@@ -116,16 +116,22 @@ async fn a_rolling_restart_under_load_fails_no_append_and_hands_leadership_over(
     stop.store(true, Ordering::Relaxed);
     let failed = load.await.unwrap();
     let elections = client.leader_status().await.unwrap().term - term_before;
-    // The replicas log their handovers (`ProcessCluster` keeps `ctrlog::server::replica` at
-    // info); a handover that could not be made (a dial or a message past its deadline on a
-    // loaded machine) falls back to an election on the timeouts, which the load survives too.
-    let handed_over: usize = (0..3)
-        .map(|i| {
-            (cluster.log_tail(i, 1_000_000))
-                .matches("handed the leadership over")
-                .count()
-        })
-        .sum();
+    // The replicas log their handovers and candidacies (`ProcessCluster` keeps the replica,
+    // its peer port and its elector at info); a handover that could not be made (a dial or a
+    // message past its deadline on a loaded machine) falls back to an election on the
+    // timeouts, which the load survives too.
+    let logged = |pattern: &str| -> Vec<String> {
+        (0..3)
+            .flat_map(|i| {
+                (cluster.log_tail(i, 1_000_000).lines())
+                    .filter(|line| line.contains(pattern))
+                    .map(|line| format!("replica {}: {line}", i + 1))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let handed_over = logged("handed the leadership over").len();
+    let stood_back = logged("standing back").len();
     let longest = {
         let commits = commits.lock().unwrap();
         (commits.windows(2))
@@ -136,13 +142,17 @@ async fn a_rolling_restart_under_load_fails_no_append_and_hands_leadership_over(
     let (floor_p50_us, _) = ctrlog::tools::bench::fdatasync_floor(cluster.data_dir(), 300).unwrap();
     eprintln!(
         "rolling restart: longest gap between two commits {longest:?}; {elections} elections \
-         and {handed_over} handovers for {leader_restarts} leader restarts; fdatasync p50 \
-         {floor_p50_us} us"
+         and {handed_over} handovers ({stood_back} voters stood back) for {leader_restarts} \
+         leader restarts; fdatasync p50 {floor_p50_us} us"
     );
     assert!(failed.is_empty(), "appends failed: {failed:?}");
     assert!(
         elections <= leader_restarts,
-        "{elections} elections for {leader_restarts} leader restarts"
+        "{elections} elections for {leader_restarts} leader restarts:\n{}",
+        [logged("stand"), logged("hand"), logged("vote")]
+            .concat()
+            .join("\n")
     );
     assert!(handed_over >= 1, "no leader handed over");
+    assert!(stood_back >= 1, "no voter was told to stand back");
 }

@@ -308,6 +308,14 @@ async fn a_node_outside_the_membership_is_refused_whatever_it_claims() {
     let leader = client.leader_status().await.unwrap().id;
     let follower = if leader == 1 { 2 } else { 1 };
     refuses_every_forgery(&cluster, &pki, 4, follower).await;
+    // A member that lies: the other follower, authenticated, claims the leader's handover.
+    let liar = (1..=3).find(|id| ![leader, follower].contains(id)).unwrap();
+    let rpc = raw_peer(
+        &ctrlog::tools::certs::replica_files(&pki, liar),
+        &cluster.member(follower as usize - 1).peer_addr,
+    )
+    .await;
+    refuses_handover_notices(&rpc, [liar, leader], follower, liar).await;
 
     client.remove_member(3).await.unwrap();
     cluster.kill(2);
@@ -469,6 +477,7 @@ async fn refuses_every_forgery(cluster: &ProcessCluster, pki: &Path, sender: u64
         snapshot.is_err(),
         "node {sender}'s snapshot to replica {target} was answered {snapshot:?}"
     );
+    refuses_handover_notices(&rpc, [sender, leader], target, sender).await;
     let after = replica_client(cluster, target)
         .await
         .status()
@@ -483,6 +492,34 @@ async fn refuses_every_forgery(cluster: &ProcessCluster, pki: &Path, sender: u64
         after.last_log_index == before.last_log_index || after.leader_id == Some(leader),
         "replica {target}'s log moved under no leader it knows"
     );
+}
+
+/// Sends replica `target` a stopping leader's notices (`take_over`, `stand_back` naming
+/// `to`), as if from each of `claimed`, over `rpc`, whose certificate names another node than
+/// the leader: each is refused (a notice moves the receiver's election timer, so a liar
+/// could hasten or hold back elections).
+async fn refuses_handover_notices(
+    rpc: &RaftRpcClient,
+    claimed: impl IntoIterator<Item = u64>,
+    target: u64,
+    to: u64,
+) {
+    for from in claimed {
+        let taken = (rpc.take_over(tarpc::context::current(), from, 0))
+            .await
+            .expect("the replica answers");
+        assert!(
+            matches!(taken, Err(ctrlog::client::ApiError::Rejected(_))),
+            "a handover from {from} to replica {target} was answered {taken:?}"
+        );
+        let stood_back = (rpc.stand_back(tarpc::context::current(), from, to, 0))
+            .await
+            .expect("the replica answers");
+        assert!(
+            matches!(stood_back, Err(ctrlog::client::ApiError::Rejected(_))),
+            "a stand-back from {from} to replica {target} was answered {stood_back:?}"
+        );
+    }
 }
 
 /// A raw Raft RPC connection to `peer_addr` with a replica's certificate.

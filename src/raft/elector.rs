@@ -38,7 +38,18 @@
 //! * a leader that stops (SIGTERM) hands over: it names the most caught-up voter after its
 //!   Raft core went silent ([`ElectionTimer::handed_over`]), and that voter stands the moment
 //!   the voters' leases lapse, a margin after, rather than a heartbeat and a random spread
-//!   later; a heartbeat of the old leader that arrives after the handover moves nothing.
+//!   later; a heartbeat of the old leader that arrives after the handover moves nothing. It
+//!   tells the other voters too ([`ElectionTimer::stands_back`]), and they stand no earlier
+//!   than an election timeout after that voter: a just-restarted voter's vote request waits
+//!   on a dial and a TLS handshake, and under load it reached a voter whose own timer had
+//!   fired first (two candidates in one term) in about one rolling restart in eight.
+//!   A voter may still refuse the handed-over candidate for its lease, having taken the old
+//!   leader's last message later than the margin allows (a busy core): while the others
+//!   stand back, such a refusal makes it stand again a heartbeat later, not a timeout.
+//! * a replica that led when it stopped waits an election timeout more before it first
+//!   stands ([`ElectionTimer::led_when_stopped`]): restarted at once after a handover, it
+//!   stood, under load, before the voter it handed over to had won and reached it, and its
+//!   higher term deposed that voter.
 //!   openraft 0.9 offers no way to shorten the voters' lease, so a handover costs one lease
 //!   (`election_timeout_max`) plus a vote round, against a failover's lease, heartbeat and
 //!   spread.
@@ -100,6 +111,12 @@ struct TimerState {
     unanswered_in_a_row: u32,
     /// A leader handed over to this replica, which stands then whatever it hears before.
     handed_over_at: Option<Instant>,
+    /// A leader handed over to another voter: this replica stands no earlier, whatever it
+    /// hears before.
+    stand_back_until: Option<Instant>,
+    /// A leader handed over to this replica: until then (when the other voters stop standing
+    /// back), a candidacy refused only for a voter's lease stands again a heartbeat later.
+    handover_retries_until: Option<Instant>,
     random: StdRng,
 }
 
@@ -133,6 +150,8 @@ impl ElectionTimer {
             unanswered: false,
             unanswered_in_a_row: 0,
             handed_over_at: None,
+            stand_back_until: None,
+            handover_retries_until: None,
             random: StdRng::seed_from_u64(seed),
         };
         let first = state.after_lease(&timing);
@@ -161,8 +180,10 @@ impl ElectionTimer {
             state.refused_for_log = false;
             state.unanswered = false;
             state.unanswered_in_a_row = 0;
+            state.handover_retries_until = None;
             if state.handed_over_at.is_none() {
-                state.stand_at = Instant::now() + state.after_lease(timing);
+                let after_lease = Instant::now() + state.after_lease(timing);
+                state.stand_at = after_lease.max(state.stand_back_until.unwrap_or(after_lease));
             }
         });
     }
@@ -177,10 +198,39 @@ impl ElectionTimer {
                 Instant::now() + timing.lease().saturating_sub(silent_for) + HANDOVER_MARGIN;
             state.stand_at = stand_at;
             state.handed_over_at = Some(stand_at);
+            state.handover_retries_until = Some(stand_at + timing.timeout_max);
             state.refused_for_log = false;
             state.unanswered_in_a_row = 0;
         });
         self.hastened.notify_one();
+    }
+
+    /// The leader handed over to another voter, its core silent for `silent_for` already:
+    /// that voter stands [`HANDOVER_MARGIN`] after the leases lapse, and this replica no
+    /// earlier than an election timeout (`election_timeout_max`) later, its vote round's
+    /// time; a late heartbeat of the old leader moves nothing. Without this, this replica's
+    /// own timer (a heartbeat and a random spread after the lease) fires within tens of
+    /// milliseconds of the other's candidacy often enough, and a vote request that waits on a
+    /// dial arrives after it: two candidates in one term, and one more election.
+    pub fn stands_back(&self, silent_for: Duration) {
+        self.with(|state, timing| {
+            let until = Instant::now()
+                + timing.lease().saturating_sub(silent_for)
+                + HANDOVER_MARGIN
+                + timing.timeout_max;
+            state.stand_at = state.stand_at.max(until);
+            state.stand_back_until = Some(until);
+        });
+    }
+
+    /// This replica led when it last stopped (its durable vote is its own, committed): the
+    /// other voters elect without it, by a handover or on their timeouts, and if it stood
+    /// first its higher term would depose their new leader before that leader's first
+    /// message reached it. It waits one election timeout (`election_timeout_max`) more
+    /// before it first stands, time for that vote round; so a whole cluster's restart, whose
+    /// other voters stand as usual, costs nothing more.
+    pub fn led_when_stopped(&self) {
+        self.with(|state, timing| state.stand_at += timing.timeout_max);
     }
 
     /// This replica granted its vote: give that candidate a fresh timeout to win.
@@ -250,6 +300,27 @@ impl ElectionTimer {
         self.hastened.notify_one();
     }
 
+    /// A voter refused this replica's candidacy for its lease alone. In a handover to this
+    /// replica that means the voter took the old leader's last message later than the
+    /// margin allows (a busy core, a slow link): stand again a heartbeat later, rather than a
+    /// timeout, while the other voters stand back. Otherwise a leader may be alive, and
+    /// the usual wait holds.
+    fn refused_for_lease(&self) {
+        let retry = self.with(|state, timing| {
+            let now = Instant::now();
+            let retry = state
+                .handover_retries_until
+                .is_some_and(|until| now < until);
+            if retry {
+                state.stand_at = now + timing.heartbeat;
+            }
+            retry
+        });
+        if retry {
+            self.hastened.notify_one();
+        }
+    }
+
     /// Feeds the timer `voter`'s answer to this replica's candidacy.
     pub fn received_vote(&self, voter: NodeId, request: &VoteRequest, answer: &VoteResponse) {
         self.with(|state, _| state.unanswered = false);
@@ -261,6 +332,11 @@ impl ElectionTimer {
             return;
         }
         let (theirs, ours) = (&answer.vote, &request.vote);
+        if theirs.is_committed() && theirs.leader_id().term < ours.leader_id().term {
+            // The voter follows the leader of an older term, within its lease.
+            self.refused_for_lease();
+            return;
+        }
         let rival = !theirs.is_committed()
             && theirs.leader_id().voted_for() == Some(voter)
             && theirs.leader_id().term == ours.leader_id().term;
@@ -286,6 +362,10 @@ pub async fn drive(
 ) {
     let metrics = raft.metrics();
     let mut told_of_repair = false;
+    let own_vote = log.vote().filter(|vote| vote.is_committed());
+    if own_vote.is_some_and(|vote| vote.leader_id().voted_for() == Some(id)) {
+        timer.led_when_stopped();
+    }
     loop {
         // Biased, as every select on the request paths: an unbiased one draws its order from a
         // generator outside any seed, and the order futures are polled in is the order their
@@ -398,6 +478,90 @@ mod tests {
         timer.standing();
         timer.heard_leader();
         assert!(wait(&timer) >= TIMING.lease() + TIMING.heartbeat);
+    }
+
+    /// A voter told that the leader handed over to another stands no earlier than an
+    /// election timeout after that voter does, whatever its own draw or a late heartbeat
+    /// says; a granted vote and the new leader's messages move it later as usual.
+    #[tokio::test(start_paused = true)]
+    async fn a_bystander_of_a_handover_stands_back_an_election_timeout() {
+        for seed in 0..100 {
+            let timer = ElectionTimer::new(TIMING, seed);
+            timer.heard_leader();
+            timer.stands_back(Duration::from_millis(30));
+            let handed_over_stands = TIMING.lease() - Duration::from_millis(30) + HANDOVER_MARGIN;
+            let expected = handed_over_stands + TIMING.timeout_max;
+            assert_eq!(wait(&timer), expected, "seed {seed}");
+            timer.heard_leader();
+            assert_eq!(wait(&timer), expected, "a late heartbeat moves nothing");
+            tokio::time::advance(handed_over_stands).await;
+            timer.granted_vote();
+            assert!(
+                wait(&timer) <= TIMING.timeout_max,
+                "the granted vote is as usual"
+            );
+            tokio::time::advance(Duration::from_millis(10)).await;
+            timer.heard_leader();
+            assert!(wait(&timer) >= TIMING.lease() + TIMING.heartbeat);
+        }
+    }
+
+    /// A handed-over candidate that a voter refused for its lease (the voter took the old
+    /// leader's last message late) stands again a heartbeat later while the other voters
+    /// stand back; after that, or without a handover, it waits as usual.
+    #[tokio::test(start_paused = true)]
+    async fn a_handed_over_candidate_refused_for_a_lease_soon_stands_again() {
+        let old_leader = crate::raft::types::Vote::new_committed(4, 1);
+        let lease_refusal =
+            |ours: &VoteRequest| VoteResponse::new(old_leader, ours.last_log_id, false);
+        let timer = ElectionTimer::new(TIMING, 8);
+        timer.heard_leader();
+        timer.handed_over(Duration::ZERO);
+        tokio::time::advance(wait(&timer)).await;
+        for term in 5..8 {
+            timer.standing();
+            let ours = vote(term, 2, Some(10));
+            timer.received_vote(3, &ours, &lease_refusal(&ours));
+            assert_eq!(wait(&timer), TIMING.heartbeat, "term {term}");
+            tokio::time::advance(TIMING.heartbeat).await;
+        }
+        tokio::time::advance(TIMING.timeout_max).await;
+        timer.standing();
+        let ours = vote(9, 2, Some(10));
+        timer.received_vote(3, &ours, &lease_refusal(&ours));
+        assert!(
+            wait(&timer) >= TIMING.timeout_min,
+            "past the window, the usual wait"
+        );
+
+        let timer = ElectionTimer::new(TIMING, 9);
+        timer.heard_leader();
+        tokio::time::advance(wait(&timer)).await;
+        timer.standing();
+        let ours = vote(5, 2, Some(10));
+        timer.received_vote(3, &ours, &lease_refusal(&ours));
+        assert!(
+            wait(&timer) >= TIMING.timeout_min,
+            "without a handover, the usual wait"
+        );
+    }
+
+    /// A replica that led when it stopped first stands an election timeout later than one
+    /// that followed.
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_that_led_when_it_stopped_stands_a_timeout_later() {
+        for seed in 0..100 {
+            let (followed, led) = (
+                ElectionTimer::new(TIMING, seed),
+                ElectionTimer::new(TIMING, seed),
+            );
+            led.led_when_stopped();
+            assert_eq!(
+                wait(&led),
+                wait(&followed) + TIMING.timeout_max,
+                "seed {seed}"
+            );
+        }
     }
 
     /// Regression (issue 31): a restarted follower stood 300–450 ms after start, before the

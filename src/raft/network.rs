@@ -99,8 +99,15 @@ pub trait RaftRpc {
     /// The leader `from`, stopping, hands over to this replica: its Raft core has been silent
     /// for `silent_for_ms`, and this replica stands once the voters' leases from its last
     /// message lapse ([`ElectionTimer::handed_over`]). Refused unless this replica follows
-    /// `from`. Sent only to a peer whose `hello` lists `take_over`; added last.
+    /// `from`. Sent only to a peer whose `hello` lists `take_over`; added after `introduce`.
     async fn take_over(from: NodeId, silent_for_ms: u64) -> Result<(), ApiError>;
+    /// The leader `from`, stopping, hands over to the voter `to`, not to this replica: this
+    /// replica stands no earlier than an election timeout after `to` does
+    /// ([`ElectionTimer::stands_back`]), so that `to`'s vote request, which may wait on a
+    /// dial, finds it still a voter and not a rival candidate of the same term. Refused unless
+    /// this replica follows `from`. Sent only to a peer whose `hello` lists `stand_back`;
+    /// added last.
+    async fn stand_back(from: NodeId, to: NodeId, silent_for_ms: u64) -> Result<(), ApiError>;
 }
 
 /// The rules every incoming Raft request follows, whatever carried it (the peer port's tarpc
@@ -246,7 +253,9 @@ impl PeerAnswers {
                 return Ok(VoteResponse::new(vote, Some(held), false));
             }
         }
+        let candidate = request.vote;
         let answer = self.raft.vote(request).await?;
+        tracing::info!(%candidate, granted = answer.vote_granted, vote = %answer.vote, "answered a vote request");
         self.elections.answered_vote(&answer);
         Ok(answer)
     }
@@ -313,31 +322,62 @@ impl PeerNetwork {
     }
 }
 
-/// A connection to a peer that a stopping leader hands over to, dialled and introduced while
-/// its Raft core still runs, so that the handover waits on no dial once the core is silent.
+/// The connections a stopping leader hands over on, dialled and introduced while its Raft
+/// core still runs, so that the handover waits on no dial once the core is silent: to the
+/// voter it hands over to, and to the other voters whose builds can be told to stand back.
 pub struct Handover {
     to: NodeId,
     client: RaftRpcClient,
+    bystanders: Vec<(NodeId, RaftRpcClient)>,
 }
 
 impl PeerNetwork {
-    /// Dials `to` at `member` for a handover, within `timeout`; `Err` names why not (its
-    /// build takes no handover: a v0.1.0 peer, or one before handovers).
+    /// Dials `to` at `member` for a handover, and the other voters `bystanders` to tell them
+    /// to stand back, all within `timeout`; `Err` names why not (`to`'s build takes no
+    /// handover: a v0.1.0 peer, or one before handovers). A bystander that cannot be reached,
+    /// or whose build cannot be told, is left to its own timer.
     pub async fn prepare_handover(
         &self,
         to: NodeId,
         member: &Member,
+        bystanders: &[(NodeId, Member)],
         timeout: Duration,
     ) -> Result<Handover, String> {
-        let mut peer = self.client_for(to, member);
-        let (client, hello) = peer
-            .connected(timeout)
-            .await
-            .map_err(CallError::into_message)?;
-        if !hello.requests.iter().any(|request| request == "take_over") {
-            return Err(format!("replica {to}'s build takes no handover"));
-        }
-        Ok(Handover { to, client })
+        let dial = |id: NodeId, member: &Member, request: &'static str| {
+            let mut peer = self.client_for(id, member);
+            async move {
+                let (client, hello) = peer
+                    .connected(timeout)
+                    .await
+                    .map_err(CallError::into_message)?;
+                if !hello.requests.iter().any(|offered| offered == request) {
+                    return Err(format!("replica {id}'s build takes no {request}"));
+                }
+                Ok((id, client))
+            }
+        };
+        let (target, bystanders) = futures::future::join(
+            dial(to, member, "take_over"),
+            futures::future::join_all(
+                (bystanders.iter()).map(|(id, member)| dial(*id, member, "stand_back")),
+            ),
+        )
+        .await;
+        let (to, client) = target?;
+        let bystanders = (bystanders.into_iter())
+            .filter_map(|dialled| {
+                dialled
+                    .inspect_err(
+                        |why| tracing::info!(%why, "a voter will not be told to stand back"),
+                    )
+                    .ok()
+            })
+            .collect();
+        Ok(Handover {
+            to,
+            client,
+            bystanders,
+        })
     }
 }
 
@@ -348,7 +388,8 @@ impl Handover {
     }
 
     /// Tells the peer that `from`, whose core has been silent since `silent_since`, hands
-    /// over to it, within `timeout`.
+    /// over to it, and the bystanders to stand back, within `timeout`. The answer is the
+    /// peer's; a bystander's refusal is only logged.
     pub async fn send(
         self,
         from: NodeId,
@@ -358,10 +399,23 @@ impl Handover {
         let mut ctx = context::current();
         ctx.deadline = Instant::now() + timeout;
         let silent_for = silent_since.elapsed().as_millis() as u64;
-        match self.client.take_over(ctx, from, silent_for).await {
+        let to = self.to;
+        let stand_back = (self.bystanders.iter()).map(|(id, client)| async move {
+            match client.stand_back(ctx, from, to, silent_for).await {
+                Ok(Ok(())) => {}
+                Ok(Err(refused)) => tracing::info!(%refused, "replica {id} did not stand back"),
+                Err(error) => tracing::info!(%error, "replica {id} was not told to stand back"),
+            }
+        });
+        let (taken, _) = futures::future::join(
+            self.client.take_over(ctx, from, silent_for),
+            futures::future::join_all(stand_back),
+        )
+        .await;
+        match taken {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(refused)) => Err(format!("replica {} refused: {refused}", self.to)),
-            Err(error) => Err(format!("replica {}: {error}", self.to)),
+            Ok(Err(refused)) => Err(format!("replica {to} refused: {refused}")),
+            Err(error) => Err(format!("replica {to}: {error}")),
         }
     }
 }
@@ -751,6 +805,19 @@ impl<T: PeerTransport> RaftNetwork<TypeConfig> for PeerLayer<T> {
     ) -> Result<VoteResponse, RpcError> {
         let sent = request.clone();
         let answer = self.transport.vote(request, &option).await;
+        match &answer {
+            Ok(answer) => tracing::info!(
+                voter = self.target,
+                candidate = %sent.vote,
+                granted = answer.vote_granted,
+                their_vote = %answer.vote,
+                their_last = ?answer.last_log_id.map(|id| id.index),
+                "a voter answered"
+            ),
+            Err(error) => {
+                tracing::info!(voter = self.target, candidate = %sent.vote, %error, "a vote request failed")
+            }
+        }
         if let (Some(elections), Ok(answer)) = (&self.elections, &answer) {
             elections.received_vote(self.target, &sent, answer);
         }
@@ -879,6 +946,16 @@ mod tests {
         }
 
         async fn take_over(self, _: context::Context, _: NodeId, _: u64) -> Result<(), ApiError> {
+            Ok(())
+        }
+
+        async fn stand_back(
+            self,
+            _: context::Context,
+            _: NodeId,
+            _: NodeId,
+            _: u64,
+        ) -> Result<(), ApiError> {
             Ok(())
         }
     }

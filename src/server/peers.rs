@@ -104,6 +104,23 @@ impl RaftRpcServer {
         }
         self.answers.admit(vote, self.peer_nodes.as_deref())
     }
+
+    /// Admits a handover notice: it must come from the leader this replica follows (and, with
+    /// TLS, a certificate that names it), over a connection of this cluster.
+    fn follows(&self, from: NodeId) -> Result<(), ApiError> {
+        let named = self
+            .peer_nodes
+            .as_deref()
+            .is_none_or(|nodes| nodes.contains(&from));
+        let follows = self.answers.raft.metrics().borrow().current_leader == Some(from);
+        if !(named && follows) || self.other_cluster.load(Ordering::Relaxed) {
+            tracing::warn!(peer = %self.peer, from, "refused a handover from a node that does not lead here");
+            return Err(ApiError::Rejected(format!(
+                "replica {from} does not lead this replica: no handover"
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl RaftRpc for RaftRpcServer {
@@ -156,28 +173,38 @@ impl RaftRpc for RaftRpcServer {
         Ok(hello)
     }
 
-    /// A stopping leader hands over: accepted from the leader this replica follows (and, with
-    /// TLS, whose certificate names it), never from another node.
+    /// A stopping leader hands over: accepted from the leader this replica follows
+    /// ([`follows`](Self::follows)), never from another node.
     async fn take_over(
         self,
         _: context::Context,
         from: NodeId,
         silent_for_ms: u64,
     ) -> Result<(), ApiError> {
-        let named = self
-            .peer_nodes
-            .as_deref()
-            .is_none_or(|nodes| nodes.contains(&from));
-        let follows = self.answers.raft.metrics().borrow().current_leader == Some(from);
-        if !(named && follows) || self.other_cluster.load(Ordering::Relaxed) {
-            tracing::warn!(peer = %self.peer, from, "refused a handover from a node that does not lead here");
-            return Err(ApiError::Rejected(format!(
-                "replica {from} does not lead this replica: no handover"
-            )));
-        }
+        self.follows(from)?;
         let silent_for = std::time::Duration::from_millis(silent_for_ms);
         tracing::info!(from, silent_for_ms, "the leader hands over to this replica");
         self.answers.elections.handed_over(silent_for);
+        Ok(())
+    }
+
+    /// A stopping leader hands over to another voter: accepted as `take_over` is.
+    async fn stand_back(
+        self,
+        _: context::Context,
+        from: NodeId,
+        to: NodeId,
+        silent_for_ms: u64,
+    ) -> Result<(), ApiError> {
+        self.follows(from)?;
+        let silent_for = std::time::Duration::from_millis(silent_for_ms);
+        tracing::info!(
+            from,
+            to,
+            silent_for_ms,
+            "the leader hands over to another voter; standing back"
+        );
+        self.answers.elections.stands_back(silent_for);
         Ok(())
     }
 

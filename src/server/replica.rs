@@ -12,7 +12,9 @@ use tokio::task::JoinHandle;
 use super::auth::Authenticator;
 use super::config::{ConfigError, ReplicaConfig};
 use super::connections::PortLimits;
-use super::handle::{Inner, ReplicaHandle, HANDOVER_DIAL_TIMEOUT, HANDOVER_SEND_TIMEOUT};
+use super::handle::{
+    bystanders, Inner, ReplicaHandle, HANDOVER_DIAL_TIMEOUT, HANDOVER_SEND_TIMEOUT,
+};
 use super::http::{bind_http, serve_http};
 use super::page_access::PageAccess;
 use super::peers::{bind_peers, serve_peers};
@@ -98,8 +100,8 @@ impl Drop for Replica {
     }
 }
 
-/// How long a stopping leader waits for a voter to hold its last entry before it hands over
-/// to the one that holds the most: under a steady load there is always one more entry.
+/// How long a stopping leader, its appends refused, waits for the voter it hands over to to
+/// hold and commit its last entry before it gives up the handover.
 const HANDOVER_CATCH_UP_MAX: Duration = Duration::from_millis(300);
 
 /// Says once, at start, that this replica's own log no longer counts it a member: it was
@@ -339,23 +341,35 @@ impl Replica {
     }
 
     /// Stops as [`shutdown`](Self::shutdown) does; a leader first hands over to its most
-    /// caught-up voter (`ctrlog serve` on SIGTERM): it waits (briefly) for one to hold its
-    /// last entry, dials it, stops its Raft core, and tells it so, and that voter stands as
-    /// soon as the voters' leases from the core's last message lapse, instead of a heartbeat
-    /// and a random spread after (`raft::elector`). Without a voter whose build takes a
-    /// handover, it stops as before and the voters elect on their timeouts.
+    /// caught-up voter (`ctrlog serve` on SIGTERM), as `transfer_leader` does: it dials that
+    /// voter and the others, falls silent once the voter holds its last entry and that entry
+    /// is committed (appends meanwhile are answered `NotLeader` naming the voter, so the log
+    /// stops growing), stops its Raft core, and tells the voter, which stands as soon as the
+    /// voters' leases from the core's last message lapse, instead of a heartbeat and a random
+    /// spread after (`raft::elector`). If no voter's build takes a handover, or none catches
+    /// up within [`HANDOVER_CATCH_UP_MAX`], it stops as before and the voters elect on their
+    /// timeouts.
     pub async fn shutdown_handing_over(self) {
         if let Some(handover) = self.prepare_handover().await {
             let to = handover.to();
-            if let Err(error) = self.raft().shutdown().await {
-                tracing::warn!(%error, "raft did not shut down cleanly");
-            }
-            let silent_since = std::time::Instant::now();
-            match handover
-                .send(self.id(), silent_since, HANDOVER_SEND_TIMEOUT)
-                .await
-            {
-                Ok(()) => tracing::info!(to, "handed the leadership over to replica {to}"),
+            let node = self.handle.node();
+            match node.quiesce_for_handover(to, HANDOVER_CATCH_UP_MAX).await {
+                Ok(()) => {
+                    if let Err(error) = self.raft().shutdown().await {
+                        tracing::warn!(%error, "raft did not shut down cleanly");
+                    }
+                    let silent_since = std::time::Instant::now();
+                    match handover
+                        .send(self.id(), silent_since, HANDOVER_SEND_TIMEOUT)
+                        .await
+                    {
+                        Ok(()) => tracing::info!(to, "handed the leadership over to replica {to}"),
+                        Err(why) => tracing::warn!(
+                            %why,
+                            "no handover; the voters elect a leader on their election timeouts"
+                        ),
+                    }
+                }
                 Err(why) => tracing::warn!(
                     %why,
                     "no handover; the voters elect a leader on their election timeouts"
@@ -365,42 +379,39 @@ impl Replica {
         self.shutdown().await
     }
 
-    /// The voter this leader hands over to, dialled: the one that holds the most of its log,
-    /// waiting up to [`HANDOVER_CATCH_UP_MAX`] for one to hold the last entry. `None` on a
-    /// follower, a lone voter, or a peer that takes no handover.
+    /// The voter this leader hands over to, the one that holds the most of its log, dialled
+    /// with the other voters. `None` on a follower, a lone voter, or a peer that takes no
+    /// handover.
     async fn prepare_handover(&self) -> Option<crate::raft::network::Handover> {
         let id = self.id();
-        let mut metrics = self.raft().metrics();
-        let (last, membership) = {
+        let (membership, to) = {
+            let metrics = self.raft().metrics();
             let m = metrics.borrow();
             if m.current_leader != Some(id) {
                 return None;
             }
-            (m.last_log_index, m.membership_config.membership().clone())
-        };
-        let voters: Vec<NodeId> = membership.voter_ids().filter(|v| *v != id).collect();
-        let deadline = tokio::time::Instant::now() + HANDOVER_CATCH_UP_MAX;
-        let best = loop {
-            let best = {
-                let m = metrics.borrow_and_update();
-                let matched = |voter: &NodeId| {
-                    let index = m.replication.as_ref()?.get(voter).copied().flatten()?.index;
-                    Some((index, *voter))
-                };
-                voters.iter().filter_map(matched).max()
+            let membership = m.membership_config.membership().clone();
+            let matched = |voter: NodeId| {
+                let index = m
+                    .replication
+                    .as_ref()?
+                    .get(&voter)
+                    .copied()
+                    .flatten()?
+                    .index;
+                Some((index, voter))
             };
-            let caught_up = best.is_some_and(|(index, _)| Some(index) >= last);
-            if caught_up || tokio::time::Instant::now() >= deadline {
-                break best;
-            }
-            if let Ok(Err(_)) = tokio::time::timeout_at(deadline, metrics.changed()).await {
-                return None; // Raft stopped under it
-            }
+            let best = membership
+                .voter_ids()
+                .filter(|v| *v != id)
+                .filter_map(matched)
+                .max();
+            (membership, best?.1)
         };
-        let (_, to) = best?;
         let member = membership.get_node(&to)?;
+        let bystanders = bystanders(&membership, id, to);
         match (self.handle.inner.peers)
-            .prepare_handover(to, member, HANDOVER_DIAL_TIMEOUT)
+            .prepare_handover(to, member, &bystanders, HANDOVER_DIAL_TIMEOUT)
             .await
         {
             Ok(handover) => Some(handover),

@@ -427,7 +427,9 @@ impl ProcessCluster {
             .env(
                 "RUST_LOG",
                 std::env::var("CTRLOG_REPLICA_LOG").unwrap_or_else(|_| {
-                    "warn,ctrlog::controller=info,ctrlog::server::replica=info".into()
+                    "warn,ctrlog::controller=info,ctrlog::server::replica=info,ctrlog::server::peers=info,\
+                     ctrlog::raft::elector=info,ctrlog::raft::network=info"
+                        .into()
                 }),
             )
             .env("TOKIO_WORKER_THREADS", self.worker_threads.to_string())

@@ -20,7 +20,8 @@
 //! server for one only if its `hello` offers it): `storage_status`, `read_index` and
 //! `transfer_leader` on the client port;
 //! `introduce` on the peer port (the caller's cluster id, compared with the server's), and
-//! `take_over` (a stopping leader hands over to a follower).
+//! `take_over` (a stopping leader hands over to a follower) and `stand_back` (it tells the
+//! other voters whom it hands over to).
 
 use std::ops::RangeInclusive;
 
@@ -48,7 +49,7 @@ pub const CLIENT_REQUESTS_AFTER_V010: &[&str] = &[
 ];
 
 /// The peer port's requests added after v0.1.0, which a `hello` answer lists.
-pub const PEER_REQUESTS_AFTER_V010: &[&str] = &["hello", "introduce", "take_over"];
+pub const PEER_REQUESTS_AFTER_V010: &[&str] = &["hello", "introduce", "take_over", "stand_back"];
 
 /// This build, as a `hello` names it.
 pub const BUILD: &str = concat!("ctrlog ", env!("CARGO_PKG_VERSION"));
