@@ -116,13 +116,12 @@ fn replay() {
 
 /// The simulation has teeth: a store that acknowledges appends before they are durable (a crash
 /// loses its last entries) is caught, as lost acknowledged appends or diverged replicas. Many
-/// schedules mask one replica's lost tail behind the other two; seeds 7 and 3 crash the
-/// replicas so that it shows (7 of seeds 1–16 do in a debug build since openraft lets a
-/// follower's log go back, `loosen-follower-log-revert`; seed 44, picked before, no longer
-/// does).
+/// schedules mask one replica's lost tail behind the other two; seeds 3 and 1 crash the
+/// replicas so that it shows (11 of seeds 1–24 do in a debug build since a replica that led
+/// when it stopped stands a timeout later; seed 7, picked before, no longer does).
 #[test]
 fn a_store_that_acknowledges_before_it_is_durable_is_caught() {
-    for seed in [7, 3] {
+    for seed in [3, 1] {
         let mut config = SimConfig::new(seed, 3);
         config.store_acknowledges_early = true;
         let violations = run(&config).violations;
