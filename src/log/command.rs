@@ -8,18 +8,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::kinds;
+use super::kinds::{self, Kind, CUSTOM_KIND_MIN};
 #[cfg(test)]
 use super::names::NAME_BYTES_MAX;
 use super::names::{Input, TaskId};
 use super::{ContainerId, Offset, Target};
-
-/// A command kind number. Built-in kinds live below [`CUSTOM_KIND_MIN`]; the space above it
-/// belongs to users, so a user kind can never collide with a kind a later release adds.
-pub type Kind = u32;
-
-/// The first kind number reserved for user [`Command::Custom`] commands.
-pub const CUSTOM_KIND_MIN: Kind = 0x1000_0000;
 
 /// A container's generation: the offset of its registration.
 pub type Epoch = Offset;
@@ -495,6 +488,12 @@ impl Command {
             | Command::CancelLaunch(_) => Some(Target::Coordinator),
             Command::Custom { .. } | Command::Unknown(_) => None,
         }
+    }
+
+    /// The target an append of this command takes when its appender names none: the
+    /// built-in command's own ([`target`](Self::target)), everyone for the others.
+    pub fn default_target(&self) -> Target {
+        self.target().unwrap_or(Target::All)
     }
 
     /// A user command; `kind` is offset into the user range so that it cannot collide with a

@@ -1,6 +1,13 @@
-//! Built-in kind numbers. Numbers are never reused; a changed body is a new version.
+//! Kind numbers: the built-in ones, and where the users' begin. Numbers are never reused; a
+//! changed body is a new version.
 
-use super::Kind;
+/// A command kind number. Built-in kinds live below [`CUSTOM_KIND_MIN`]; the space above it
+/// belongs to users, so a user kind can never collide with a kind a later release adds.
+pub type Kind = u32;
+
+/// The first kind number reserved for user [`Command::Custom`](super::Command::Custom)
+/// commands.
+pub const CUSTOM_KIND_MIN: Kind = 0x1000_0000;
 
 /// `register-container`: [`RegisterContainer`](super::RegisterContainer).
 pub const REGISTER_CONTAINER: Kind = 1;

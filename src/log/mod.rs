@@ -30,6 +30,7 @@ pub mod vocabulary;
 pub use codec::{decode, encode, DecodeError};
 pub use command::*;
 pub use entry::{Batch, LogEntry, ProducerSeq, Proposal, LOG_ENTRY_OVERHEAD_BYTES_MAX};
+pub use kinds::{Kind, CUSTOM_KIND_MIN};
 pub use names::{Input, InvalidName, TaskId, NAME_BYTES_MAX};
 pub use target::{ContainerId, Filter, InvalidContainerId, Target, CONTAINER_ID_BYTES_MAX};
 

@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 
 use super::command::*;
+use super::kinds::{Kind, CUSTOM_KIND_MIN};
 use super::names::{Input, TaskId};
 use super::{decode, ContainerId};
 
