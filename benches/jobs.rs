@@ -77,7 +77,7 @@ fn apply(c: &mut Criterion) {
     }
     let framed: Vec<(Target, Frame)> = job
         .into_iter()
-        .map(|c| (c.target().unwrap_or(Target::All), c.into_frame()))
+        .map(|c| (c.default_target(), c.into_frame()))
         .collect();
     group.throughput(Throughput::Elements(framed.len() as u64));
     group.bench_function("apply_a_job_lifecycle_of_273_builtin_commands", |b| {
@@ -104,7 +104,7 @@ fn settled_job(containers: usize, inputs: usize) -> (JobState, std::collections:
     use ctrlog::jobs::plan::{GroupByPartition, Grouper};
     let mut state = JobState::default();
     let apply = |state: &mut JobState, command: Command| {
-        let target = command.target().unwrap_or(Target::All);
+        let target = command.default_target();
         match state.apply(None, &target, &command.into_frame(), 0) {
             ctrlog::jobs::Outcome::Appended { offset, .. } => offset,
             other => panic!("refused: {other:?}"),

@@ -31,7 +31,7 @@ async fn until(
 }
 
 async fn append(leader: &ReplicaHandle, command: Command) -> anyhow::Result<Offset> {
-    let target = command.target().unwrap_or(Target::All);
+    let target = command.default_target();
     let proposal = Proposal {
         producer: None,
         target,

@@ -1455,7 +1455,7 @@ async fn answers_a_client_never_reads_pin_only_the_answer_budget() {
             });
             Proposal {
                 producer: None,
-                target: command.target().unwrap_or(Target::All),
+                target: command.default_target(),
                 frame: command.into_frame(),
             }
         })

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use ctrlog::client::{ControlLogRequest, ControlLogResponse, FetchRequest, Member};
 use ctrlog::log::vocabulary::examples;
-use ctrlog::log::{encode, Batch, Filter, LogEntry, ProducerSeq, Proposal, Target};
+use ctrlog::log::{encode, Batch, Filter, LogEntry, ProducerSeq, Proposal};
 use ctrlog::raft::network::{RaftRpcRequest, RaftRpcResponse};
 use ctrlog::raft::state_machine::MachineState;
 use ctrlog::raft::types::{AppendEntriesRequest, Entry, LogId, Vote, VoteRequest};
@@ -136,7 +136,7 @@ fn sample_entries() -> Vec<Entry> {
                     producer: 42,
                     seq: i as u64 + 1,
                 }),
-                target: command.target().unwrap_or(Target::All),
+                target: command.default_target(),
                 frame: command.into_frame(),
             })
             .collect(),

@@ -906,7 +906,7 @@ impl ControlClient {
     /// still retry it exactly, use [`ControlClient::with_deadline`] (its `GaveUp` names the
     /// pair) or [`ControlClient::append_proposal`] with a pair of your own.
     pub async fn append(&self, command: Command) -> Result<AppendAck, ClientError> {
-        let target = command.target().unwrap_or(Target::All);
+        let target = command.default_target();
         self.append_to(target, command).await
     }
 

@@ -275,10 +275,10 @@ impl Drop for ProcessLauncher {
 mod tests {
     use super::*;
     use crate::jobs::Outcome;
-    use crate::log::{Command, DeregisterContainer, RegisterContainer, Target};
+    use crate::log::{Command, DeregisterContainer, RegisterContainer};
 
     fn apply(state: &mut JobState, command: Command) {
-        let target = command.target().unwrap_or(Target::All);
+        let target = command.default_target();
         let outcome = state.apply(None, &target, &command.into_frame(), 0);
         assert!(matches!(outcome, Outcome::Appended { .. }), "{outcome:?}");
     }

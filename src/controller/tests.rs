@@ -48,7 +48,7 @@ impl FakePlane {
     /// Appends as any writer would; the job model decides.
     fn write(&self, command: Command) -> Outcome {
         let mut replica = self.lock();
-        let target = command.target().unwrap_or(Target::All);
+        let target = command.default_target();
         let outcome = replica
             .job
             .apply(None, &target, &command.clone().into_frame(), 0);

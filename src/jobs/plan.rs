@@ -409,7 +409,7 @@ mod tests {
     fn state_after(commands: Vec<Command>) -> JobState {
         let mut state = JobState::default();
         for command in commands {
-            let target = command.target().unwrap_or(Target::All);
+            let target = command.default_target();
             let outcome = state.apply(None, &target, &command.clone().into_frame(), 0);
             assert!(
                 matches!(outcome, Outcome::Appended { .. }),

@@ -34,7 +34,7 @@ impl Job {
     }
 
     fn apply(&mut self, command: Command) -> Outcome {
-        let target = command.target().unwrap_or(Target::All);
+        let target = command.default_target();
         self.apply_to(target, command)
     }
 
@@ -670,7 +670,7 @@ fn script(actions: &[(u8, u8, u8, bool)]) -> Vec<(Target, Frame)> {
                 reason: String::new(),
             }),
         };
-        let target = command.target().unwrap_or(Target::All);
+        let target = command.default_target();
         let frame = command.into_frame();
         job.state.apply(None, &target, &frame, 0);
         out.push((target, frame));

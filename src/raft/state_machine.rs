@@ -876,7 +876,7 @@ mod tests {
     use openraft::CommittedLeaderId;
 
     use super::*;
-    use crate::log::{Command, SetVocabularyLevel, Target};
+    use crate::log::{Command, SetVocabularyLevel};
 
     fn open(dir: &std::path::Path) -> StateMachineStore {
         let meta = Arc::new(MetaStore::open(&dir.join("meta")).unwrap());
@@ -918,7 +918,7 @@ mod tests {
                     .into_iter()
                     .map(|command| Proposal {
                         producer: None,
-                        target: command.target().unwrap_or(Target::All),
+                        target: command.default_target(),
                         frame: command.into_frame(),
                     })
                     .collect(),

@@ -14,7 +14,7 @@ use super::telemetry::Telemetry;
 use super::tls::CertificateExpiry;
 use crate::controller::ControlPlane;
 use crate::jobs::{JobState, ReportedLag, Session};
-use crate::log::{Command, ContainerId, Epoch, Offset, Proposal, Target, TaskId};
+use crate::log::{Command, ContainerId, Epoch, Offset, Proposal, TaskId};
 use crate::raft::network::PeerNetwork;
 use crate::raft::node::Node;
 use crate::raft::scrub::StorageFaults;
@@ -348,7 +348,7 @@ impl ControlPlane for ReplicaHandle {
     }
 
     async fn append(&self, command: Command) -> Result<AppendAck, ApiError> {
-        let target = command.target().unwrap_or(Target::All);
+        let target = command.default_target();
         ReplicaHandle::append(
             self,
             Proposal {

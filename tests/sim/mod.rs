@@ -1851,7 +1851,7 @@ enum Delivered {
 fn proposal(pair: Option<ProducerSeq>, command: Command) -> Proposal {
     Proposal {
         producer: pair,
-        target: command.target().unwrap_or(Target::All),
+        target: command.default_target(),
         frame: command.into_frame(),
     }
 }
