@@ -53,7 +53,10 @@ impl RejectionLog {
 pub enum Rejection {
     /// The sender's `(container, epoch)` is not a live session: the container expired,
     /// deregistered or registered again since. `current_epoch` is the live one, if any.
-    #[error("container {container} epoch {epoch} is fenced (current epoch: {current_epoch:?})")]
+    #[error(
+        "container {container} epoch {epoch} is fenced ({})",
+        live_epoch(current_epoch)
+    )]
     Fenced {
         /// The container the command named.
         container: ContainerId,
@@ -208,6 +211,14 @@ pub enum Rejection {
         /// The launch offset it named, which is not this container's launch in flight.
         launch: Offset,
     },
+}
+
+/// The live epoch of a fenced container, as its refusal says it.
+fn live_epoch(current: &Option<Epoch>) -> String {
+    match current {
+        Some(epoch) => format!("its live epoch is {epoch}"),
+        None => "it has no live session".to_string(),
+    }
 }
 
 impl Rejection {
