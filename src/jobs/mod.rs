@@ -24,4 +24,6 @@ pub use rejection::{RecordedRejection, Rejection, RejectionLog, REJECTIONS_KEPT}
 pub use state::{JobState, Outcome, ReplayError, DEAD_CONTAINERS_KEPT};
 
 #[cfg(test)]
+mod scenarios;
+#[cfg(test)]
 mod tests;

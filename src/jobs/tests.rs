@@ -1,5 +1,6 @@
-//! Table-driven tests of `JobState::apply`: every kind, every rejection, the handshakes, and
-//! the property that a snapshot plus the tail gives the state a full replay gives.
+//! Example tests of `JobState::apply` (every kind, every rejection, the handshakes) and the
+//! property that a snapshot plus the tail gives the state a full replay gives. The scenario
+//! scripts (`scenarios.rs`) trace the fold and the plan as readable scripts.
 
 use std::collections::BTreeMap;
 
