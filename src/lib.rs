@@ -95,8 +95,8 @@
 //! both ports speak and its transport, and [`client`] is what containers link. With the
 //! `server` feature (the default), `raft` replicates the log (consensus and storage),
 //! `server` is the replica process around it and `controller`
-//! runs the job on the leader; the `ctrlog` binary serves replicas and holds the operator's
-//! commands. `ARCHITECTURE.md` maps the code and its invariants.
+//! runs the job on the leader; with `tools` (also the default, and not implied by `server`),
+//! the `ctrlog` binary serves replicas and holds the operator's commands. `ARCHITECTURE.md` maps the code and its invariants.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -119,7 +119,7 @@ pub mod raft;
 pub mod server;
 /// What the `ctrlog` binary and the tests are built from (bench, chaos, demo, the CLI's
 /// subcommands, local clusters): not part of the library's API, and free to change.
-#[cfg(feature = "server")]
+#[cfg(feature = "tools")]
 #[doc(hidden)]
 pub mod tools;
 #[warn(missing_docs, missing_debug_implementations)]
