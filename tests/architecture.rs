@@ -365,36 +365,37 @@ impl Crate {
             return (at, false);
         }
         if let Some(path) = module.imported.get(name) {
-            if let Some(first) = path.first() {
-                let start = match first.as_str() {
-                    "crate" | "self" | "super" => Some(path.as_slice()),
-                    child if module.children.contains_key(child) => Some(path.as_slice()),
-                    _ => None,
-                };
-                if let Some(start) = start {
-                    if let Some(target) = self.resolve_from(&at, start, depth + 1) {
-                        return match target {
-                            (target, true) => self.walk(target, after, depth + 1),
-                            item => item,
-                        };
-                    }
-                }
-            }
-            return (at, false);
+            return match self.resolve_from(&at, path, depth + 1) {
+                Some((target, true)) => self.walk(target, after, depth + 1),
+                Some(item) => item,
+                // Imported from another crate.
+                None => (at, false),
+            };
         }
         for glob in &module.globs {
             if let Some((source, true)) = self.resolve_from(&at, glob, depth + 1) {
-                let found = &self.modules[&source];
-                if found.children.contains_key(name)
-                    || found.defined.contains(name)
-                    || found.imported.contains_key(name)
-                    || !found.globs.is_empty()
-                {
+                if self.provides(&source, name, depth + 1) {
                     return self.walk(source, rest, depth + 1);
                 }
             }
         }
         (at, false)
+    }
+
+    /// Whether module `at` has `name` to give: a child module, an item, an import, or one of
+    /// its globs'.
+    fn provides(&self, at: &ModPath, name: &str, depth: usize) -> bool {
+        let module = &self.modules[at];
+        module.children.contains_key(name)
+            || module.defined.contains(name)
+            || module.imported.contains_key(name)
+            || (depth < 32
+                && module.globs.iter().any(|glob| {
+                    self.resolve_from(at, glob, depth + 1)
+                        .is_some_and(|(source, is_module)| {
+                            is_module && self.provides(&source, name, depth + 1)
+                        })
+                }))
     }
 
     /// Where `segments`, written in module `from`, lead, and whether they name a module.
