@@ -145,8 +145,7 @@ impl Scenario {
             }),
             "cancel-launch" => Command::CancelLaunch(CancelLaunch {
                 container: named(0)?,
-                launch: nth(&[keyed.get("launch").copied().unwrap_or("")], 0, "launch=")?
-                    .parse()?,
+                launch: keyed.get("launch").ok_or("missing launch=")?.parse()?,
             }),
             "add-inputs" => Command::AddInputs(AddInputs {
                 inputs: inputs(at.iter().copied())?,
