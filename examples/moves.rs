@@ -11,7 +11,7 @@ use ctrlog::controller::ContainerLauncher;
 use ctrlog::jobs::{JobState, Session, TaskPhase};
 use ctrlog::log::*;
 use ctrlog::server::ReplicaHandle;
-use ctrlog::tools::container::{InProcessLauncher, SimOptions};
+use ctrlog::tools::chaos::container::{InProcessLauncher, SimOptions};
 use ctrlog::tools::LocalCluster;
 use hdrhistogram::Histogram;
 

@@ -15,8 +15,8 @@ use std::time::Duration;
 use ctrlog::controller::{Capacity, Controller, ControllerConfig, JobDriver, StaticInputs};
 use ctrlog::jobs::plan::{settled, GroupByPartition, LagPolicy};
 use ctrlog::log::Input;
-use ctrlog::tools::container::{InProcessLauncher, SimOptions};
-use ctrlog::tools::local_job::{ControllerFactory, LocalJob};
+use ctrlog::tools::chaos::container::{InProcessLauncher, SimOptions};
+use ctrlog::tools::cluster::job::{ControllerFactory, LocalJob};
 use ctrlog::tools::{poll_until, LocalCluster, POLL_INTERVAL};
 
 const WAIT: Duration = Duration::from_secs(30);

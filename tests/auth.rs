@@ -597,7 +597,7 @@ async fn status_json_from(
 async fn wrong_tokens_on_the_status_port_are_throttled_and_its_connections_capped() {
     use ctrlog::server::http::HTTP_CONNECTIONS_MAX;
     use ctrlog::server::page_access::FAILED_TOKENS_PER_SECOND;
-    use ctrlog::tools::bench::ProcessCluster;
+    use ctrlog::tools::cluster::ProcessCluster;
     use std::net::Ipv4Addr;
 
     const GUESSES: usize = 2_000;
@@ -648,7 +648,7 @@ async fn wrong_tokens_on_the_status_port_are_throttled_and_its_connections_cappe
 /// replica's. Before, it ran as the replica's user with the replica's whole environment.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_launched_container_cannot_read_the_replicas_secrets() {
-    use ctrlog::tools::bench::ProcessCluster;
+    use ctrlog::tools::cluster::ProcessCluster;
     use std::os::unix::fs::PermissionsExt;
 
     let logs = tempfile::tempdir().unwrap();
@@ -707,7 +707,7 @@ async fn a_launched_container_cannot_read_the_replicas_secrets() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deployment_style_container_joins_works_and_leaves_under_a_prefix_role() {
     use ctrlog::jobs::{ContainerStatus, TaskPhase};
-    use ctrlog::tools::bench::ProcessCluster;
+    use ctrlog::tools::cluster::ProcessCluster;
 
     let config = "[job]\ninputs = [\"kafka/orders/0\"]\n\n[job.scaling]\nmin = 1\nmax = 1\n\n\
                   [job.launcher]\nkind = \"external\"\n";

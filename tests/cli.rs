@@ -803,7 +803,7 @@ fn names_and_days_left(path: &std::path::Path) -> (Vec<String>, i64) {
 /// generate --force`, which replaces the CA and so every certificate at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn certificates_are_issued_and_renewed_under_the_clusters_ca() {
-    use ctrlog::tools::bench::ProcessCluster;
+    use ctrlog::tools::cluster::ProcessCluster;
     let mut cluster = ProcessCluster::start_secure(common::replica_exe(), 3, "", false, &[])
         .await
         .unwrap();
@@ -1072,7 +1072,7 @@ async fn schema_and_config_changes_are_broadcast_from_the_cli() {
 /// running and the folder behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_bench_leaves_no_replica_and_no_folder() {
-    use ctrlog::tools::bench::processes_mentioning;
+    use ctrlog::tools::cluster::processes_mentioning;
     let tmp = tempfile::tempdir().unwrap();
     let mut bench = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctrlog"))
         .args(["bench", "append", "--clients", "1", "--duration-s", "60"])

@@ -1434,7 +1434,7 @@ async fn a_per_call_deadline_gives_up_naming_the_pair_to_retry() {
 async fn answers_a_client_never_reads_pin_only_the_answer_budget() {
     use ctrlog::client::ControlLogRequest;
     use ctrlog::log::RegisterContainer;
-    use ctrlog::tools::bench::ProcessCluster;
+    use ctrlog::tools::cluster::ProcessCluster;
     use futures::SinkExt;
 
     const CONTAINERS: usize = 3_000;
@@ -1566,8 +1566,8 @@ async fn answers_a_client_never_reads_pin_only_the_answer_budget() {
 async fn connections_that_never_authenticate_lock_nobody_out() {
     use ctrlog::client::tls::{client_config, framed, server_name};
     use ctrlog::log::RegisterContainer;
-    use ctrlog::tools::bench::ProcessCluster;
     use ctrlog::tools::certs;
+    use ctrlog::tools::cluster::ProcessCluster;
     use std::net::Ipv4Addr;
 
     let cluster = ProcessCluster::start_secure(
@@ -1691,7 +1691,7 @@ async fn connections_that_never_authenticate_lock_nobody_out() {
 async fn a_replica_raises_its_open_files_limit_for_its_connection_caps() {
     use ctrlog::server::http::HTTP_CONNECTIONS_MAX;
     use ctrlog::server::OPEN_FILES_BESIDES_CONNECTIONS;
-    use ctrlog::tools::bench::{ProcessCluster, SpawnHook};
+    use ctrlog::tools::cluster::{ProcessCluster, SpawnHook};
     use std::os::unix::process::CommandExt;
 
     const SOFT_AT_START: libc::rlim_t = 1024;

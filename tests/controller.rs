@@ -15,9 +15,9 @@ use ctrlog::controller::{
 use ctrlog::jobs::plan::{loads, settled, GroupByPartition, LagPolicy};
 use ctrlog::jobs::{ContainerStatus, JobState, TaskPhase};
 use ctrlog::log::*;
-use ctrlog::tools::checker::{double_runs, read_reports, TaskEvent};
-use ctrlog::tools::container::{InProcessLauncher, SimOptions};
-use ctrlog::tools::local_job::{ControllerFactory, LocalJob};
+use ctrlog::tools::chaos::checker::{double_runs, read_reports, TaskEvent};
+use ctrlog::tools::chaos::container::{InProcessLauncher, SimOptions};
+use ctrlog::tools::cluster::job::{ControllerFactory, LocalJob};
 use ctrlog::tools::{poll_until, LocalCluster, POLL_INTERVAL};
 
 const WAIT: Duration = Duration::from_secs(40);

@@ -14,7 +14,7 @@ use ctrlog::log::{Command, LogEntry, ProducerSeq, Proposal, Target};
 use ctrlog::raft::state_machine::faults as snapshot_faults;
 use ctrlog::raft::storage::{log_dir, meta_dir};
 use ctrlog::raft::wal::{faults, DAMAGED_DIR};
-use ctrlog::tools::bench::ProcessCluster;
+use ctrlog::tools::cluster::ProcessCluster;
 use ctrlog::tools::{poll_until, POLL_INTERVAL};
 
 const WAIT: Duration = Duration::from_secs(60);

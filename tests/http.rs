@@ -6,7 +6,7 @@ mod common;
 use common::{http_get as get, metric_sample as sample, WAIT};
 use ctrlog::client::ControlClient;
 use ctrlog::log::{Command, ContainerId, DesiredContainersV1, RegisterContainer, Target};
-use ctrlog::tools::bench::ProcessCluster;
+use ctrlog::tools::cluster::ProcessCluster;
 use ctrlog::tools::{poll_until, LocalCluster, POLL_INTERVAL};
 use serde_json::Value;
 

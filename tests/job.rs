@@ -16,10 +16,10 @@ use common::{http_get, metric_sample};
 use ctrlog::client::ControlClient;
 use ctrlog::jobs::plan::settled;
 use ctrlog::jobs::{ContainerStatus, JobState, TaskPhase};
-use ctrlog::tools::bench::{processes_mentioning, ProcessCluster};
-use ctrlog::tools::checker::{double_runs, read_reports};
+use ctrlog::tools::chaos::checker::{double_runs, read_reports};
 use ctrlog::tools::cli::state_text;
-use ctrlog::tools::wait::job_state_until;
+use ctrlog::tools::cluster::wait::job_state_until;
+use ctrlog::tools::cluster::{processes_mentioning, ProcessCluster};
 use ctrlog::tools::{poll_until, POLL_INTERVAL};
 
 /// Each step's deadline: a debug build of four processes on a shared 2-core machine.
@@ -511,7 +511,7 @@ async fn lag_reported_for_another_containers_tasks_is_ignored() {
     use ctrlog::client::ClientOptions;
     use ctrlog::log::{ContainerId, TaskId};
     use ctrlog::tools::certs;
-    use ctrlog::tools::container::{run_simulated_container, SimOptions};
+    use ctrlog::tools::chaos::container::{run_simulated_container, SimOptions};
 
     const CLAIMED: u64 = 1 << 62;
     let files = JobFiles::new();

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::read_retained;
 use ctrlog::client::{AppendAck, ControlClient};
 use ctrlog::log::{Command, LogEntry, ProducerSeq, Proposal, Target};
-use ctrlog::tools::bench::ProcessCluster;
+use ctrlog::tools::cluster::ProcessCluster;
 use ctrlog::tools::{poll_until, POLL_INTERVAL};
 
 const WAIT: Duration = Duration::from_secs(60);

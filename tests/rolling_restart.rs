@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use ctrlog::client::ControlClient;
 use ctrlog::log::Command;
-use ctrlog::tools::bench::ProcessCluster;
+use ctrlog::tools::cluster::ProcessCluster;
 use ctrlog::tools::{poll_until, POLL_INTERVAL};
 
 /// How long any one condition may take to hold.

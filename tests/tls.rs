@@ -13,8 +13,8 @@ use ctrlog::client::{ClientError, ClientOptions, ControlClient, Status, Subscrip
 use ctrlog::log::{Command, Filter, Target};
 use ctrlog::raft::network::{PeerNetwork, RaftRpcClient};
 use ctrlog::server::TlsFiles;
-use ctrlog::tools::bench::ProcessCluster;
 use ctrlog::tools::certs::{Authority, Usage};
+use ctrlog::tools::cluster::ProcessCluster;
 use ctrlog::tools::LocalCluster;
 use futures::StreamExt;
 use time::OffsetDateTime;

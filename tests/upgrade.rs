@@ -20,9 +20,9 @@ use ctrlog::jobs::Rejection;
 use ctrlog::log::{
     Command, Filter, Frame, LogEntry, ProducerSeq, Proposal, SetVocabularyLevel, Target,
 };
-use ctrlog::tools::bench::ProcessCluster;
+use ctrlog::tools::chaos::checker::{check, Acked, Delivery, History, SubscriptionRecord};
 use ctrlog::tools::chaos::read_log;
-use ctrlog::tools::checker::{check, Acked, Delivery, History, SubscriptionRecord};
+use ctrlog::tools::cluster::ProcessCluster;
 use ctrlog::tools::{poll_until, POLL_INTERVAL};
 use futures::StreamExt;
 

@@ -19,7 +19,7 @@ use ctrlog::client::{ClientOptions, ControlClient};
 use ctrlog::log::{Command, Target};
 use ctrlog::raft::storage::{log_dir, meta_dir};
 use ctrlog::raft::write_faults::{faults, Operation};
-use ctrlog::tools::bench::ProcessCluster;
+use ctrlog::tools::cluster::ProcessCluster;
 use ctrlog::tools::LocalCluster;
 use ctrlog::NodeId;
 

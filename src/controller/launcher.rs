@@ -1,6 +1,6 @@
 //! Starting and stopping containers. YARN or Kubernetes launchers are user implementations of
 //! [`ContainerLauncher`]; [`ProcessLauncher`] runs containers as local processes (and
-//! `tools::container::InProcessLauncher` runs simulated ones as tasks, for the demo and tests).
+//! `tools::chaos::container::InProcessLauncher` runs simulated ones as tasks, for the demo and tests).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};

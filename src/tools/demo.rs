@@ -19,12 +19,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{ensure, Context};
 use futures::StreamExt;
 
-use super::bench::{processes_mentioning, ProcessCluster};
-use super::checker::{double_runs, longest_unowned};
-use super::job_files::JobFiles;
-use super::local_cluster::LocalCluster;
-use super::local_job::{ControllerFactory, LocalJob};
-use super::wait::job_state_until;
 use crate::client::{ClientOptions, ControlClient, SubscriptionItem};
 use crate::controller::{
     Capacity, Controller, ControllerReport, JobDriver, LaunchSettings, ProcessLauncher, SettingsFn,
@@ -35,6 +29,12 @@ use crate::jobs::{ContainerStatus, JobState, TaskPhase};
 use crate::log::{Command, LogEntry, Offset, SchemaChange};
 use crate::server::auth::container_token;
 use crate::server::{AuthConfig, JobConfig, LauncherConfig, TlsFiles};
+use crate::tools::chaos::checker::{double_runs, longest_unowned};
+use crate::tools::chaos::job_files::JobFiles;
+use crate::tools::cluster::job::{ControllerFactory, LocalJob};
+use crate::tools::cluster::local::LocalCluster;
+use crate::tools::cluster::wait::job_state_until;
+use crate::tools::cluster::{processes_mentioning, ProcessCluster};
 use crate::NodeId;
 
 /// Each step of the scenario must finish within this.
@@ -64,7 +64,7 @@ const DEMO_CONTAINERS_MAX: u32 = 32;
 
 impl Security {
     fn create(dir: &Path) -> anyhow::Result<Security> {
-        super::certs::generate(
+        crate::tools::certs::generate(
             dir,
             &[1, 2, 3],
             &["127.0.0.1".into()],
@@ -85,7 +85,7 @@ impl Security {
         std::fs::set_permissions(&tokens_file, private)?;
         Ok(Security {
             dir: dir.to_path_buf(),
-            ca: super::certs::ca_file(dir),
+            ca: crate::tools::certs::ca_file(dir),
             auth: AuthConfig {
                 tokens_file: Some(tokens_file),
                 certificates: [("client-demo".to_string(), "operator".to_string())].into(),
@@ -94,7 +94,7 @@ impl Security {
     }
 
     fn replica_tls(&self, id: NodeId) -> TlsFiles {
-        super::certs::replica_files(&self.dir, id)
+        crate::tools::certs::replica_files(&self.dir, id)
     }
 
     /// What a launched container connects with: its own token, in `CTRLOG_TOKEN` (as
@@ -113,7 +113,7 @@ impl Security {
 
     /// The demo's own client: an operator by certificate.
     fn operator(&self) -> anyhow::Result<ClientOptions> {
-        let (cert, key) = super::certs::client_identity(&self.dir, "demo");
+        let (cert, key) = crate::tools::certs::client_identity(&self.dir, "demo");
         Ok(ClientOptions {
             tls: Some(crate::wire::tls::client_config(
                 &self.ca,

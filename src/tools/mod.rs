@@ -1,26 +1,25 @@
-//! What operators and developers run around the library: `ctrlog bench`, `ctrlog chaos` and
-//! its history [`checker`], `ctrlog demo`, `ctrlog certs`, the client subcommands ([`cli`]),
-//! the simulated [`container`], and clusters in one process ([`local_cluster`], with
-//! controllers: [`local_job`]) for the demo, the benchmarks and the tests.
+//! What operators and developers run around the library, in three wings and the wiring of the
+//! binary's commands:
 //!
-//! Tools depend on everything; nothing outside `tools` and the binary depends on them.
+//! * [`cluster`]: replicas to run things against, in one process ([`LocalCluster`], with
+//!   controllers: [`LocalJob`]) or as `ctrlog serve` processes ([`cluster::ProcessCluster`],
+//!   with the power-loss shim), and waiting on them;
+//! * [`bench`]: `ctrlog bench` (append, fan-out, recovery, scale), its probes and plots;
+//! * [`chaos`]: `ctrlog chaos`, its history [`checker`](chaos::checker), the firewall of its
+//!   partitions, the job files of its replicas and the simulated container;
+//! * the wiring: the client subcommands ([`cli`]), `ctrlog certs`, `ctrlog snapshot
+//!   save|restore` ([`backup`]) and `ctrlog demo`.
+//!
+//! Tools depend on everything; nothing outside `tools` and the binary depends on them. They are
+//! the `tools` feature, which `server` does not imply.
 
 pub mod backup;
 pub mod bench;
 pub mod certs;
 pub mod chaos;
-pub mod checker;
 pub mod cli;
-pub mod container;
+pub mod cluster;
 pub mod demo;
-pub mod firewall;
-pub mod job_files;
-pub mod local_cluster;
-pub mod local_job;
-pub mod power_loss;
-pub mod scale;
-pub mod wait;
 
-pub use local_cluster::LocalCluster;
-pub use local_job::LocalJob;
-pub use wait::{poll_until, WaitError, POLL_INTERVAL};
+pub use cluster::wait::{poll_until, WaitError, POLL_INTERVAL};
+pub use cluster::{LocalCluster, LocalJob};

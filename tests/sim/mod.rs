@@ -60,7 +60,7 @@ use ctrlog::raft::two_copies::{REPAIR, VOTE};
 use ctrlog::raft::types::LogId;
 use ctrlog::raft::types::Raft;
 use ctrlog::server::ReplicaConfig;
-use ctrlog::tools::checker::{
+use ctrlog::tools::chaos::checker::{
     self, Acked, Delivery, History, LogMatching, SubscriptionRecord, TaskEvent, Violation,
 };
 use ctrlog::wire::ANSWER_ENVELOPE_BYTES_MAX;

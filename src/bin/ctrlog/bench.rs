@@ -5,10 +5,11 @@ use std::io::Write;
 use std::time::Duration;
 
 use clap::Subcommand;
-use ctrlog::tools::bench::{self, BenchTarget, ProcessCluster, OWN_CLUSTER_REPLICAS};
+use ctrlog::tools::bench::scale;
+use ctrlog::tools::bench::{self, BenchTarget, OWN_CLUSTER_REPLICAS};
 use ctrlog::tools::chaos::{self, ChaosOptions, FaultFamily};
 use ctrlog::tools::cli::{self, ClientFlags, OutputFlags};
-use ctrlog::tools::scale;
+use ctrlog::tools::cluster::{self, ProcessCluster};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -128,13 +129,13 @@ pub struct ChaosArgs {
 }
 
 /// An append bench that runs its own replicas shares the machine with them as a light client:
-/// it takes an equal share of the cores, as they do (`bench::worker_threads_each`). The
+/// it takes an equal share of the cores, as they do (`cluster::worker_threads_each`). The
 /// fan-out bench hosts a thousand readers, the heaviest load on the machine, and keeps
 /// tokio's default (one thread each measured no better for it: BENCHMARKS.md).
 pub fn worker_threads(args: &BenchArgs, flags: &ClientFlags) -> Option<usize> {
     let own_cluster = flags.cluster.is_empty();
     (matches!(args.workload, BenchCmd::Append { .. }) && own_cluster)
-        .then(|| bench::worker_threads_each(OWN_CLUSTER_REPLICAS as usize))
+        .then(|| cluster::worker_threads_each(OWN_CLUSTER_REPLICAS as usize))
 }
 
 pub async fn bench(

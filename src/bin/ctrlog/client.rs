@@ -10,8 +10,8 @@ use anyhow::Context;
 use clap::Subcommand;
 use ctrlog::client::{ApiError, ClientError, Member, MemberStatus};
 use ctrlog::log::{ContainerId, Filter, Frame, ProducerSeq, Target};
+use ctrlog::tools::chaos::container::{run_simulated_container, SimOptions};
 use ctrlog::tools::cli::{self, ClientFlags, OutputFlags};
-use ctrlog::tools::container::{run_simulated_container, SimOptions};
 
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("body").required(true).args(["payload", "payload_file"])))]

@@ -1,6 +1,6 @@
 //! Network partitions between real replica processes on one host, for `ctrlog chaos`.
 //!
-//! Each replica runs under its own uid ([`ProcessCluster::for_faults`](super::bench)), so
+//! Each replica runs under its own uid ([`ProcessCluster::for_faults`](crate::tools::bench)), so
 //! nftables can tell whose connection it is: every connection a replica opens is marked with
 //! its uid in conntrack, and a cut drops the packets of one replica's connections to another's
 //! peer port. Loopback packets cross the output hook too, so this cuts real TCP connections on

@@ -26,15 +26,16 @@ use anyhow::Context;
 use futures::StreamExt;
 use serde_json::json;
 
-use super::bench::{
-    cpu_time, dir_bytes, fdatasync_floor, histogram, scrape_histograms, time_restart,
-    window_quantile, ProcessCluster, FDATASYNC_PROBE_WRITES, OWN_CLUSTER_REPLICAS,
-};
 use crate::client::{ControlClient, SubscriptionItem};
 use crate::jobs::{plan, JobState, TaskPhase};
 use crate::log::{
     Command, ContainerId, Epoch, Filter, RegisterContainer, TaskId, TaskStarted, TaskStopped,
 };
+use crate::tools::bench::{
+    cpu_time, dir_bytes, fdatasync_floor, histogram, scrape_histograms, time_restart,
+    window_quantile, FDATASYNC_PROBE_WRITES, OWN_CLUSTER_REPLICAS,
+};
+use crate::tools::cluster::ProcessCluster;
 
 /// Streams the inputs are spread over: the partition grouper makes one task per partition
 /// number, so `M` inputs make `M / STREAMS` tasks.
@@ -518,10 +519,10 @@ pub fn plot(results: &[serde_json::Value], path: &std::path::Path) -> anyhow::Re
     let root = SVGBackend::new(path, (1200, 960)).into_drawing_area();
     root.fill(&WHITE)?;
     for (area, (label, pick)) in root.split_evenly((3, 3)).iter().zip(&panels) {
-        let series: Vec<super::bench::PlotSeries> = input_counts
+        let series: Vec<crate::tools::bench::PlotSeries> = input_counts
             .iter()
             .zip(COLORS.iter().cycle())
-            .map(|(&inputs, &color)| super::bench::PlotSeries {
+            .map(|(&inputs, &color)| crate::tools::bench::PlotSeries {
                 name: Some(format!("M = {} inputs", thousands(inputs))),
                 points: results
                     .iter()
@@ -531,7 +532,7 @@ pub fn plot(results: &[serde_json::Value], path: &std::path::Path) -> anyhow::Re
                 color,
             })
             .collect();
-        super::bench::plot_panel(area, label, "N containers", &series)?;
+        crate::tools::bench::plot_panel(area, label, "N containers", &series)?;
     }
     root.present()?;
     Ok(())

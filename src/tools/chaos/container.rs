@@ -14,13 +14,13 @@ use futures::StreamExt;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::checker::TaskEvent;
 use crate::client::{
     ClientError, ClientOptions, ContainerSession, ControlClient, SessionOptions, SubscriptionItem,
 };
 use crate::controller::ContainerLauncher;
 use crate::jobs::TaskPhase;
 use crate::log::{Command, ContainerId, Epoch, TaskId};
+use crate::tools::chaos::checker::TaskEvent;
 
 /// How a simulated container behaves.
 #[derive(Clone, Debug)]

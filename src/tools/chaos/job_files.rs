@@ -1,15 +1,15 @@
 //! The files a tool drives a job of `ctrlog container` processes through, and reads the
 //! containers' own words from: the inputs file the controller watches, the lag file every
 //! task reports, the containers' report file (what each believes it runs, for
-//! [`double_runs`](super::checker::double_runs)) and their log folder. `ctrlog demo` and
+//! [`double_runs`](crate::tools::chaos::checker::double_runs)) and their log folder. `ctrlog demo` and
 //! `ctrlog chaos` share them.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use super::checker::{read_reports, TaskEvent};
 use crate::server::{JobConfig, LauncherConfig};
+use crate::tools::chaos::checker::{read_reports, TaskEvent};
 
 /// The files of one job, under one folder.
 pub struct JobFiles {

@@ -20,9 +20,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use super::bench::{SpawnHook, Spawning};
 use crate::raft::storage::log_dir;
 use crate::raft::wal::faults::{lose_unsynced, segment_sizes};
+use crate::tools::cluster::process::{SpawnHook, Spawning};
 
 const SHIM_SOURCE: &str = include_str!("power_loss_shim.c");
 

@@ -8,11 +8,11 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-use super::local_cluster::LocalCluster;
-use super::wait::WaitError;
 use crate::controller::{Controller, ControllerReport};
 use crate::jobs::JobState;
 use crate::server::{ReplicaHandle, StartError};
+use crate::tools::cluster::local::LocalCluster;
+use crate::tools::cluster::wait::WaitError;
 use crate::NodeId;
 
 /// Builds the controller for one replica.

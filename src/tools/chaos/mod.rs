@@ -5,17 +5,22 @@
 //! then kill and restart it twice right after; kill a follower and leave zeros or garbage
 //! after the last record of its WAL before it restarts; cut the power of the leader, a
 //! follower or the whole cluster (its WAL syncs stalled, then SIGKILL and everything written
-//! after the last completed sync dropped: [`power_loss`](super::power_loss)), the old leader
+//! after the last completed sync dropped: [`power_loss`](crate::tools::cluster::power_loss)), the old leader
 //! back first. Meanwhile the replicas run a job: their
 //! controllers launch `ctrlog container` processes that hold leases and run tasks, and the
 //! rounds add inputs and raise and drop the lag, so that containers are launched and drained
 //! and tasks move while the faults land; partitions also cut the containers off from the
-//! leader. Then the history is verified with the [`checker`](super::checker), the containers'
+//! leader. Then the history is verified with the [`checker`](crate::tools::chaos::checker), the containers'
 //! own reports included (no task ran on two containers at once), and every replica must have
 //! come back and the job settled.
 //!
 //! Faults are chosen by a seeded generator, so a run's fault schedule is reproducible from its
 //! seed (the timing of real processes is not).
+
+pub mod checker;
+pub mod container;
+pub mod firewall;
+pub mod job_files;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -27,14 +32,6 @@ use futures::StreamExt;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use super::bench::{processes_mentioning, BenchTarget, ProcessCluster};
-use super::checker::{
-    check, Acked, Delivery, History, LogMatching, SubscriptionRecord, TaskEvent, Violation,
-};
-use super::firewall::Firewall;
-use super::job_files::JobFiles;
-use super::power_loss::PowerLoss;
-use super::wait::{job_state_until, poll_until, POLL_INTERVAL};
 use crate::client::{
     ApiError, ClientError, ClientOptions, ControlClient, FetchRequest, SubscriptionItem,
 };
@@ -48,6 +45,15 @@ use crate::raft::state_machine::faults as snapshot_faults;
 use crate::raft::storage::{log_dir, meta_dir, sleds_set_aside};
 use crate::raft::types::Entry;
 use crate::raft::wal::{self, Wal, RECORD_BYTES_MAX};
+use crate::tools::bench::BenchTarget;
+use crate::tools::chaos::checker::{
+    check, Acked, Delivery, History, LogMatching, SubscriptionRecord, TaskEvent, Violation,
+};
+use crate::tools::chaos::firewall::Firewall;
+use crate::tools::chaos::job_files::JobFiles;
+use crate::tools::cluster::power_loss::PowerLoss;
+use crate::tools::cluster::wait::{job_state_until, poll_until, POLL_INTERVAL};
+use crate::tools::cluster::{processes_mentioning, ProcessCluster};
 
 /// How a run is shaped.
 #[derive(Clone, Debug)]
@@ -92,7 +98,7 @@ pub enum FaultFamily {
     Membership,
     /// Stall the WAL syncs of the leader, a follower or the whole cluster, kill it and drop
     /// what was written after the last completed sync (an `LD_PRELOAD` shim, built with the
-    /// machine's C compiler: [`power_loss`](super::power_loss)); the old leader comes back
+    /// machine's C compiler: [`power_loss`](crate::tools::cluster::power_loss)); the old leader comes back
     /// first, inside the followers' election timeout.
     PowerLoss,
 }

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::cli::state_text;
 use crate::client::ControlClient;
 use crate::jobs::JobState;
+use crate::tools::cli::state_text;
 
 /// How often the tools and tests re-check a condition by default: often enough that a wait
 /// ends within a few milliseconds of its condition, rarely enough to cost nothing.

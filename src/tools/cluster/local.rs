@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::wait::{poll_until, WaitError, POLL_INTERVAL};
 use crate::client::{ClientOptions, Member};
 use crate::server::{AuthConfig, Replica, ReplicaConfig, StartError};
+use crate::tools::cluster::wait::{poll_until, WaitError, POLL_INTERVAL};
 use crate::wire::tls::client_config;
 use crate::NodeId;
 
@@ -52,7 +52,7 @@ impl LocalCluster {
     ) -> Result<LocalCluster, StartError> {
         let pki = dir.join("pki");
         let ids: Vec<NodeId> = (1..=SECURE_IDS_MAX).collect();
-        super::certs::generate(
+        crate::tools::certs::generate(
             &pki,
             &ids,
             &["127.0.0.1".into()],
@@ -61,8 +61,8 @@ impl LocalCluster {
             false,
         )
         .map_err(|e| StartError::Tls(e.to_string()))?;
-        let (cert, key) = super::certs::client_identity(&pki, "admin");
-        let client_tls = client_config(&super::certs::ca_file(&pki), Some((&cert, &key)))
+        let (cert, key) = crate::tools::certs::client_identity(&pki, "admin");
+        let client_tls = client_config(&crate::tools::certs::ca_file(&pki), Some((&cert, &key)))
             .map_err(|e| StartError::Tls(e.to_string()))?;
         let secure = Secure {
             auth: AuthConfig {
@@ -129,7 +129,7 @@ impl LocalCluster {
         config.election_timeout_min_ms = 600;
         config.election_timeout_max_ms = 900;
         if let Some(secure) = &self.secure {
-            config.tls = Some(super::certs::replica_files(&secure.pki, id));
+            config.tls = Some(crate::tools::certs::replica_files(&secure.pki, id));
             config.auth = Some(secure.auth.clone());
         }
         tune(&mut config);
