@@ -336,7 +336,7 @@ async fn the_status_port_needs_the_client_ports_credentials() {
         .unwrap();
     let mut rest = Vec::new();
     let closed = tokio::time::timeout(
-        ctrlog::server::http::HEADER_READ_TIMEOUT * 3,
+        ctrlog::server::ports::http::HEADER_READ_TIMEOUT * 3,
         tokio::io::AsyncReadExt::read_to_end(&mut slow, &mut rest),
     )
     .await;
@@ -523,7 +523,7 @@ async fn repeated_failed_authentications_close_the_connection() {
         ctx
     };
     let guesser = raw().await;
-    for guess in 0..ctrlog::server::service::AUTHENTICATE_FAILURES_MAX {
+    for guess in 0..ctrlog::server::ports::client::AUTHENTICATE_FAILURES_MAX {
         let answer = guesser
             .authenticate(ctx(), format!("guess-{guess}-0123456789"))
             .await
@@ -595,8 +595,8 @@ async fn status_json_from(
 /// connection in 0.2 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_tokens_on_the_status_port_are_throttled_and_its_connections_capped() {
-    use ctrlog::server::http::HTTP_CONNECTIONS_MAX;
-    use ctrlog::server::page_access::FAILED_TOKENS_PER_SECOND;
+    use ctrlog::server::ports::http::HTTP_CONNECTIONS_MAX;
+    use ctrlog::server::ports::page_access::FAILED_TOKENS_PER_SECOND;
     use ctrlog::tools::cluster::ProcessCluster;
     use std::net::Ipv4Addr;
 

@@ -1689,7 +1689,7 @@ async fn connections_that_never_authenticate_lock_nobody_out() {
 /// lower. Before, it stayed at 1,024.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_raises_its_open_files_limit_for_its_connection_caps() {
-    use ctrlog::server::http::HTTP_CONNECTIONS_MAX;
+    use ctrlog::server::ports::http::HTTP_CONNECTIONS_MAX;
     use ctrlog::server::OPEN_FILES_BESIDES_CONNECTIONS;
     use ctrlog::tools::cluster::{ProcessCluster, SpawnHook};
     use std::os::unix::process::CommandExt;

@@ -1,5 +1,5 @@
 //! Raft RPC between replicas over tarpc (bincode over TCP): the service every replica serves
-//! on its peer port (served by `server::peers`), and openraft's `RaftNetworkFactory` that
+//! on its peer port (served by `server::ports::peer`), and openraft's `RaftNetworkFactory` that
 //! calls it.
 //!
 //! Every call carries a deadline derived from openraft's `RPCOption` (its hard TTL), so a dead
@@ -111,7 +111,7 @@ pub trait RaftRpc {
 }
 
 /// The rules every incoming Raft request follows, whatever carried it (the peer port's tarpc
-/// service, `server::peers`, or the simulation's network): its sender is admitted by the
+/// service, `server::ports::peer`, or the simulation's network): its sender is admitted by the
 /// identity the transport vouches for and by this replica's membership ([`admit`](Self::admit),
 /// which the carrier calls first), an AppendEntries is checked against the entries this replica holds
 /// under the same log ids before openraft sees it, and a different one stops this replica

@@ -9,9 +9,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::history::History;
-use super::telemetry::Telemetry;
-use super::tls::CertificateExpiry;
 use crate::controller::ControlPlane;
 use crate::jobs::{JobState, ReportedLag, Session};
 use crate::log::{Command, ContainerId, Epoch, Offset, Proposal, TaskId};
@@ -21,6 +18,9 @@ use crate::raft::scrub::StorageFaults;
 use crate::raft::state_machine::{Applied, SnapshotStats};
 use crate::raft::storage::ClusterIdentity;
 use crate::raft::types::{Raft, RaftMetrics};
+use crate::server::observe::expiry::CertificateExpiry;
+use crate::server::observe::history::History;
+use crate::server::observe::telemetry::Telemetry;
 use crate::wire::{
     ApiError, AppendAck, ClusterId, FetchRequest, FetchResponse, HeartbeatAck, Member, StateAt,
     Status,
@@ -31,29 +31,29 @@ pub use crate::raft::node::{
     LEARNER_FIRST_CONTACT_MAX, MEMBERSHIP_COMMIT_WAIT, MEMBER_CATCH_UP_TIMEOUT,
 };
 
-pub(super) struct Inner {
-    pub(super) node: Node,
-    pub(super) peer_addr: SocketAddr,
-    pub(super) client_addr: SocketAddr,
-    pub(super) telemetry: Telemetry,
-    pub(super) http_addr: Option<SocketAddr>,
+pub(in crate::server) struct Inner {
+    pub(in crate::server) node: Node,
+    pub(in crate::server) peer_addr: SocketAddr,
+    pub(in crate::server) client_addr: SocketAddr,
+    pub(in crate::server) telemetry: Telemetry,
+    pub(in crate::server) http_addr: Option<SocketAddr>,
     /// The last minutes, for the status page's charts (sampled while the HTTP port runs).
-    pub(super) history: History,
+    pub(in crate::server) history: History,
     /// When the TLS certificates this replica loaded expire (none without TLS).
-    pub(super) certificate_expiries: Vec<CertificateExpiry>,
+    pub(in crate::server) certificate_expiries: Vec<CertificateExpiry>,
     /// Storage faults found at open and by the scrubber.
-    pub(super) storage_faults: Arc<StorageFaults>,
+    pub(in crate::server) storage_faults: Arc<StorageFaults>,
     /// The cluster this replica's directory records.
-    pub(super) cluster: Arc<ClusterIdentity>,
+    pub(in crate::server) cluster: Arc<ClusterIdentity>,
     /// The peers, as Raft dials them: a leader dials one more to hand over.
-    pub(super) peers: PeerNetwork,
+    pub(in crate::server) peers: PeerNetwork,
 }
 
 /// How long a leader may take to dial the voter it hands over to.
-pub(super) const HANDOVER_DIAL_TIMEOUT: Duration = Duration::from_millis(500);
+pub(in crate::server) const HANDOVER_DIAL_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The voters a leader `leader` handing over to `to` tells to stand back.
-pub(super) fn bystanders(
+pub(in crate::server) fn bystanders(
     membership: &openraft::Membership<NodeId, Member>,
     leader: NodeId,
     to: NodeId,
@@ -67,7 +67,7 @@ pub(super) fn bystanders(
 /// How long the handover message may take once the leader is silent: the voter stands a
 /// lease after the leader's last message whatever it is told, so a late message only loses
 /// the handover.
-pub(super) const HANDOVER_SEND_TIMEOUT: Duration = Duration::from_millis(200);
+pub(in crate::server) const HANDOVER_SEND_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// How long `transfer_leader` waits for the voter it hands over to to hold the leader's
 /// last entry (appends are refused meanwhile, so it stops growing).
@@ -80,7 +80,7 @@ const TRANSFER_MAX: Duration = Duration::from_secs(5);
 /// A cheap, cloneable handle to a running replica: the library API.
 #[derive(Clone)]
 pub struct ReplicaHandle {
-    pub(super) inner: Arc<Inner>,
+    pub(in crate::server) inner: Arc<Inner>,
 }
 
 impl ReplicaHandle {

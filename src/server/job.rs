@@ -1,19 +1,19 @@
 //! The controller `ctrlog serve` runs from the `[job]` section of its configuration
-//! ([`job_config`](super::job_config)). Every replica with a `[job]` runs one; only the
+//! ([`job_config`](crate::server::config::job)). Every replica with a `[job]` runs one; only the
 //! leader's acts (see [`controller`](crate::controller)). Without `[job]` a replica runs none.
 
 use std::sync::Arc;
 
-use super::auth::container_token;
-use super::config::ReplicaConfig;
-use super::handle::ReplicaHandle;
-use super::job_config::{parse_inputs, GrouperName, JobConfig, LauncherConfig};
 use crate::controller::{
     Capacity, Controller, InputSource, JobDriver, LaunchSettings, ProcessLauncher, SettingsFn,
     StaticInputs, WatchedFile,
 };
 use crate::jobs::plan::GroupByPartition;
 use crate::log::ContainerId;
+use crate::server::config::job::{parse_inputs, GrouperName, JobConfig, LauncherConfig};
+use crate::server::config::ReplicaConfig;
+use crate::server::handle::ReplicaHandle;
+use crate::server::ports::auth::container_token;
 
 /// The controller `ctrlog serve` runs beside `replica`, as `config`'s `[job]` describes.
 /// `config` was validated.

@@ -1,12 +1,20 @@
-//! The replica process around consensus: it opens the storage, starts Raft, and serves the
-//! client port ([`service`], tarpc), the peer port ([`peers`]) and the observability port
-//! ([`http`]), all through one accept loop ([`connections`]) with TLS ([`tls`]) and
-//! credentials ([`auth`]) checked before anything reaches the replica.
+//! The replica process around consensus: it opens the storage, starts Raft, and serves its
+//! three ports, in three wings and the wiring between them:
 //!
-//! [`Replica`] is a running replica (start, shutdown, [`serve`]); [`ReplicaHandle`] is its
-//! library API and the [`ControlPlane`](crate::controller::ControlPlane) its controller
-//! drives; [`ReplicaConfig`] is what `ctrlog serve` reads, flags over a TOML file, and
-//! [`job`] the controller it runs when that file has a `[job]` section ([`job_config`]).
+//! * [`ports`]: the client port ([`ports::client`], tarpc), the peer port ([`ports::peer`])
+//!   and the observability port ([`ports::http`], with who may see the status page), all
+//!   through one accept loop ([`ports::connections`]) with TLS ([`ports::tls`]) and
+//!   credentials ([`ports::auth`]) checked before anything reaches the replica;
+//! * [`observe`]: what the replica tells about itself (telemetry, the history of its figures,
+//!   the status JSON, its certificates' expiry);
+//! * [`config`]: what `ctrlog serve` reads, flags over a TOML file, and its `[job]` section;
+//! * the wiring: [`Replica`] is a running replica (start, shutdown, [`serve`]);
+//!   [`ReplicaHandle`] is its library API and the [`ControlPlane`](crate::controller::ControlPlane)
+//!   its controller drives; [`job`] is the controller it runs when the configuration has a
+//!   `[job]` section.
+//!
+//! The wings use each other without a circle: `ports` over `observe` and `config`; the handle
+//! uses `observe` only.
 //!
 //! Invariants:
 //!
@@ -22,28 +30,17 @@
 // openraft's errors are large by contract (see `raft`).
 #![allow(clippy::result_large_err)]
 
-pub mod auth;
 pub mod config;
-mod config_error;
-mod connections;
-mod guarded;
 pub mod handle;
-pub mod history;
-pub mod http;
 pub mod job;
-pub mod job_config;
-pub mod json;
-pub mod page_access;
-pub mod peers;
+pub mod observe;
+pub mod ports;
 pub mod replica;
-pub mod service;
-mod telemetry;
-pub mod tls;
 
+pub use config::job::{JobConfig, LauncherConfig, ScalingConfig};
 pub use config::{
     parse_members, AuthConfig, ConfigError, LoadError, ReplicaConfig, ServeFlags, TlsFiles,
 };
-pub use connections::OPEN_FILES_BESIDES_CONNECTIONS;
 pub use handle::ReplicaHandle;
-pub use job_config::{JobConfig, LauncherConfig, ScalingConfig};
+pub use ports::connections::OPEN_FILES_BESIDES_CONNECTIONS;
 pub use replica::{force_new_cluster, serve, Replica, StartError};

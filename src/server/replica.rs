@@ -9,18 +9,6 @@ use openraft::error::InitializeError;
 use openraft::SnapshotPolicy;
 use tokio::task::JoinHandle;
 
-use super::auth::Authenticator;
-use super::config::{ConfigError, ReplicaConfig};
-use super::connections::PortLimits;
-use super::handle::{
-    bystanders, Inner, ReplicaHandle, HANDOVER_DIAL_TIMEOUT, HANDOVER_SEND_TIMEOUT,
-};
-use super::http::{bind_http, serve_http};
-use super::page_access::PageAccess;
-use super::peers::{bind_peers, serve_peers};
-use super::service::{bind_clients, serve_clients, ConnectionBudget};
-use super::telemetry::Telemetry;
-use super::tls::ReplicaTls;
 use crate::raft::elector::{ElectionTimer, ElectionTiming};
 use crate::raft::meta_store::Closed;
 use crate::raft::network::{PeerAnswers, PeerNetwork, RAFT_PAYLOAD_ENTRIES_MAX};
@@ -29,6 +17,18 @@ use crate::raft::recover::ForcedMembership;
 use crate::raft::scrub::{self, ScrubConfig, StorageFaults};
 use crate::raft::storage::{open_storage_of, ClusterIdentity, Storage};
 use crate::raft::types::{Raft, RaftError};
+use crate::server::config::{ConfigError, ReplicaConfig};
+use crate::server::handle::{
+    bystanders, Inner, ReplicaHandle, HANDOVER_DIAL_TIMEOUT, HANDOVER_SEND_TIMEOUT,
+};
+use crate::server::observe::telemetry::Telemetry;
+use crate::server::ports::auth::Authenticator;
+use crate::server::ports::client::{bind_clients, serve_clients, ConnectionBudget};
+use crate::server::ports::connections::PortLimits;
+use crate::server::ports::http::{bind_http, serve_http};
+use crate::server::ports::page_access::PageAccess;
+use crate::server::ports::peer::{bind_peers, serve_peers};
+use crate::server::ports::tls::ReplicaTls;
 use crate::wire::{Member, ANSWER_ENVELOPE_BYTES_MAX};
 use crate::NodeId;
 
@@ -526,9 +526,9 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), StartError> {
     let wanted = config.client_connections_max as u64
-        + super::http::HTTP_CONNECTIONS_MAX as u64
-        + super::connections::OPEN_FILES_BESIDES_CONNECTIONS;
-    match super::connections::raise_open_files_limit(wanted) {
+        + crate::server::ports::http::HTTP_CONNECTIONS_MAX as u64
+        + crate::server::ports::connections::OPEN_FILES_BESIDES_CONNECTIONS;
+    match crate::server::ports::connections::raise_open_files_limit(wanted) {
         Ok(open_files_max) => tracing::info!(open_files_max, "open files"),
         Err(error) => tracing::warn!(%error, "could not read or raise the open files limit"),
     }
@@ -540,7 +540,7 @@ pub async fn serve(
     let controller = match job {
         Some(job) => {
             let controller =
-                super::job::controller(&controller_config, &job, replica.clone_handle());
+                crate::server::job::controller(&controller_config, &job, replica.clone_handle());
             tracing::info!(launcher = ?job.launcher, "running the job's controller");
             Some(run_on_own_thread(controller.run(async move {
                 let _ = controller_stopped.await;

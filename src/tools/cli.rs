@@ -12,7 +12,7 @@ use anyhow::Context;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-pub use crate::server::json::{entry_json, state_json, status_json};
+pub use crate::server::observe::json::{entry_json, state_json, status_json};
 
 use crate::client::{
     ApiError, AppendAck, ClientError, ClientOptions, ControlClient, FetchRequest, Repairing,
@@ -23,7 +23,7 @@ use crate::log::{
     Command, Filter, Frame, Kind, Level, LogEntry, Offset, ProducerSeq, Proposal,
     SetVocabularyLevel, Target, TaskId, CUSTOM_KIND_MIN,
 };
-use crate::server::json::{awaiting_parts, phase_parts, status_name};
+use crate::server::observe::json::{awaiting_parts, phase_parts, status_name};
 use crate::NodeId;
 
 /// The flags the client subcommands connect with: only those subcommands take them (a

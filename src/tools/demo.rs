@@ -27,7 +27,7 @@ use crate::controller::{
 use crate::jobs::plan::{settled, GroupByPartition};
 use crate::jobs::{ContainerStatus, JobState, TaskPhase};
 use crate::log::{Command, LogEntry, Offset, SchemaChange};
-use crate::server::auth::container_token;
+use crate::server::ports::auth::container_token;
 use crate::server::{AuthConfig, JobConfig, LauncherConfig, TlsFiles};
 use crate::tools::chaos::checker::{double_runs, longest_unowned};
 use crate::tools::chaos::job_files::JobFiles;

@@ -523,7 +523,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;
-            write!(out, "{}", ctrlog::server::auth::hash_tokens_file(&text))?;
+            write!(
+                out,
+                "{}",
+                ctrlog::server::ports::auth::hash_tokens_file(&text)
+            )?;
         }
     }
     Ok(())

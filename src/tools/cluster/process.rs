@@ -416,7 +416,7 @@ impl ProcessCluster {
             .env(
                 "RUST_LOG",
                 std::env::var("CTRLOG_REPLICA_LOG").unwrap_or_else(|_| {
-                    "warn,ctrlog::controller=info,ctrlog::server::replica=info,ctrlog::server::peers=info,\
+                    "warn,ctrlog::controller=info,ctrlog::server::replica=info,ctrlog::server::ports::peer=info,\
                      ctrlog::raft::elector=info,ctrlog::raft::network=info"
                         .into()
                 }),

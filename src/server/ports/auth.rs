@@ -18,10 +18,10 @@ use std::str::FromStr;
 
 use rustls::pki_types::CertificateDer;
 
-use super::config::AuthConfig;
-use super::tls::certificate_names;
 use crate::log::vocabulary::kinds;
 use crate::log::{Command, ContainerId, Filter, ProducerId, Proposal};
+use crate::server::config::AuthConfig;
+use crate::server::ports::tls::certificate_names;
 use crate::wire::{ApiError, FetchRequest};
 
 #[derive(Clone, Debug, PartialEq, Eq)]

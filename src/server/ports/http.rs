@@ -2,7 +2,7 @@
 //! and a status page.
 //!
 //! * `GET /metrics`: Prometheus text format (prometheus-client). Counters and histograms that
-//!   need the request path ([`Telemetry`](super::telemetry::Telemetry)) are kept as the requests happen; everything that is
+//!   need the request path ([`Telemetry`](crate::server::observe::telemetry::Telemetry)) are kept as the requests happen; everything that is
 //!   a reading of state (term, offsets, storage, the job) is read at scrape time, so a scrape
 //!   always agrees with `ctrlog status` and `ctrlog state`.
 //! * `GET /healthz`: 200 while the Raft core runs (503 once it stopped on a fatal error).
@@ -17,10 +17,10 @@
 //!   polls `GET /status.json` (this replica's status, the job, and the recent log tail,
 //!   payloads only with `?payloads=true`) and
 //!   `GET /history.json` (the last ten minutes, sampled each second by
-//!   [`history`](super::history), which the page draws as charts).
+//!   [`history`](crate::server::observe::history), which the page draws as charts).
 //!
 //! Who may read the job's pages, and from which host names, is
-//! [`page_access`](super::page_access)'s; every request's headers must arrive within
+//! [`page_access`](crate::server::ports::page_access)'s; every request's headers must arrive within
 //! [`HEADER_READ_TIMEOUT`].
 
 use std::collections::BTreeMap;
@@ -46,14 +46,14 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 use serde_json::json;
 
-use super::handle::ReplicaHandle;
-use super::history::{Sample, SAMPLE_INTERVAL};
-use super::json;
-use super::page_access::PageAccess;
 use crate::jobs::{ContainerStatus, TaskPhase};
 use crate::log::{ContainerId, Filter, TaskId};
 use crate::raft::fault::FaultKind;
 use crate::raft::scrub::StorageFaults;
+use crate::server::handle::ReplicaHandle;
+use crate::server::observe::history::{Sample, SAMPLE_INTERVAL};
+use crate::server::observe::json;
+use crate::server::ports::page_access::PageAccess;
 use crate::wire::FetchRequest;
 
 /// Entries the status page shows from the end of the log.

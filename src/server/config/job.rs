@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::config_error::{refuse, ConfigError};
 use crate::controller::{ControllerConfig, WatchedFile};
 use crate::jobs::plan::LagPolicy;
 use crate::log::{ContainerId, Input};
+use crate::server::config::error::{refuse, ConfigError};
 
 /// The `[job]` section.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

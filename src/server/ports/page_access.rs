@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use super::auth::{authorize, Action, Authenticator, Principal, Role};
+use crate::server::ports::auth::{authorize, Action, Authenticator, Principal, Role};
 
 /// The port's rules, built once from the configuration.
 pub struct PageAccess {

@@ -23,10 +23,10 @@ use tarpc::{context, ClientMessage, Response};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
-use super::auth::{authorize, Action, Authenticator, Principal};
-use super::connections::{serve_each_connection, Admission, PortLimits};
-use super::handle::ReplicaHandle;
 use crate::log::{ContainerId, Epoch, Offset, Proposal, TaskId};
+use crate::server::handle::ReplicaHandle;
+use crate::server::ports::auth::{authorize, Action, Authenticator, Principal};
+use crate::server::ports::connections::{serve_each_connection, Admission, PortLimits};
 use crate::wire::protocol::{
     ApiError, AppendAck, ControlLog, ControlLogRequest, ControlLogResponse, FetchRequest,
     FetchResponse, HeartbeatAck, Member, StateAt, StateChunk, Status, StorageStatus,

@@ -1,7 +1,7 @@
 //! A replica's TLS, from the files its configuration names: the client port serves TLS (client
 //! certificates optional, verified against the CA when given); the peer port requires mutual
 //! TLS, and each Raft request must come from the node its certificate names (`node-<id>`,
-//! checked in `peers.rs`); the replica dials its peers with its own certificate, expecting
+//! checked in `peer.rs`); the replica dials its peers with its own certificate, expecting
 //! the certificate of the node it dials (`raft::network`).
 
 use std::sync::Arc;
@@ -11,7 +11,8 @@ use rustls::server::WebPkiClientVerifier;
 use tokio_rustls::TlsAcceptor;
 use x509_parser::extensions::GeneralName;
 
-use super::config::TlsFiles;
+use crate::server::config::TlsFiles;
+use crate::server::observe::expiry::CertificateExpiry;
 use crate::wire::tls::{
     client_config, load_certs, load_key, load_roots, node_name, provider, TlsError,
 };
@@ -25,42 +26,23 @@ pub struct ReplicaTls {
     pub expiries: Vec<CertificateExpiry>,
 }
 
-/// When a loaded certificate file stops being valid: the earliest `notAfter` of the
-/// certificates it holds (a chain, or a CA bundle).
-#[derive(Clone, Debug)]
-pub struct CertificateExpiry {
-    pub file: String,
-    /// `ca` or `replica`.
-    pub role: &'static str,
-    /// Seconds since the Unix epoch.
-    pub not_after: i64,
-}
-
-impl CertificateExpiry {
-    fn read(path: &std::path::Path, role: &'static str) -> Result<CertificateExpiry, TlsError> {
-        let mut not_after = i64::MAX;
-        for cert in load_certs(path)? {
-            let (_, parsed) =
-                x509_parser::parse_x509_certificate(cert.as_ref()).map_err(|e| TlsError::File {
-                    path: path.display().to_string(),
-                    reason: e.to_string(),
-                })?;
-            not_after = not_after.min(parsed.validity().not_after.timestamp());
-        }
-        Ok(CertificateExpiry {
-            file: path.display().to_string(),
-            role,
-            not_after,
-        })
+/// The expiry of the certificate file at `path`: the earliest `notAfter` of the certificates
+/// it holds.
+fn read_expiry(path: &std::path::Path, role: &'static str) -> Result<CertificateExpiry, TlsError> {
+    let mut not_after = i64::MAX;
+    for cert in load_certs(path)? {
+        let (_, parsed) =
+            x509_parser::parse_x509_certificate(cert.as_ref()).map_err(|e| TlsError::File {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+        not_after = not_after.min(parsed.validity().not_after.timestamp());
     }
-
-    /// Days from now until it expires; negative once it has.
-    pub fn days_left(&self) -> f64 {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64);
-        (self.not_after - now) as f64 / 86_400.0
-    }
+    Ok(CertificateExpiry {
+        file: path.display().to_string(),
+        role,
+        not_after,
+    })
 }
 
 impl ReplicaTls {
@@ -114,8 +96,8 @@ impl ReplicaTls {
             peers: acceptor(true)?,
             to_peers: client_config(&files.ca_file, Some((&files.cert_file, &files.key_file)))?,
             expiries: vec![
-                CertificateExpiry::read(&files.ca_file, "ca")?,
-                CertificateExpiry::read(&files.cert_file, "replica")?,
+                read_expiry(&files.ca_file, "ca")?,
+                read_expiry(&files.cert_file, "replica")?,
             ],
         })
     }

@@ -47,7 +47,7 @@ impl History {
         self.lock().iter().cloned().collect()
     }
 
-    pub(super) fn push(&self, sample: Sample) {
+    pub(in crate::server) fn push(&self, sample: Sample) {
         let mut samples = self.lock();
         if samples.len() == SAMPLES_KEPT {
             samples.pop_front();

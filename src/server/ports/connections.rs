@@ -28,8 +28,8 @@ use tokio::sync::watch;
 use tokio::task::{AbortHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 
-use super::guarded::PortGuard;
-pub use super::guarded::PortLimits;
+use crate::server::ports::guarded::PortGuard;
+pub use crate::server::ports::guarded::PortLimits;
 use crate::wire::tls::Io;
 
 /// How long a TLS handshake may take before the connection is dropped.

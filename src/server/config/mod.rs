@@ -1,17 +1,20 @@
 //! A replica's configuration: what `ctrlog serve` reads from flags or a TOML file.
 
+pub(in crate::server) mod error;
+pub mod job;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::config_error::refuse;
-pub use super::config_error::ConfigError;
-use super::job_config::{JobConfig, JobFlags};
 use crate::log::{COMMAND_BYTES_MAX_DEFAULT, LOG_ENTRY_OVERHEAD_BYTES_MAX};
 use crate::raft::network::{PEER_FRAME_BYTES_MAX, RAFT_PAYLOAD_ENTRIES_MAX};
 use crate::raft::proposer::BATCH_BYTES_MAX;
+use crate::server::config::error::refuse;
+pub use crate::server::config::error::ConfigError;
+use crate::server::config::job::{JobConfig, JobFlags};
 use crate::wire::{
     Member, ANSWER_ENVELOPE_BYTES_MAX, APPEND_MANY_BYTES_MAX, COMMAND_BYTES_MAX_ANY_REPLICA,
 };
@@ -895,9 +898,9 @@ mod shipped_examples {
     #[test]
     fn the_example_configs_parse_and_validate() {
         let examples = [
-            include_str!("../../deploy/replica-1.toml"),
-            include_str!("../../deploy/replica-2.toml"),
-            include_str!("../../deploy/replica-3.toml"),
+            include_str!("../../../deploy/replica-1.toml"),
+            include_str!("../../../deploy/replica-2.toml"),
+            include_str!("../../../deploy/replica-3.toml"),
         ];
         let dir = tempfile::tempdir().unwrap();
         let file = |name: &str| {
@@ -939,7 +942,7 @@ mod shipped_examples {
     /// (scripts/build-image.sh --check runs a replica on it, with the Secret's files.)
     #[test]
     fn the_kubernetes_config_map_holds_a_valid_replica_config() {
-        let manifest = include_str!("../../deploy/kubernetes/ctrlog.yaml");
+        let manifest = include_str!("../../../deploy/kubernetes/ctrlog.yaml");
         let text: String = manifest
             .lines()
             .skip_while(|line| line.trim() != "ctrlog.toml: |")

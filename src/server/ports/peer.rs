@@ -10,13 +10,13 @@ use tarpc::context;
 use tarpc::server::{BaseChannel, Channel};
 use tokio_rustls::TlsAcceptor;
 
-use super::connections::{serve_each_connection, PortLimits};
-use super::tls::named_nodes;
 use crate::raft::network::{
     PeerAnswers, RaftRpc, RaftRpcRequest, RaftRpcResponse, PEER_FRAME_BYTES_MAX,
 };
 use crate::raft::storage::{ClusterIdentity, Meeting};
 use crate::raft::types::*;
+use crate::server::ports::connections::{serve_each_connection, PortLimits};
+use crate::server::ports::tls::named_nodes;
 use crate::wire::tls::framed;
 use crate::wire::version::{Hello, ProtocolOffer, PEER_REQUESTS_AFTER_V010};
 use crate::wire::{ApiError, ClusterId};
@@ -45,7 +45,7 @@ struct RaftRpcServer {
 /// overlaps a dying one, a membership change's questions) with room to spare.
 pub const PEER_CONNECTIONS_MAX: usize = 256;
 
-/// What the peer port's connections may hold (see `guarded.rs`). A healthy peer sends a
+/// What the peer port's connections may hold (see `ports::guarded`). A healthy peer sends a
 /// heartbeat every few tens of milliseconds, so a minute of silence means a dead or stray
 /// connection; a frame is at most [`PEER_FRAME_BYTES_MAX`], which a minute carries over any
 /// link a cluster runs on; four frames of that size may arrive at once.

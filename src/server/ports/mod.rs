@@ -1,0 +1,13 @@
+//! The replica's three listening ports and what guards them: the client port ([`client`]),
+//! the peer port ([`peer`]), the observability port ([`http`], and [`page_access`], who may
+//! see the status page), the one accept loop with its connection limits ([`connections`],
+//! [`guarded`]), TLS ([`tls`]) and credentials ([`auth`]).
+
+pub mod auth;
+pub mod client;
+pub(in crate::server) mod connections;
+pub(in crate::server) mod guarded;
+pub mod http;
+pub mod page_access;
+pub mod peer;
+pub mod tls;
