@@ -133,6 +133,12 @@ impl TimerState {
     }
 }
 
+/// When the voter a leader handed over to stands, the leader's core silent for `silent_for`
+/// already: as soon as every voter's lease from its last message has lapsed, a margin after.
+fn handed_over_stands_at(timing: &ElectionTiming, silent_for: Duration) -> Instant {
+    Instant::now() + timing.lease().saturating_sub(silent_for) + HANDOVER_MARGIN
+}
+
 impl ElectionTimer {
     /// A timer whose first election is as far away as if a leader had just been heard:
     /// a replica that starts cannot tell whether a leader is alive, and a restarted follower
@@ -194,8 +200,7 @@ impl ElectionTimer {
     /// leader heard afterwards moves the timer as usual.
     pub fn handed_over(&self, silent_for: Duration) {
         self.with(|state, timing| {
-            let stand_at =
-                Instant::now() + timing.lease().saturating_sub(silent_for) + HANDOVER_MARGIN;
+            let stand_at = handed_over_stands_at(timing, silent_for);
             state.stand_at = stand_at;
             state.handed_over_at = Some(stand_at);
             state.handover_retries_until = Some(stand_at + timing.timeout_max);
@@ -214,10 +219,7 @@ impl ElectionTimer {
     /// dial arrives after it: two candidates in one term, and one more election.
     pub fn stands_back(&self, silent_for: Duration) {
         self.with(|state, timing| {
-            let until = Instant::now()
-                + timing.lease().saturating_sub(silent_for)
-                + HANDOVER_MARGIN
-                + timing.timeout_max;
+            let until = handed_over_stands_at(timing, silent_for) + timing.timeout_max;
             state.stand_at = state.stand_at.max(until);
             state.stand_back_until = Some(until);
         });

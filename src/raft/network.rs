@@ -332,17 +332,22 @@ pub struct Handover {
 }
 
 impl PeerNetwork {
-    /// Dials `to` at `member` for a handover, and the other voters `bystanders` to tell them
-    /// to stand back, all within `timeout`; `Err` names why not (`to`'s build takes no
-    /// handover: a v0.1.0 peer, or one before handovers). A bystander that cannot be reached,
-    /// or whose build cannot be told, is left to its own timer.
+    /// Dials the voter `to` of `membership` for a handover from the leader `from`, and the
+    /// other voters to tell them to stand back, all within `timeout`; `Err` names why not
+    /// (`to` is no member, or its build takes no handover: a v0.1.0 peer, or one before
+    /// handovers). A bystander that cannot be reached, or whose build cannot be told, is left
+    /// to its own timer.
     pub async fn prepare_handover(
         &self,
+        from: NodeId,
         to: NodeId,
-        member: &Member,
-        bystanders: &[(NodeId, Member)],
+        membership: &openraft::Membership<NodeId, Member>,
         timeout: Duration,
     ) -> Result<Handover, String> {
+        let member = (membership.get_node(&to)).ok_or(format!("replica {to} is not a member"))?;
+        let bystanders = (membership.voter_ids())
+            .filter(|voter| ![from, to].contains(voter))
+            .filter_map(|voter| Some((voter, membership.get_node(&voter)?)));
         let dial = |id: NodeId, member: &Member, request: &'static str| {
             let mut peer = self.client_for(id, member);
             async move {
@@ -359,7 +364,7 @@ impl PeerNetwork {
         let (target, bystanders) = futures::future::join(
             dial(to, member, "take_over"),
             futures::future::join_all(
-                (bystanders.iter()).map(|(id, member)| dial(*id, member, "stand_back")),
+                bystanders.map(|(id, member)| dial(id, member, "stand_back")),
             ),
         )
         .await;

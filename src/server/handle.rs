@@ -52,18 +52,6 @@ pub(in crate::server) struct Inner {
 /// How long a leader may take to dial the voter it hands over to.
 pub(in crate::server) const HANDOVER_DIAL_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// The voters a leader `leader` handing over to `to` tells to stand back.
-pub(in crate::server) fn bystanders(
-    membership: &openraft::Membership<NodeId, Member>,
-    leader: NodeId,
-    to: NodeId,
-) -> Vec<(NodeId, Member)> {
-    (membership.voter_ids())
-        .filter(|voter| ![leader, to].contains(voter))
-        .filter_map(|voter| Some((voter, membership.get_node(&voter)?.clone())))
-        .collect()
-}
-
 /// How long the handover message may take once the leader is silent: the voter stands a
 /// lease after the leader's last message whatever it is told, so a late message only loses
 /// the handover.
@@ -232,14 +220,14 @@ impl ReplicaHandle {
     /// did not happen within [`TRANSFER_MAX`], when this replica takes appends again.
     pub async fn transfer_leader(&self, to: NodeId) -> Result<NodeId, ApiError> {
         let membership = self.metrics().membership_config.membership().clone();
-        let member = (membership.get_node(&to))
-            .ok_or_else(|| ApiError::Rejected(format!("replica {to} is not a member")))?;
+        if membership.get_node(&to).is_none() {
+            return Err(ApiError::Rejected(format!("replica {to} is not a member")));
+        }
         if !self.is_leader() {
             return Err(crate::raft::types::not_leader_from(&self.metrics()));
         }
-        let bystanders = bystanders(&membership, self.id(), to);
         let handover = (self.inner.peers)
-            .prepare_handover(to, member, &bystanders, HANDOVER_DIAL_TIMEOUT)
+            .prepare_handover(self.id(), to, &membership, HANDOVER_DIAL_TIMEOUT)
             .await
             .map_err(ApiError::Unavailable)?;
         let node = &self.inner.node;

@@ -18,9 +18,7 @@ use crate::raft::scrub::{self, ScrubConfig, StorageFaults};
 use crate::raft::storage::{open_storage_of, ClusterIdentity, Storage};
 use crate::raft::types::{Raft, RaftError};
 use crate::server::config::{ConfigError, ReplicaConfig};
-use crate::server::handle::{
-    bystanders, Inner, ReplicaHandle, HANDOVER_DIAL_TIMEOUT, HANDOVER_SEND_TIMEOUT,
-};
+use crate::server::handle::{Inner, ReplicaHandle, HANDOVER_DIAL_TIMEOUT, HANDOVER_SEND_TIMEOUT};
 use crate::server::observe::telemetry::Telemetry;
 use crate::server::ports::auth::Authenticator;
 use crate::server::ports::client::{bind_clients, serve_clients, ConnectionBudget};
@@ -353,23 +351,18 @@ impl Replica {
         if let Some(handover) = self.prepare_handover().await {
             let to = handover.to();
             let node = self.handle.node();
-            match node.quiesce_for_handover(to, HANDOVER_CATCH_UP_MAX).await {
+            let handed_over = match node.quiesce_for_handover(to, HANDOVER_CATCH_UP_MAX).await {
+                Err(refused) => Err(refused.to_string()),
                 Ok(()) => {
                     if let Err(error) = self.raft().shutdown().await {
                         tracing::warn!(%error, "raft did not shut down cleanly");
                     }
                     let silent_since = std::time::Instant::now();
-                    match handover
-                        .send(self.id(), silent_since, HANDOVER_SEND_TIMEOUT)
-                        .await
-                    {
-                        Ok(()) => tracing::info!(to, "handed the leadership over to replica {to}"),
-                        Err(why) => tracing::warn!(
-                            %why,
-                            "no handover; the voters elect a leader on their election timeouts"
-                        ),
-                    }
+                    (handover.send(self.id(), silent_since, HANDOVER_SEND_TIMEOUT)).await
                 }
+            };
+            match handed_over {
+                Ok(()) => tracing::info!(to, "handed the leadership over to replica {to}"),
                 Err(why) => tracing::warn!(
                     %why,
                     "no handover; the voters elect a leader on their election timeouts"
@@ -408,10 +401,8 @@ impl Replica {
                 .max();
             (membership, best?.1)
         };
-        let member = membership.get_node(&to)?;
-        let bystanders = bystanders(&membership, id, to);
         match (self.handle.inner.peers)
-            .prepare_handover(to, member, &bystanders, HANDOVER_DIAL_TIMEOUT)
+            .prepare_handover(id, to, &membership, HANDOVER_DIAL_TIMEOUT)
             .await
         {
             Ok(handover) => Some(handover),
