@@ -244,12 +244,12 @@ async fn only_an_admin_raises_the_vocabulary_level_and_it_works_over_tls() {
     let setup = Setup::start().await;
     let before = applied_offset(&setup).await;
     let operator = setup.client(None, Some(OPERATOR_TOKEN)).await.unwrap();
-    let refused = api_error(ctrlog::tools::cli::raise_level(&operator, 2).await);
+    let refused = api_error(ctrlog::tools::admin::raise_level(&operator, 2).await);
     assert!(is_forbidden(&refused), "{refused:?}");
     assert_eq!(applied_offset(&setup).await, before, "nothing applied");
 
     let admin = setup.client(None, Some(ADMIN_TOKEN)).await.unwrap();
-    let ack = ctrlog::tools::cli::raise_level(&admin, 2).await.unwrap();
+    let ack = ctrlog::tools::admin::raise_level(&admin, 2).await.unwrap();
     setup
         .cluster
         .wait_for_applied(ack.offset, WAIT)

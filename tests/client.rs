@@ -97,14 +97,14 @@ async fn commands_at_the_size_limit_are_read_one_answer_at_a_time() {
     assert_contiguous(&read);
 
     let mut printed = Vec::new();
-    let options = ctrlog::tools::cli::TailOptions {
+    let options = ctrlog::tools::admin::TailOptions {
         from: 1,
         follow: false,
         max: None,
         filter: Filter::Everything,
         json: true,
     };
-    ctrlog::tools::cli::tail(&client, &options, &mut printed)
+    ctrlog::tools::admin::tail(&client, &options, &mut printed)
         .await
         .unwrap();
     assert_eq!(String::from_utf8(printed).unwrap().lines().count(), 5);

@@ -12,7 +12,7 @@ use ctrlog::log::vocabulary::LEVEL_CLUSTER_ID_DERIVED;
 use ctrlog::log::{Command, SetVocabularyLevel, Target};
 use ctrlog::raft::storage::{DATA_FORMAT, FORMAT_FILE};
 use ctrlog::server::{Replica, ReplicaConfig};
-use ctrlog::tools::cli::{entry_json, state_json};
+use ctrlog::tools::admin::{entry_json, state_json};
 
 fn fixture() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v0.1.0")

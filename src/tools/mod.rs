@@ -1,4 +1,4 @@
-//! What operators and developers run around the library, in three wings and the wiring of the
+//! What operators and developers run around the library, in four wings and the wiring of the
 //! binary's commands:
 //!
 //! * [`cluster`]: replicas to run things against, in one process ([`LocalCluster`], with
@@ -7,13 +7,15 @@
 //! * [`bench`]: `ctrlog bench` (append, fan-out, recovery, scale), its probes and plots;
 //! * [`chaos`]: `ctrlog chaos`, its history [`checker`](chaos::checker), the firewall of its
 //!   partitions, the job files of its replicas and the simulated container;
-//! * the wiring: the client subcommands ([`cli`]), `ctrlog certs`, `ctrlog snapshot
-//!   save|restore` ([`backup`]) and `ctrlog demo`.
+//! * [`admin`]: the subcommands that talk to a running cluster (append, tail, status, state,
+//!   snapshot, broadcast, vocabulary, members), their flags, output and backups;
+//! * the wiring: the command line ([`cli`]: arguments, one call per subcommand, exit codes),
+//!   `ctrlog certs` and `ctrlog demo`.
 //!
 //! Tools depend on everything; nothing outside `tools` and the binary depends on them. They are
 //! the `tools` feature, which `server` does not imply.
 
-pub mod backup;
+pub mod admin;
 pub mod bench;
 pub mod certs;
 pub mod chaos;

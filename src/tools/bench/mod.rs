@@ -4,6 +4,7 @@
 //! Every append is durable: acknowledged once fsynced on a majority and applied. Latencies go
 //! into HDR histograms; results print as a table or, with `--json`, one object per line.
 
+pub mod command;
 pub mod scale;
 
 use std::path::Path;

@@ -18,6 +18,7 @@
 //! seed (the timing of real processes is not).
 
 pub mod checker;
+pub mod command;
 pub mod container;
 pub mod firewall;
 pub mod job_files;

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::client::ControlClient;
 use crate::jobs::JobState;
-use crate::tools::cli::state_text;
+use crate::tools::admin::render::state_text;
 
 /// How often the tools and tests re-check a condition by default: often enough that a wait
 /// ends within a few milliseconds of its condition, rarely enough to cost nothing.

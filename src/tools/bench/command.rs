@@ -1,15 +1,16 @@
-//! `ctrlog bench` and `ctrlog chaos`: their arguments, and a call each into
-//! `ctrlog::tools::bench` and `ctrlog::tools::chaos`.
+//! `ctrlog bench`: its arguments, the loop that runs each workload against a cluster (its own
+//! or a named one), and its results as lines for people.
 
 use std::io::Write;
 use std::time::Duration;
 
 use clap::Subcommand;
-use ctrlog::tools::bench::scale;
-use ctrlog::tools::bench::{self, BenchTarget, OWN_CLUSTER_REPLICAS};
-use ctrlog::tools::chaos::{self, ChaosOptions, FaultFamily};
-use ctrlog::tools::cli::{self, ClientFlags, OutputFlags};
-use ctrlog::tools::cluster::{self, ProcessCluster};
+use serde_json::Value;
+
+use super::scale;
+use super::{BenchTarget, OWN_CLUSTER_REPLICAS};
+use crate::tools::admin::{ClientFlags, OutputFlags};
+use crate::tools::cluster::{self, ProcessCluster};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -102,42 +103,20 @@ enum BenchCmd {
     },
 }
 
-#[derive(clap::Args)]
-pub struct ChaosArgs {
-    #[arg(long, default_value_t = 10)]
-    rounds: u32,
-    /// Seeds the fault schedule (random by default; printed either way).
-    #[arg(long)]
-    seed: Option<u64>,
-    #[arg(long, default_value_t = 4)]
-    producers: usize,
-    /// Connections the producers share, their appends batched (default: one each).
-    #[arg(long)]
-    connections: Option<usize>,
-    #[arg(long, default_value_t = 2)]
-    subscribers: usize,
-    /// The kinds of fault to draw from, comma-separated (default: all; `partitions` needs
-    /// root and nftables, `power-loss` a C compiler, `cc` or `$CC`).
-    #[arg(long, value_enum, value_delimiter = ',')]
-    faults: Vec<FaultFamily>,
-    /// The `ctrlog` binary the replicas run (default: this one), e.g. an older build, to see
-    /// a fault schedule break what a fix mended.
-    #[arg(long)]
-    replica_binary: Option<std::path::PathBuf>,
-    #[command(flatten)]
-    output: OutputFlags,
-}
-
 /// An append bench that runs its own replicas shares the machine with them as a light client:
 /// it takes an equal share of the cores, as they do (`cluster::worker_threads_each`). The
 /// fan-out bench hosts a thousand readers, the heaviest load on the machine, and keeps
 /// tokio's default (one thread each measured no better for it: BENCHMARKS.md).
-pub fn worker_threads(args: &BenchArgs, flags: &ClientFlags) -> Option<usize> {
-    let own_cluster = flags.cluster.is_empty();
-    (matches!(args.workload, BenchCmd::Append { .. }) && own_cluster)
-        .then(|| cluster::worker_threads_each(OWN_CLUSTER_REPLICAS as usize))
+impl BenchArgs {
+    pub fn worker_threads(&self, flags: &ClientFlags) -> Option<usize> {
+        let own_cluster = flags.cluster.is_empty();
+        (matches!(self.workload, BenchCmd::Append { .. }) && own_cluster)
+            .then(|| cluster::worker_threads_each(OWN_CLUSTER_REPLICAS as usize))
+    }
 }
 
+/// `ctrlog bench`: runs the workload and prints a result per run (one JSON object each with
+/// `-o json`).
 pub async fn bench(
     args: BenchArgs,
     flags: &ClientFlags,
@@ -148,7 +127,7 @@ pub async fn bench(
         if json {
             writeln!(out, "{result}")
         } else {
-            writeln!(out, "{}", cli::bench_line(result))
+            writeln!(out, "{}", bench_line(result))
         }
     };
     let needs_cluster = matches!(
@@ -186,10 +165,10 @@ pub async fn bench(
                 .map_or_else(std::env::temp_dir, |c| c.data_dir().to_path_buf());
             // Our own replicas' CPU is accounted beside the client's; a cluster elsewhere's
             // is not ours to read.
-            let replicas: Vec<bench::Accounted> = own.as_ref().map_or_else(Vec::new, |c| {
+            let replicas: Vec<super::Accounted> = own.as_ref().map_or_else(Vec::new, |c| {
                 (0..OWN_CLUSTER_REPLICAS as usize)
                     .filter_map(|i| {
-                        Some(bench::Accounted {
+                        Some(super::Accounted {
                             name: format!("replica-{}", i + 1),
                             pid: c.pid(i)?,
                         })
@@ -198,10 +177,10 @@ pub async fn bench(
             });
             let mut results = Vec::new();
             for n in clients {
-                let floor = bench::fdatasync_floor(&floor_dir, bench::FDATASYNC_PROBE_WRITES);
+                let floor = super::fdatasync_floor(&floor_dir, super::FDATASYNC_PROBE_WRITES);
                 let leader = target.leader().await?;
                 let leader_http = own.as_ref().and_then(|c| c.http_addr(leader as usize - 1));
-                let result = bench::append(
+                let result = super::append(
                     &target,
                     n,
                     connections,
@@ -224,7 +203,7 @@ pub async fn bench(
                 results.push(result);
             }
             if let Some(path) = plot {
-                bench::plot_append(&results, &path)?;
+                super::plot_append(&results, &path)?;
             }
         }
         BenchCmd::Fanout {
@@ -234,7 +213,7 @@ pub async fn bench(
             payload_bytes,
             linger_ms,
         } => {
-            let result = bench::fanout(
+            let result = super::fanout(
                 &target,
                 subscribers,
                 rate,
@@ -246,10 +225,10 @@ pub async fn bench(
             print(&result)?;
         }
         BenchCmd::Plot { input, svg } => {
-            let results = bench::read_results(&input)?;
+            let results = super::read_results(&input)?;
             match results.first().map(|r| &r["workload"]) {
                 Some(workload) if workload == "scale" => scale::plot(&results, &svg)?,
-                _ => bench::plot_append(&results, &svg)?,
+                _ => super::plot_append(&results, &svg)?,
             }
         }
         BenchCmd::Scale {
@@ -282,34 +261,85 @@ pub async fn bench(
             payload_bytes,
         } => {
             for snapshots in [true, false] {
-                print(&bench::recovery(commands, snapshots, payload_bytes).await?)?;
+                print(&super::recovery(commands, snapshots, payload_bytes).await?)?;
             }
         }
     }
     Ok(())
 }
 
-pub async fn chaos(args: ChaosArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let seed = args.seed.unwrap_or_else(chaos::seed_from_clock);
-    eprintln!("chaos: seed {seed} ({} rounds)", args.rounds);
-    let figures = chaos::run(ChaosOptions {
-        rounds: args.rounds,
-        seed,
-        producers: args.producers,
-        connections: args.connections,
-        subscribers: args.subscribers,
-        faults: if args.faults.is_empty() {
-            FaultFamily::ALL.to_vec()
-        } else {
-            args.faults
-        },
-        replica_binary: args.replica_binary,
-    })
-    .await?;
-    if args.output.json() {
-        writeln!(out, "{figures}")?;
-    } else {
-        writeln!(out, "{}", cli::chaos_text(&figures))?;
+/// One `ctrlog bench` result as a line for people.
+pub fn bench_line(result: &Value) -> String {
+    let ms = |key: &str| result[key].as_u64().unwrap_or(0) as f64 / 1000.0;
+    match result["workload"].as_str() {
+        Some("append") => format!(
+            "append  clients {:>4}  connections {:>4}  {:>8} commits/s  p50 {:>7.2} ms  p99 {:>7.2} ms  p99.9 {:>7.2} ms  max {:>7.2} ms  errors {}  (disk fdatasync p50 {:.3} ms)  CPU per commit: {}  leader stages p50/p99: {}",
+            result["clients"], result["connections"], result["ops_per_s"], ms("p50_us"), ms("p99_us"), ms("p999_us"), ms("max_us"), result["errors"], ms("fdatasync_p50_us"),
+            cpu_line(result), stages_line(result)
+        ),
+        Some("fanout") => format!(
+            "fanout  subscribers {}  rate {}/s  delivered {}/{}  lag p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms  append p99 {:.2} ms",
+            result["subscribers"], result["rate"], result["delivered"], result["expected"],
+            ms("lag_p50_us"), ms("lag_p99_us"), ms("lag_max_us"), ms("append_p99_us")
+        ),
+        Some("recovery") => format!(
+            "recovery  {} commands, snapshots {}: answering after {} ms, caught up after {} ms; before the kill: RSS {} MiB, disk {} MiB",
+            result["commands"], result["snapshots"], result["answering_ms"], result["caught_up_ms"],
+            result["rss_before_kill_bytes"].as_u64().unwrap_or(0) >> 20,
+            result["disk_bytes"].as_u64().unwrap_or(0) >> 20
+        ),
+        Some("scale") => format!(
+            "scale  {} containers, {} inputs ({} tasks): settled after {:.1} s; {} heartbeats/s p50 {:.2} ms p99 {:.2} ms, leader CPU {} µs per heartbeat, cores {}; controller tick p50 {:.2} ms p99 {:.2} ms; state {} ms, {} KiB; snapshot {} ms; follower restart answering {} ms, caught up {} ms; RSS {} MiB (disk fdatasync p50 {:.3} ms)",
+            result["containers"], result["inputs"], result["tasks"], ms("settled_ms"),
+            result["heartbeats_per_s"], ms("heartbeat_p50_us"), ms("heartbeat_p99_us"),
+            result["leader_cpu_per_heartbeat_us"], result["cores"],
+            ms("controller_tick_p50_us"), ms("controller_tick_p99_us"),
+            result["state_ms_median"], result["state_bytes"].as_u64().unwrap_or(0) >> 10,
+            result["snapshot_build_ms"], result["restart_answering_ms"], result["restart_caught_up_ms"],
+            result["rss_bytes"].as_array().map_or(String::new(), |all| all.iter().map(|b| (b.as_u64().unwrap_or(0) >> 20).to_string()).collect::<Vec<_>>().join("/")),
+            ms("fdatasync_p50_us")
+        ),
+        _ => result.to_string(),
     }
-    Ok(())
+}
+
+/// `cpu_per_commit_us` for people: each process's µs per commit (the leader marked), then the
+/// total.
+fn cpu_line(result: &Value) -> String {
+    let Some(figures) = result["cpu_per_commit_us"].as_object() else {
+        return "not measured".into();
+    };
+    let leader = result["leader"].as_str().unwrap_or_default();
+    let mut parts: Vec<String> = figures
+        .iter()
+        .filter(|(name, _)| *name != "total")
+        .map(|(name, us)| match name == leader {
+            true => format!("{name} (leader) {us} µs"),
+            false => format!("{name} {us} µs"),
+        })
+        .collect();
+    parts.push(format!("total {} µs", figures["total"]));
+    parts.join(", ")
+}
+
+/// `leader_stages` for people: each stage's p50 / p99 in milliseconds, in the commit path's
+/// order.
+fn stages_line(result: &Value) -> String {
+    let stages = &result["leader_stages"];
+    if !stages.is_object() {
+        return "not measured".into();
+    }
+    ["queued", "raft", "log_sync", "replicated", "applied"]
+        .iter()
+        .filter(|stage| stages[**stage].is_object())
+        .map(|stage| {
+            let ms = |q: &str| {
+                stages[*stage][q]
+                    .as_f64()
+                    .map_or("-".into(), |us| format!("{:.2}", us / 1000.0))
+            };
+            format!("{stage} {} / {} ms", ms("p50_us"), ms("p99_us"))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -1,5 +1,5 @@
-//! The client subcommands (`append`, `tail`, `status`, `state`, `snapshot`, `vocabulary`,
-//! `members`) and `container`: their arguments, and a call each into `ctrlog::tools::cli`.
+//! The admin subcommands (`append`, `tail`, `status`, `state`, `snapshot`, `broadcast`,
+//! `vocabulary`, `members`): their arguments, and what each does with a client.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -8,16 +8,31 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Subcommand;
-use ctrlog::client::{ApiError, ClientError, Member, MemberStatus};
-use ctrlog::log::{ContainerId, Filter, Frame, ProducerSeq, Target};
-use ctrlog::tools::chaos::container::{run_simulated_container, SimOptions};
-use ctrlog::tools::cli::{self, ClientFlags, OutputFlags};
+use futures::StreamExt;
+use serde_json::json;
+
+use super::backup;
+use super::flags::{ClientFlags, OutputFlags};
+use super::render::{
+    entry_json, entry_line, members_json, members_text, state_json, state_text, status_json,
+    status_line, status_text, vocabulary_json, vocabulary_text,
+};
+use super::signal::{shutdown_signal, Interrupted};
+use crate::client::{
+    ApiError, AppendAck, ClientError, ControlClient, FetchRequest, Member, MemberStatus,
+    SubscriptionItem,
+};
+use crate::log::vocabulary::kind_by_name;
+use crate::log::{
+    Command, Filter, Frame, Kind, Level, LogEntry, Offset, ProducerSeq, Proposal,
+    SetVocabularyLevel, Target, CUSTOM_KIND_MIN,
+};
 
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("body").required(true).args(["payload", "payload_file"])))]
 pub struct AppendArgs {
     /// The command kind: a number as stored, or `custom:N` for user kind N.
-    #[arg(long, value_parser = cli::parse_kind)]
+    #[arg(long, value_parser = parse_kind)]
     kind: u32,
     /// The version of the kind's body encoding (`--version` in v0.1.0, still accepted).
     #[arg(long, alias = "version", default_value_t = 1)]
@@ -160,49 +175,44 @@ pub enum MembersCmd {
     },
 }
 
-#[derive(clap::Args)]
-pub struct ContainerArgs {
-    /// This container's name.
-    #[arg(long)]
-    id: String,
-    #[arg(long, default_value_t = 500)]
-    heartbeat_ms: u64,
-    /// Stop work after this long without an accepted heartbeat (keep it below the
-    /// controller's session timeout).
-    #[arg(long, default_value_t = 3000)]
-    lease_ms: u64,
-    /// A file with the lag each running task reports (one number).
-    #[arg(long)]
-    lag_file: Option<PathBuf>,
-    /// Append a JSON line per task started or stopped here.
-    #[arg(long)]
-    report_file: Option<PathBuf>,
-    /// How long a stopping task flushes its state before the stop is acknowledged.
-    #[arg(long, default_value_t = 0)]
-    stop_delay_ms: u64,
-}
-
-pub async fn append(
-    args: AppendArgs,
-    flags: &ClientFlags,
-    out: &mut impl Write,
-) -> anyhow::Result<()> {
-    let body = match (args.payload, args.payload_file) {
-        (Some(text), _) => text.into_bytes(),
-        (None, Some(path)) => read_command_file(&path)?,
-        (None, None) => unreachable!("clap requires one of them"),
-    };
-    let frame = Frame {
-        kind: args.kind,
-        version: args.kind_version,
-        body,
-    };
-    let producer = args
-        .producer
-        .zip(args.seq)
-        .map(|(producer, seq)| ProducerSeq { producer, seq });
-    let ack = cli::append(&flags.connect().await?, args.target, frame, producer).await?;
-    print_ack(&ack, args.output, out)
+impl AppendArgs {
+    /// `ctrlog append`: appends one command and prints its offset. With `--producer` and
+    /// `--seq` the append is idempotent across invocations; without them the client draws a
+    /// fresh producer id (idempotent across its own retries only).
+    pub async fn run(self, flags: &ClientFlags, out: &mut impl Write) -> anyhow::Result<()> {
+        let args = self;
+        let body = match (args.payload, args.payload_file) {
+            (Some(text), _) => text.into_bytes(),
+            (None, Some(path)) => read_command_file(&path)?,
+            (None, None) => unreachable!("clap requires one of them"),
+        };
+        let frame = Frame {
+            kind: args.kind,
+            version: args.kind_version,
+            body,
+        };
+        let producer = args
+            .producer
+            .zip(args.seq)
+            .map(|(producer, seq)| ProducerSeq { producer, seq });
+        let client = flags.connect().await?;
+        let ack = match producer {
+            Some(pair) => {
+                let proposal = Proposal {
+                    producer: Some(pair),
+                    target: args.target,
+                    frame,
+                };
+                client.append_proposal(proposal).await?
+            }
+            None => {
+                client
+                    .append_to(args.target, Command::from_frame(frame))
+                    .await?
+            }
+        };
+        print_ack(&ack, args.output, out)
+    }
 }
 
 /// A file that goes into a command whole, refused before it is read if no replica would
@@ -211,17 +221,17 @@ fn read_command_file(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
     let size = std::fs::metadata(path)
         .with_context(|| format!("reading {}", path.display()))?
         .len();
-    let limit = ctrlog::client::COMMAND_BYTES_MAX_ANY_REPLICA as u64;
+    let limit = crate::client::COMMAND_BYTES_MAX_ANY_REPLICA as u64;
     if size > limit {
-        let too_large = ctrlog::client::ApiError::TooLarge { size, limit };
-        return Err(ctrlog::client::ClientError::Api(too_large).into());
+        let too_large = crate::client::ApiError::TooLarge { size, limit };
+        return Err(crate::client::ClientError::Api(too_large).into());
     }
     std::fs::read(path).with_context(|| format!("reading {}", path.display()))
 }
 
 /// An append's answer: its offset, and whether it was appended before.
 fn print_ack(
-    ack: &ctrlog::client::AppendAck,
+    ack: &crate::client::AppendAck,
     output: OutputFlags,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
@@ -242,7 +252,7 @@ pub async fn broadcast(
     flags: &ClientFlags,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
-    use ctrlog::log::{Command, ConfigChange, SchemaChange};
+    use crate::log::{Command, ConfigChange, SchemaChange};
     let command = match command {
         BroadcastCmd::Schema { subject, file } => Command::SchemaChange(SchemaChange {
             subject,
@@ -266,15 +276,19 @@ pub async fn broadcast(
     print_ack(&ack, output, out)
 }
 
-pub async fn tail(args: TailArgs, flags: &ClientFlags, out: &mut impl Write) -> anyhow::Result<()> {
-    let options = cli::TailOptions {
-        from: args.from,
-        follow: args.follow,
-        max: args.max,
-        filter: args.filter,
-        json: args.output.json(),
-    };
-    cli::tail(&flags.connect().await?, &options, out).await
+impl TailArgs {
+    /// `ctrlog tail`: prints committed commands, one per line.
+    pub async fn run(self, flags: &ClientFlags, out: &mut impl Write) -> anyhow::Result<()> {
+        let args = self;
+        let options = TailOptions {
+            from: args.from,
+            follow: args.follow,
+            max: args.max,
+            filter: args.filter,
+            json: args.output.json(),
+        };
+        tail(&flags.connect().await?, &options, out).await
+    }
 }
 
 pub async fn status(
@@ -287,8 +301,8 @@ pub async fn status(
     if !all_replicas {
         let (status, storage) = client.status_with_storage().await?;
         let repairing = storage.and_then(|s| s.repairing);
-        output.print(out, cli::status_text(&status, repairing.as_ref()), || {
-            cli::status_json(&status, repairing.as_ref().map(|r| r.to_string()))
+        output.print(out, status_text(&status, repairing.as_ref()), || {
+            status_json(&status, repairing.as_ref().map(|r| r.to_string()))
         })?;
         return Ok(());
     }
@@ -304,10 +318,9 @@ pub async fn status(
             }) => {
                 let repairing = storage.and_then(|s| s.repairing);
                 let build = build.unwrap_or_default();
-                let line = cli::status_line(&status, repairing.as_ref(), &build);
+                let line = status_line(&status, repairing.as_ref(), &build);
                 output.print(out, line, || {
-                    let mut json =
-                        cli::status_json(&status, repairing.as_ref().map(|r| r.to_string()));
+                    let mut json = status_json(&status, repairing.as_ref().map(|r| r.to_string()));
                     json["build"] = build.clone().into();
                     json
                 })?
@@ -316,7 +329,7 @@ pub async fn status(
                 output.print(
                     out,
                     format!("{:<3} {addr:<21} error: {error:#}", member.id),
-                    || serde_json::json!({ "id": member.id, "client_addr": addr, "error": format!("{error:#}") }),
+                    || json!({ "id": member.id, "client_addr": addr, "error": format!("{error:#}") }),
                 )?;
                 unanswered.push((member.id, error));
             }
@@ -335,8 +348,8 @@ pub async fn status(
 
 /// What one replica said of itself.
 struct ReplicaAnswer {
-    status: ctrlog::client::Status,
-    storage: Option<ctrlog::client::StorageStatus>,
+    status: crate::client::Status,
+    storage: Option<crate::client::StorageStatus>,
     /// Its build, as its `hello` named it.
     build: Option<String>,
 }
@@ -344,12 +357,12 @@ struct ReplicaAnswer {
 /// Asks each of `members` for its own status, one attempt each, bounded by --dial-timeout: a
 /// dead replica is an error in its row, not the whole --command-timeout.
 async fn ask_each_replica(
-    members: Vec<ctrlog::client::MemberStatus>,
+    members: Vec<crate::client::MemberStatus>,
     flags: &ClientFlags,
 ) -> anyhow::Result<
     Vec<(
         MemberStatus,
-        Result<ReplicaAnswer, ctrlog::client::ClientError>,
+        Result<ReplicaAnswer, crate::client::ClientError>,
     )>,
 > {
     let options = flags.options()?.retry_deadline(Duration::ZERO);
@@ -358,7 +371,7 @@ async fn ask_each_replica(
         let answer = async {
             let addr = &member.member.client_addr;
             let replica =
-                ctrlog::client::ControlClient::connect_with([addr], options.clone()).await?;
+                crate::client::ControlClient::connect_with([addr], options.clone()).await?;
             let (status, storage) = replica.status_with_storage().await?;
             let build = replica.server_build().await;
             Ok(ReplicaAnswer {
@@ -384,7 +397,7 @@ pub async fn state(
         true => client.consistent_state().await?,
         false => client.state(0).await?,
     };
-    output.print(out, cli::state_text(&at), || cli::state_json(&at))?;
+    output.print(out, state_text(&at), || state_json(&at))?;
     Ok(())
 }
 
@@ -394,22 +407,25 @@ pub async fn snapshot(
     flags: &ClientFlags,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
-    use ctrlog::tools::backup;
     match action {
         None => {
             let offset = flags.connect().await?.snapshot().await?;
             output.print(
                 out,
                 format!("snapshot taken; it covers offsets up to {offset}"),
-                || serde_json::json!({ "snapshot_offset": offset }),
+                || json!({ "snapshot_offset": offset }),
             )?;
         }
         Some(SnapshotCmd::Save { file }) => {
             let saved = backup::save(&flags.connect().await?, &file).await?;
             output.print(
                 out,
-                format!("saved the job as of offset {} to {}", saved.offset(), file.display()),
-                || serde_json::json!({ "offset": saved.offset(), "file": file.display().to_string() }),
+                format!(
+                    "saved the job as of offset {} to {}",
+                    saved.offset(),
+                    file.display()
+                ),
+                || json!({ "offset": saved.offset(), "file": file.display().to_string() }),
             )?;
         }
         Some(SnapshotCmd::Restore {
@@ -418,7 +434,7 @@ pub async fn snapshot(
             id,
             initial_members,
         }) => {
-            let members = ctrlog::server::parse_members(&initial_members)?;
+            let members = crate::server::parse_members(&initial_members)?;
             let (saved, seeded) = backup::restore(&file, &data, id, members).await?;
             output.print(
                 out,
@@ -429,7 +445,7 @@ pub async fn snapshot(
                     saved.offset(),
                     seeded.offset + 1
                 ),
-                || serde_json::json!({ "restored": id, "offset": saved.offset(), "data": data.display().to_string() }),
+                || json!({ "restored": id, "offset": saved.offset(), "data": data.display().to_string() }),
             )?;
         }
     }
@@ -446,16 +462,14 @@ pub async fn vocabulary(
     match command {
         VocabularyCmd::Show => {
             let level = client.leader_status().await?.vocabulary_level;
-            output.print(out, cli::vocabulary_text(level), || {
-                cli::vocabulary_json(level)
-            })?;
+            output.print(out, vocabulary_text(level), || vocabulary_json(level))?;
         }
         VocabularyCmd::Raise { level } => {
-            let offset = cli::raise_level(&client, level).await?.offset;
+            let offset = raise_level(&client, level).await?.offset;
             output.print(
                 out,
                 format!("vocabulary level {level} recorded at offset {offset}"),
-                || serde_json::json!({ "level": level, "offset": offset }),
+                || json!({ "level": level, "offset": offset }),
             )?;
         }
     }
@@ -480,8 +494,8 @@ pub async fn members(
                     (member.id, build.unwrap_or_else(|| "unreachable".into()))
                 })
                 .collect();
-            output.print(out, cli::members_text(&status, &builds), || {
-                cli::members_json(&status, &builds)
+            output.print(out, members_text(&status, &builds), || {
+                members_json(&status, &builds)
             })?;
         }
         MembersCmd::Add {
@@ -497,7 +511,7 @@ pub async fn members(
             // off: the learner already added is removed again, not left to follow the log.
             tokio::select! {
                 added = client.add_member(id, member) => added?,
-                () = crate::shutdown_signal() => {
+                () = shutdown_signal() => {
                     match client.remove_member(id).await {
                         Ok(()) => eprintln!("ctrlog: interrupted: replica {id}, added as a learner, was removed again"),
                         Err(ClientError::Api(ApiError::Rejected(why))) if why.contains("not a member") => {}
@@ -506,13 +520,13 @@ pub async fn members(
                              {error}; remove it with `ctrlog members remove --id {id}`"
                         ),
                     }
-                    return Err(crate::Interrupted.into());
+                    return Err(Interrupted.into());
                 }
             };
             output.print(
                 out,
                 format!("replica {id} added and promoted to voter"),
-                || serde_json::json!({ "added": id, "voter": true }),
+                || json!({ "added": id, "voter": true }),
             )?;
         }
         MembersCmd::TransferLeader { to } => {
@@ -520,7 +534,7 @@ pub async fn members(
             output.print(
                 out,
                 format!("replica {leader} leads"),
-                || serde_json::json!({ "leader": leader }),
+                || json!({ "leader": leader }),
             )?;
         }
         MembersCmd::Remove { id } => {
@@ -528,25 +542,155 @@ pub async fn members(
             output.print(
                 out,
                 format!("replica {id} removed"),
-                || serde_json::json!({ "removed": id }),
+                || json!({ "removed": id }),
             )?;
         }
     }
     Ok(())
 }
 
-pub async fn container(args: ContainerArgs, flags: ClientFlags) -> anyhow::Result<()> {
-    let options = SimOptions {
-        heartbeat_interval: Duration::from_millis(args.heartbeat_ms),
-        lease: Duration::from_millis(args.lease_ms),
-        lag_file: args.lag_file,
-        report_file: args.report_file,
-        stop_delay: Duration::from_millis(args.stop_delay_ms),
-        client: flags.options()?,
-        claimed_lag: Default::default(),
+/// Parses a command kind: a number as stored (`268435457`) or a user kind (`custom:1`, which
+/// is `CUSTOM_KIND_MIN + 1`).
+pub fn parse_kind(text: &str) -> Result<Kind, String> {
+    let number = |s: &str| {
+        s.parse::<Kind>().map_err(|e| {
+            format!(
+                "kind {text:?}: {e}; a kind is a number, `custom:N`, or a name `ctrlog \
+                 vocabulary show` lists"
+            )
+        })
     };
-    let id = ContainerId::new(args.id)?;
-    let seeds = flags.seeds()?.to_vec();
-    run_simulated_container(seeds, id, options, crate::shutdown_signal()).await?;
+    if let Some(kind) = kind_by_name(text) {
+        return Ok(kind);
+    }
+    match text.strip_prefix("custom:") {
+        Some(user) => CUSTOM_KIND_MIN
+            .checked_add(number(user)?)
+            .ok_or_else(|| format!("user kind {user} is out of range")),
+        None => number(text),
+    }
+}
+
+/// What `tail` should read.
+pub struct TailOptions {
+    pub from: Offset,
+    /// Keep waiting for new commands instead of stopping at the end of the committed log.
+    pub follow: bool,
+    /// Stop after this many entries.
+    pub max: Option<u64>,
+    pub filter: Filter,
+    pub json: bool,
+}
+
+fn reset_line(offset: Offset, json: bool) -> String {
+    if json {
+        json!({ "reset": { "offset": offset } }).to_string()
+    } else {
+        format!("-- offsets up to {offset} were compacted; resuming after the state as of {offset}")
+    }
+}
+
+/// `ctrlog tail`: prints committed entries, one per line. Without `follow` it stops at the
+/// leader's applied offset as of the start. A compacted position prints a `reset` line and
+/// continues after the state's offset, as a subscription does.
+pub async fn tail(
+    client: &ControlClient,
+    options: &TailOptions,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let mut printed = 0u64;
+    let done = |printed: u64| options.max.is_some_and(|max| printed >= max);
+    if done(printed) {
+        return Ok(());
+    }
+    let print = |out: &mut dyn Write, entry: &LogEntry| -> std::io::Result<()> {
+        if options.json {
+            writeln!(out, "{}", entry_json(entry))
+        } else {
+            writeln!(out, "{}", entry_line(entry))
+        }
+    };
+    if options.follow {
+        let mut stream = client.subscribe(options.from, options.filter.clone());
+        while let Some(item) = stream.next().await {
+            match item? {
+                SubscriptionItem::Entry(entry) => {
+                    print(out, &entry)?;
+                    out.flush()?;
+                    printed += 1;
+                    if done(printed) {
+                        break;
+                    }
+                }
+                SubscriptionItem::Reset { offset, .. } => {
+                    writeln!(out, "{}", reset_line(offset, options.json))?;
+                }
+            }
+        }
+        return Ok(());
+    }
+    let end = client
+        .leader_status()
+        .await
+        .context("asking the leader where the log ends")?
+        .applied_offset;
+    let mut from = options.from.max(1);
+    while from <= end && !done(printed) {
+        let request = FetchRequest {
+            filter: options.filter.clone(),
+            ..FetchRequest::from(from)
+        };
+        match client.fetch(request).await {
+            Ok(response) => {
+                for entry in response.entries.iter().take_while(|e| e.offset <= end) {
+                    print(out, entry)?;
+                    printed += 1;
+                    if done(printed) {
+                        break;
+                    }
+                }
+                from = response.next_offset;
+            }
+            Err(ClientError::Api(ApiError::Compacted { .. })) => {
+                let at = client.state(from - 1).await?;
+                writeln!(out, "{}", reset_line(at.offset, options.json))?;
+                from = at.offset + 1;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
     Ok(())
+}
+
+/// `ctrlog vocabulary raise`: raises the recorded vocabulary level. The leader first asks
+/// every member whether its build knows the level (the rule that keeps a rolling upgrade
+/// safe) and refuses with `LevelUnsupported` if one does not; an admin's right.
+pub async fn raise_level(client: &ControlClient, level: Level) -> Result<AppendAck, ClientError> {
+    client
+        .append(Command::SetVocabularyLevel(SetVocabularyLevel { level }))
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::vocabulary::{kind_label, KINDS};
+
+    #[test]
+    fn kinds_parse_as_numbers_names_or_user_kinds() {
+        assert_eq!(parse_kind("7"), Ok(7));
+        assert_eq!(parse_kind("custom:1"), Ok(CUSTOM_KIND_MIN + 1));
+        assert_eq!(
+            parse_kind("schema-change"),
+            Ok(crate::log::kinds::SCHEMA_CHANGE)
+        );
+        assert!(parse_kind("custom:4294967295").is_err());
+        assert!(parse_kind("seven").unwrap_err().contains("vocabulary show"));
+        for spec in KINDS {
+            assert_eq!(
+                parse_kind(&kind_label(spec.kind, spec.version)),
+                Ok(spec.kind)
+            );
+        }
+    }
 }
