@@ -75,7 +75,7 @@ async fn commands_at_the_size_limit_are_read_one_answer_at_a_time() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
     cluster.wait_for_leader(WAIT).await.unwrap();
-    let limit = cluster.config(1).command_bytes_max;
+    let limit = cluster.config(1).client_port.command_bytes_max;
     let client = client_giving_up_soon(&cluster).await;
     for i in 0..4u8 {
         let body = vec![b'a' + i; limit];
@@ -122,8 +122,8 @@ async fn commands_at_the_size_limit_are_read_one_answer_at_a_time() {
 async fn a_state_larger_than_a_frame_travels_in_chunks() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = LocalCluster::start(dir.path(), 3, |c| {
-        c.command_bytes_max = 100 << 10;
-        c.client_frame_bytes_max = 128 << 10;
+        c.client_port.command_bytes_max = 100 << 10;
+        c.client_port.frame_bytes_max = 128 << 10;
     })
     .await
     .unwrap();
@@ -259,9 +259,10 @@ async fn a_config_value_marked_secret_never_enters_the_log() {
     cluster.shutdown().await;
 
     let dir = tempfile::tempdir().unwrap();
-    let marks_nothing = LocalCluster::start(dir.path(), 1, |c| c.secret_config_keys.clear())
-        .await
-        .unwrap();
+    let marks_nothing =
+        LocalCluster::start(dir.path(), 1, |c| c.client_port.secret_config_keys.clear())
+            .await
+            .unwrap();
     let client = client_giving_up_soon(&marks_nothing).await;
     client
         .append(change(&[("db.password", "hunter2-hunter2")]))
@@ -674,8 +675,8 @@ fn shared_producers_keep_appending_after_the_runtime_they_started_on_is_gone() {
 async fn subscription_below_the_retained_range_resets_then_continues() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = LocalCluster::start(dir.path(), 3, |c| {
-        c.snapshot_logs_since_last = 100_000;
-        c.snapshot_logs_to_keep = 20;
+        c.raft.snapshot_logs_since_last = 100_000;
+        c.raft.snapshot_logs_to_keep = 20;
     })
     .await
     .unwrap();
@@ -828,8 +829,8 @@ async fn container_filter_and_long_poll() {
 async fn typed_errors_and_garbage_on_the_client_port() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = LocalCluster::start(dir.path(), 3, |c| {
-        c.command_bytes_max = 1024;
-        c.client_requests_in_flight_max = 4;
+        c.client_port.command_bytes_max = 1024;
+        c.client_port.requests_in_flight_max = 4;
     })
     .await
     .unwrap();
@@ -1267,7 +1268,7 @@ async fn a_forgotten_producers_retry_gets_a_typed_error_not_a_second_append() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_ports_limit_are_closed_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::start(dir.path(), 1, |c| c.client_connections_max = 3)
+    let cluster = LocalCluster::start(dir.path(), 1, |c| c.client_port.connections_max = 3)
         .await
         .unwrap();
     cluster.wait_for_leader(WAIT).await.unwrap();
@@ -1314,8 +1315,8 @@ async fn connections_beyond_the_ports_limit_are_closed_at_once() {
 async fn silent_and_trickling_connections_are_closed() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = LocalCluster::start(dir.path(), 1, |c| {
-        c.client_idle_timeout_ms = 1_000;
-        c.client_frame_read_timeout_ms = 1_000;
+        c.client_port.idle_timeout_ms = 1_000;
+        c.client_port.frame_read_timeout_ms = 1_000;
     })
     .await
     .unwrap();
@@ -1724,7 +1725,9 @@ async fn a_replica_raises_its_open_files_limit_for_its_connection_caps() {
     let cluster = ProcessCluster::for_faults(common::replica_exe(), 3, &[], None, Some(at_start))
         .await
         .unwrap();
-    let wanted = ctrlog::server::ReplicaConfig::default().client_connections_max as u64
+    let wanted = ctrlog::server::ReplicaConfig::default()
+        .client_port
+        .connections_max as u64
         + HTTP_CONNECTIONS_MAX as u64
         + OPEN_FILES_BESIDES_CONNECTIONS;
     let expected = wanted.min(hard);

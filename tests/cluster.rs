@@ -200,8 +200,8 @@ async fn a_follower_behind_commands_at_the_size_limit_catches_up_from_the_log() 
 async fn lagging_replica_catches_up_by_snapshot_install_after_purge() {
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = LocalCluster::start_secure(dir.path(), 3, |c| {
-        c.snapshot_logs_since_last = 20;
-        c.snapshot_logs_to_keep = 5;
+        c.raft.snapshot_logs_since_last = 20;
+        c.raft.snapshot_logs_to_keep = 5;
     })
     .await
     .unwrap();
@@ -252,8 +252,8 @@ async fn lagging_replica_catches_up_by_snapshot_install_after_purge() {
 /// replica's id.
 async fn cluster_purged_past_a_stopped_follower(dir: &std::path::Path) -> (LocalCluster, u64) {
     let mut cluster = LocalCluster::start_secure(dir, 3, |c| {
-        c.snapshot_logs_since_last = 20;
-        c.snapshot_logs_to_keep = 5;
+        c.raft.snapshot_logs_since_last = 20;
+        c.raft.snapshot_logs_to_keep = 5;
     })
     .await
     .unwrap();
@@ -328,8 +328,8 @@ async fn a_replica_added_after_a_purge_restarts_and_serves() {
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
     let joining = cluster
         .start_new(4, |c| {
-            c.snapshot_logs_since_last = 20;
-            c.snapshot_logs_to_keep = 5;
+            c.raft.snapshot_logs_since_last = 20;
+            c.raft.snapshot_logs_to_keep = 5;
         })
         .await
         .unwrap()
@@ -540,7 +540,7 @@ async fn a_leader_cut_from_its_quorum_stops_acting_as_leader() {
 async fn snapshotting_cluster_with_100_commands(
     dir: &std::path::Path,
 ) -> (LocalCluster, Vec<LogEntry>) {
-    let cluster = LocalCluster::start_secure(dir, 3, |c| c.snapshot_logs_since_last = 40)
+    let cluster = LocalCluster::start_secure(dir, 3, |c| c.raft.snapshot_logs_since_last = 40)
         .await
         .unwrap();
     append_many(&cluster, 1, 100).await;
@@ -692,9 +692,10 @@ async fn membership_grows_to_four_and_shrinks_to_three_under_traffic() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_commands_are_refused_and_retries_are_idempotent() {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::start_secure(dir.path(), 3, |c| c.command_bytes_max = 1024)
-        .await
-        .unwrap();
+    let cluster =
+        LocalCluster::start_secure(dir.path(), 3, |c| c.client_port.command_bytes_max = 1024)
+            .await
+            .unwrap();
     cluster.wait_for_leader(WAIT).await.unwrap();
     let client = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
         .await

@@ -138,7 +138,7 @@ async fn a_crash_between_apply_and_its_answer_recovers() {
 
 /// Three replicas that keep only 5 entries after a snapshot, their leader, and a client.
 async fn snapshotting_cluster(dir: &std::path::Path) -> (LocalCluster, NodeId, ControlClient) {
-    let cluster = LocalCluster::start(dir, 3, |c| c.snapshot_logs_to_keep = 5)
+    let cluster = LocalCluster::start(dir, 3, |c| c.raft.snapshot_logs_to_keep = 5)
         .await
         .unwrap();
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();

@@ -298,8 +298,8 @@ async fn the_vocabulary_gate_and_an_old_reader_on_a_real_log() {
 async fn restart_and_reset_reach_the_full_replay_state() {
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = LocalCluster::start_secure(dir.path(), 3, |c| {
-        c.snapshot_logs_since_last = 100_000;
-        c.snapshot_logs_to_keep = 5;
+        c.raft.snapshot_logs_since_last = 100_000;
+        c.raft.snapshot_logs_to_keep = 5;
     })
     .await
     .unwrap();

@@ -16,8 +16,8 @@ use ctrlog::NodeId;
 /// `/metrics`.
 async fn scrubbing_cluster(dir: &std::path::Path) -> LocalCluster {
     LocalCluster::start(dir, 3, |c| {
-        c.scrub_mib_per_second = 64;
-        c.scrub_interval_ms = 100;
+        c.raft.scrub_mib_per_second = 64;
+        c.raft.scrub_interval_ms = 100;
         c.http_addr = Some("127.0.0.1:0".parse().unwrap());
     })
     .await

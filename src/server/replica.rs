@@ -17,7 +17,7 @@ use crate::raft::recover::ForcedMembership;
 use crate::raft::scrub::{self, ScrubConfig, StorageFaults};
 use crate::raft::storage::{open_storage_of, ClusterIdentity, Storage};
 use crate::raft::types::{Raft, RaftError};
-use crate::server::config::{ConfigError, ReplicaConfig};
+use crate::server::config::{ClientPortConfig, ConfigError, ReplicaConfig};
 use crate::server::handle::{Inner, ReplicaHandle, HANDOVER_DIAL_TIMEOUT, HANDOVER_SEND_TIMEOUT};
 use crate::server::observe::telemetry::Telemetry;
 use crate::server::ports::auth::Authenticator;
@@ -27,7 +27,7 @@ use crate::server::ports::http::{bind_http, serve_http};
 use crate::server::ports::page_access::PageAccess;
 use crate::server::ports::peer::{bind_peers, serve_peers};
 use crate::server::ports::tls::ReplicaTls;
-use crate::wire::{Member, ANSWER_ENVELOPE_BYTES_MAX};
+use crate::wire::Member;
 use crate::NodeId;
 
 /// How long `Replica::shutdown` lets its listeners end their connections before aborting them.
@@ -134,20 +134,41 @@ async fn warn_if_removed(raft: Raft, id: NodeId, mut stopping: tokio::sync::watc
 fn raft_config(config: &ReplicaConfig) -> Result<openraft::Config, StartError> {
     openraft::Config {
         cluster_name: "ctrlog".into(),
-        heartbeat_interval: config.heartbeat_interval_ms,
-        election_timeout_min: config.election_timeout_min_ms,
-        election_timeout_max: config.election_timeout_max_ms,
+        heartbeat_interval: config.raft.heartbeat_interval_ms,
+        election_timeout_min: config.raft.election_timeout_min_ms,
+        election_timeout_max: config.raft.election_timeout_max_ms,
         // ctrlog stands for election itself (raft::elector), re-drawing the timeout each time.
         enable_elect: false,
         // A chunk is applied with an fsync of sled on the receiver; give it time.
         install_snapshot_timeout: 10_000,
         max_payload_entries: RAFT_PAYLOAD_ENTRIES_MAX,
-        snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_logs_since_last),
-        max_in_snapshot_log_to_keep: config.snapshot_logs_to_keep,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(config.raft.snapshot_logs_since_last),
+        max_in_snapshot_log_to_keep: config.raft.snapshot_logs_to_keep,
         ..Default::default()
     }
     .validate()
     .map_err(|e| StartError::Raft(e.to_string()))
+}
+
+/// What the client port and each of its connections may hold, from `[client_port]`.
+fn connection_budget(port: &ClientPortConfig) -> ConnectionBudget {
+    ConnectionBudget {
+        port: PortLimits {
+            connections_max: port.connections_max,
+            unauthenticated_max: port
+                .unauthenticated_connections_max
+                .min(port.connections_max),
+            unauthenticated_per_source_max: port.unauthenticated_per_source_max,
+            receiving_bytes_max: port.receiving_bytes_max,
+            idle_timeout: Duration::from_millis(port.idle_timeout_ms),
+            frame_read_timeout: Duration::from_millis(port.frame_read_timeout_ms),
+        },
+        requests: port.requests_in_flight_max,
+        append_bytes: port.append_bytes_in_flight_max,
+        answer_bytes: port.unwritten_answer_bytes_max,
+        authenticate_timeout: Duration::from_millis(port.authenticate_timeout_ms),
+        port_answer_bytes: port.port_unwritten_answer_bytes_max,
+    }
 }
 
 impl Replica {
@@ -160,7 +181,7 @@ impl Replica {
         let peer_listener = bind_peers(config.peer_addr)
             .await
             .map_err(bind_error("peer", config.peer_addr))?;
-        let client_listener = bind_clients(config.client_addr, config.client_frame_bytes_max)
+        let client_listener = bind_clients(config.client_addr, &config.client_port)
             .await
             .map_err(bind_error("client", config.client_addr))?;
         let http_listener = match config.http_addr {
@@ -208,9 +229,9 @@ impl Replica {
             .map(Arc::new);
         let elections = Arc::new(ElectionTimer::new(
             ElectionTiming {
-                timeout_min: Duration::from_millis(config.election_timeout_min_ms),
-                timeout_max: Duration::from_millis(config.election_timeout_max_ms),
-                heartbeat: Duration::from_millis(config.heartbeat_interval_ms),
+                timeout_min: Duration::from_millis(config.raft.election_timeout_min_ms),
+                timeout_max: Duration::from_millis(config.raft.election_timeout_max_ms),
+                heartbeat: Duration::from_millis(config.raft.heartbeat_interval_ms),
             },
             rand::random(),
         ));
@@ -226,9 +247,9 @@ impl Replica {
         let node_config = NodeConfig {
             id: config.id,
             raft: raft_config(&config)?,
-            command_bytes_max: config.command_bytes_max,
-            fetch_answer_bytes_max: config.client_frame_bytes_max - ANSWER_ENVELOPE_BYTES_MAX,
-            secret_config_keys: config.secret_config_keys.clone(),
+            command_bytes_max: config.client_port.command_bytes_max,
+            fetch_answer_bytes_max: config.client_port.answer_bytes_max(),
+            secret_config_keys: config.client_port.secret_config_keys.clone(),
         };
         let handover_peers = peers.clone();
         let (node, node_tasks) = Node::start(
@@ -262,8 +283,8 @@ impl Replica {
         };
         let mut tasks = node_tasks;
         let scrub = ScrubConfig {
-            bytes_per_second: config.scrub_mib_per_second << 20,
-            interval: Duration::from_millis(config.scrub_interval_ms),
+            bytes_per_second: config.raft.scrub_mib_per_second << 20,
+            interval: Duration::from_millis(config.raft.scrub_interval_ms),
         };
         tasks.extend([
             tokio::spawn(warn_if_removed(raft.clone(), config.id, stopping.clone())),
@@ -283,28 +304,7 @@ impl Replica {
             tokio::spawn(serve_clients(
                 client_listener,
                 handle.clone(),
-                ConnectionBudget {
-                    port: PortLimits {
-                        connections_max: config.client_connections_max,
-                        unauthenticated_max: config
-                            .client_unauthenticated_connections_max
-                            .min(config.client_connections_max),
-                        unauthenticated_per_source_max: config
-                            .client_unauthenticated_per_source_max,
-                        receiving_bytes_max: config.client_receiving_bytes_max,
-                        idle_timeout: Duration::from_millis(config.client_idle_timeout_ms),
-                        frame_read_timeout: Duration::from_millis(
-                            config.client_frame_read_timeout_ms,
-                        ),
-                    },
-                    requests: config.client_requests_in_flight_max,
-                    append_bytes: config.client_append_bytes_in_flight_max,
-                    answer_bytes: config.client_unwritten_answer_bytes_max,
-                    authenticate_timeout: Duration::from_millis(
-                        config.client_authenticate_timeout_ms,
-                    ),
-                    port_answer_bytes: config.client_port_unwritten_answer_bytes_max,
-                },
+                connection_budget(&config.client_port),
                 tls.as_ref().map(|t| t.clients.clone()),
                 authenticator.clone(),
                 stopping.clone(),
@@ -516,7 +516,7 @@ pub async fn serve(
     config: ReplicaConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), StartError> {
-    let wanted = config.client_connections_max as u64
+    let wanted = config.client_port.connections_max as u64
         + crate::server::ports::http::HTTP_CONNECTIONS_MAX as u64
         + crate::server::ports::connections::OPEN_FILES_BESIDES_CONNECTIONS;
     match crate::server::ports::connections::raise_open_files_limit(wanted) {

@@ -63,7 +63,6 @@ use ctrlog::server::ReplicaConfig;
 use ctrlog::tools::chaos::checker::{
     self, Acked, Delivery, History, LogMatching, SubscriptionRecord, TaskEvent, Violation,
 };
-use ctrlog::wire::ANSWER_ENVELOPE_BYTES_MAX;
 use ctrlog::NodeId;
 use openraft::{ServerState, SnapshotPolicy};
 use rand::Rng;
@@ -415,9 +414,9 @@ impl Sim {
         let config = NodeConfig {
             id,
             raft,
-            command_bytes_max: defaults.command_bytes_max,
-            fetch_answer_bytes_max: defaults.client_frame_bytes_max - ANSWER_ENVELOPE_BYTES_MAX,
-            secret_config_keys: defaults.secret_config_keys,
+            command_bytes_max: defaults.client_port.command_bytes_max,
+            fetch_answer_bytes_max: defaults.client_port.answer_bytes_max(),
+            secret_config_keys: defaults.client_port.secret_config_keys,
         };
         let network = SimNetwork {
             net: self.net.clone(),

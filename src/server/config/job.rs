@@ -144,84 +144,6 @@ pub enum LauncherConfig {
     },
 }
 
-/// The `ctrlog serve` flags for the common fields of `[job]`; any of them given makes the
-/// replica run a controller, laid over the file's section (or the defaults).
-#[derive(clap::Args, Clone, Debug, Default)]
-pub struct JobFlags {
-    /// Run the job's controller, its inputs listed in this file (`[job] inputs_file`).
-    #[arg(long, conflicts_with = "job_inputs")]
-    pub job_inputs_file: Option<PathBuf>,
-    /// Run the job's controller with these inputs (`[job] inputs`), e.g. kafka/events/0,kafka/events/1.
-    #[arg(long, value_delimiter = ',')]
-    pub job_inputs: Option<Vec<String>>,
-    /// `[job] session_timeout_ms`.
-    #[arg(long)]
-    pub job_session_timeout_ms: Option<u64>,
-    /// `[job.scaling] min`.
-    #[arg(long)]
-    pub job_min_containers: Option<u32>,
-    /// `[job.scaling] max`.
-    #[arg(long)]
-    pub job_max_containers: Option<u32>,
-    /// `[job.launcher] kind = "external"`: publish the desired count for an orchestrator.
-    #[arg(long, conflicts_with = "job_launch_command")]
-    pub job_external_launcher: bool,
-    /// `[job.launcher] kind = "process"` with this command, split at spaces, e.g.
-    /// "ctrlog container --id {id} --cluster {cluster}".
-    #[arg(long)]
-    pub job_launch_command: Option<String>,
-}
-
-impl JobFlags {
-    /// Lays the flags given over `job`.
-    pub fn lay_over(self, job: &mut Option<JobConfig>) {
-        let given = self.job_inputs_file.is_some()
-            || self.job_inputs.is_some()
-            || self.job_session_timeout_ms.is_some()
-            || self.job_min_containers.is_some()
-            || self.job_max_containers.is_some()
-            || self.job_external_launcher
-            || self.job_launch_command.is_some();
-        if !given {
-            return;
-        }
-        let job = job.get_or_insert_with(JobConfig::default);
-        if let Some(path) = self.job_inputs_file {
-            (job.inputs_file, job.inputs) = (Some(path), None);
-        }
-        if let Some(inputs) = self.job_inputs {
-            (job.inputs, job.inputs_file) = (Some(inputs), None);
-        }
-        if let Some(ms) = self.job_session_timeout_ms {
-            job.session_timeout_ms = ms;
-        }
-        if let Some(min) = self.job_min_containers {
-            job.scaling.min = min;
-        }
-        if let Some(max) = self.job_max_containers {
-            job.scaling.max = max;
-        }
-        if self.job_external_launcher {
-            job.launcher = LauncherConfig::External {};
-        }
-        if let Some(command) = self.job_launch_command {
-            let command = command.split_whitespace().map(String::from).collect();
-            match &mut job.launcher {
-                LauncherConfig::Process { command: ours, .. } => *ours = command,
-                LauncherConfig::External {} => {
-                    job.launcher = LauncherConfig::Process {
-                        command,
-                        log_dir: None,
-                        run_as_user: None,
-                        run_as_group: None,
-                        pass_env: Vec::new(),
-                    }
-                }
-            }
-        }
-    }
-}
-
 impl Default for LauncherConfig {
     fn default() -> Self {
         LauncherConfig::External {}
@@ -393,46 +315,6 @@ mod tests {
         assert!(matches!(job.launcher, LauncherConfig::Process { .. }));
         let external = self::job("inputs = []\n[launcher]\nkind = \"external\"").unwrap();
         assert_eq!(external.launcher, LauncherConfig::External {});
-    }
-
-    /// Flags lay over the file's section, and any of them alone makes a job.
-    #[test]
-    fn flags_lay_over_the_section() {
-        let mut job = Some(self::job("inputs = [\"kafka/events/0\"]").unwrap());
-        JobFlags {
-            job_inputs_file: Some("/etc/ctrlog/inputs".into()),
-            job_max_containers: Some(4),
-            job_launch_command: Some("ctrlog container --id {id}".into()),
-            ..JobFlags::default()
-        }
-        .lay_over(&mut job);
-        let job = job.unwrap();
-        assert_eq!(job.inputs, None, "the file replaces the inline list");
-        assert_eq!(job.scaling.max, 4);
-        assert_eq!(
-            job.launcher,
-            LauncherConfig::Process {
-                command: vec![
-                    "ctrlog".into(),
-                    "container".into(),
-                    "--id".into(),
-                    "{id}".into()
-                ],
-                log_dir: None,
-                run_as_user: None,
-                run_as_group: None,
-                pass_env: Vec::new(),
-            }
-        );
-        let mut none = None;
-        JobFlags::default().lay_over(&mut none);
-        assert_eq!(none, None, "no flag, no job");
-        JobFlags {
-            job_external_launcher: true,
-            ..JobFlags::default()
-        }
-        .lay_over(&mut none);
-        assert_eq!(none.unwrap().launcher, LauncherConfig::External {});
     }
 
     /// Each bad section is refused by the field at fault.

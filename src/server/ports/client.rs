@@ -24,13 +24,14 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
 use crate::log::{ContainerId, Epoch, Offset, Proposal, TaskId};
+use crate::server::config::ClientPortConfig;
 use crate::server::handle::ReplicaHandle;
 use crate::server::ports::auth::{authorize, Action, Authenticator, Principal};
 use crate::server::ports::connections::{serve_each_connection, Admission, PortLimits};
 use crate::wire::protocol::{
     ApiError, AppendAck, ControlLog, ControlLogRequest, ControlLogResponse, FetchRequest,
     FetchResponse, HeartbeatAck, Member, StateAt, StateChunk, Status, StorageStatus,
-    ANSWER_ENVELOPE_BYTES_MAX, APPEND_MANY_PROPOSALS_MAX,
+    APPEND_MANY_PROPOSALS_MAX,
 };
 use crate::wire::tls::framed;
 use crate::wire::version::{
@@ -52,6 +53,7 @@ struct HeldReply {
 pub struct ClientListener {
     listener: tokio::net::TcpListener,
     frame_bytes_max: usize,
+    answer_bytes_max: usize,
 }
 
 impl ClientListener {
@@ -60,14 +62,15 @@ impl ClientListener {
     }
 }
 
-/// Binds the client port with the given frame limit.
+/// Binds the client port at `addr`, with the frame and answer limits of `[client_port]`.
 pub async fn bind_clients(
     addr: SocketAddr,
-    frame_bytes_max: usize,
+    port: &ClientPortConfig,
 ) -> std::io::Result<ClientListener> {
     Ok(ClientListener {
         listener: tokio::net::TcpListener::bind(addr).await?,
-        frame_bytes_max,
+        frame_bytes_max: port.frame_bytes_max,
+        answer_bytes_max: port.answer_bytes_max(),
     })
 }
 
@@ -117,7 +120,7 @@ pub async fn serve_clients(
     auth: Option<Arc<Authenticator>>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let frame_bytes_max = listener.frame_bytes_max;
+    let (frame_bytes_max, answer_bytes_max) = (listener.frame_bytes_max, listener.answer_bytes_max);
     let requests_in_flight_max = budget.requests;
     let port_answer_bytes = Arc::new(Semaphore::new(budget.port_answer_bytes));
     let latest_encoded_state: Arc<std::sync::Mutex<Option<EncodedState>>> = Arc::default();
@@ -138,7 +141,7 @@ pub async fn serve_clients(
             replica: replica.clone(),
             in_flight: Arc::new(Semaphore::new(requests_in_flight_max)),
             in_flight_max: requests_in_flight_max as u32,
-            frame_bytes_max,
+            answer_bytes_max,
             encoded_state: Arc::default(),
             latest_encoded_state: latest_encoded_state.clone(),
             append_bytes: Arc::new(Semaphore::new(budget.append_bytes)),
@@ -216,8 +219,9 @@ struct ControlLogServer {
     /// Requests in flight on this connection.
     in_flight: Arc<Semaphore>,
     in_flight_max: u32,
-    /// The client port's frame limit, which every answer must fit.
-    frame_bytes_max: usize,
+    /// What one answer may carry: the port's frame limit less the envelope
+    /// (`ClientPortConfig::answer_bytes_max`).
+    answer_bytes_max: usize,
     /// The encoded state this connection is reading in chunks, and the offset it is as of.
     encoded_state: Arc<std::sync::Mutex<Option<EncodedState>>>,
     /// The latest state any connection of the port encoded for `state_chunk`: connections
@@ -369,11 +373,6 @@ impl ControlLogServer {
                 encoded
             }
         }
-    }
-
-    /// What one answer on this port may carry: its frame limit less the envelope.
-    fn answer_bytes_max(&self) -> usize {
-        self.frame_bytes_max - ANSWER_ENVELOPE_BYTES_MAX
     }
 
     /// Holds `bytes` of this connection's append budget until the permit drops; `Overloaded`
@@ -532,7 +531,7 @@ impl ControlLog for ControlLogServer {
         // and leave the caller retrying; refuse it in words instead. The client reads it in
         // chunks then (a v0.1.0 client, which knows no `state_chunk`, is told `Invalid`).
         let size = bincode::serialized_size(&at).unwrap_or(u64::MAX);
-        let limit = self.answer_bytes_max() as u64;
+        let limit = self.answer_bytes_max as u64;
         if size > limit {
             return Err(ApiError::AnswerTooLarge { size, limit });
         }
@@ -548,7 +547,7 @@ impl ControlLog for ControlLogServer {
     ) -> Result<StateChunk, ApiError> {
         self.admit()?;
         self.check(Action::Read)?;
-        let chunk_bytes = self.answer_bytes_max();
+        let chunk_bytes = self.answer_bytes_max;
         let (at, encoded) = if chunk == 0 {
             let at = self
                 .replica

@@ -125,9 +125,9 @@ impl LocalCluster {
         // process silences every replica at once; the deployed timing (50/300/450 ms) then
         // costs spurious elections. Twice the margin here; `ctrlog serve`, the benchmarks and
         // the chaos runs keep the defaults.
-        config.heartbeat_interval_ms = 100;
-        config.election_timeout_min_ms = 600;
-        config.election_timeout_max_ms = 900;
+        config.raft.heartbeat_interval_ms = 100;
+        config.raft.election_timeout_min_ms = 600;
+        config.raft.election_timeout_max_ms = 900;
         if let Some(secure) = &self.secure {
             config.tls = Some(crate::tools::certs::replica_files(&secure.pki, id));
             config.auth = Some(secure.auth.clone());
