@@ -92,16 +92,19 @@ fn state_machine(c: &mut Criterion) {
 }
 
 /// The proposer's hand-off of 256 appends: each queued on its channel, as 256 connections'
-/// appends arrive, then taken as one batch (`take_batch`) for one Raft entry.
+/// appends arrive, then taken as one batch by the accumulator the proposer runs, for one
+/// Raft entry.
 fn proposer(c: &mut Criterion) {
-    use ctrlog::raft::proposer::{take_batch, QUEUE_DEPTH};
+    use ctrlog::raft::proposer::{PROPOSER_BATCHES, QUEUE_DEPTH};
+    use ctrlog::wire::batching::Accumulator;
     let mut group = c.benchmark_group("proposer");
     group.throughput(Throughput::Elements(256));
     let proposals: Vec<Proposal> = match entry_of_producers(1, 256, 1).payload {
         EntryPayload::Normal(batch) => batch.proposals.clone(),
         _ => unreachable!("a normal entry"),
     };
-    let (queue, mut incoming) = tokio::sync::mpsc::channel(QUEUE_DEPTH);
+    let (queue, incoming) = tokio::sync::mpsc::channel(QUEUE_DEPTH);
+    let mut batches = Accumulator::new(incoming, PROPOSER_BATCHES, Proposal::encoded_len);
     group.bench_function("queue_256x256B_and_take_one_batch", |b| {
         b.iter_batched(
             || proposals.clone(),
@@ -109,9 +112,8 @@ fn proposer(c: &mut Criterion) {
                 for proposal in proposals {
                     queue.try_send(proposal).expect("room in the queue");
                 }
-                let first = incoming.try_recv().expect("queued");
-                let (batch, carried) = take_batch(first, &mut incoming, Proposal::encoded_len);
-                assert_eq!((batch.len(), carried.is_none()), (256, true));
+                let (batch, _slot) = futures::executor::block_on(batches.next()).expect("queued");
+                assert_eq!(batch.len(), 256);
                 batch
             },
             BatchSize::SmallInput,

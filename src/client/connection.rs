@@ -7,12 +7,13 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use tarpc::{client, context};
-use tokio::sync::{mpsc, oneshot, Mutex, Semaphore};
+use tokio::sync::{mpsc, oneshot, Mutex};
 
 use super::sequences::Sequences;
 use crate::log::{
     Command, ContainerId, Epoch, Offset, ProducerId, ProducerSeq, Proposal, Target, TaskId,
 };
+use crate::wire::batching::{Accumulator, BatchLimits};
 use crate::wire::protocol::*;
 use crate::wire::tls::{dial, framed, Refusal, WatchedStream};
 use crate::wire::version::{Hello, ProtocolOffer};
@@ -38,6 +39,14 @@ pub const CLIENT_FRAME_BYTES_MAX: usize = 64 << 20;
 /// Batches of appends a connection has in flight at once. While they are out, the appends
 /// that arrive queue and go together in the next (see [`Connector::append`]).
 const APPEND_BATCHES_IN_FLIGHT_MAX: usize = 2;
+/// How a connection batches its appends: one `append_many` request's bounds, and a yield
+/// before taking, so that the producers woken with the first append queue theirs too.
+const APPEND_BATCHES: BatchLimits = BatchLimits {
+    items_max: APPEND_MANY_PROPOSALS_MAX,
+    bytes_max: APPEND_MANY_BYTES_MAX,
+    in_flight_max: APPEND_BATCHES_IN_FLIGHT_MAX,
+    yield_before_taking: true,
+};
 /// Appends queued for a connection before their producers wait (back-pressure).
 const APPEND_QUEUE_DEPTH: usize = 16 * 1024;
 
@@ -655,34 +664,11 @@ impl Connector {
 /// The task behind [`Connector::append`]: takes what has queued (up to the
 /// [`APPEND_MANY_PROPOSALS_MAX`] and [`APPEND_MANY_BYTES_MAX`] of one request) whenever a batch
 /// slot is free, and sends it. It ends when its connector is dropped (the queue closes).
-async fn send_appends(connector: Weak<Connector>, mut queued: mpsc::Receiver<QueuedAppend>) {
-    let slots = Arc::new(Semaphore::new(APPEND_BATCHES_IN_FLIGHT_MAX));
-    // An append that did not fit the previous batch starts the next.
-    let mut carried: Option<QueuedAppend> = None;
-    loop {
-        let first = match carried.take() {
-            Some(first) => first,
-            None => match queued.recv().await {
-                Some(first) => first,
-                None => return,
-            },
-        };
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        // Let the producers woken with this one queue theirs too.
-        tokio::task::yield_now().await;
-        let mut bytes = first.proposal.encoded_len();
-        let mut batch = vec![first];
-        while batch.len() < APPEND_MANY_PROPOSALS_MAX {
-            let Ok(next) = queued.try_recv() else { break };
-            bytes += next.proposal.encoded_len();
-            if bytes > APPEND_MANY_BYTES_MAX {
-                carried = Some(next);
-                break;
-            }
-            batch.push(next);
-        }
+async fn send_appends(connector: Weak<Connector>, queued: mpsc::Receiver<QueuedAppend>) {
+    let mut batches = Accumulator::new(queued, APPEND_BATCHES, |append: &QueuedAppend| {
+        append.proposal.encoded_len()
+    });
+    while let Some((batch, slot)) = batches.next().await {
         let Some(connector) = connector.upgrade() else {
             return;
         };

@@ -35,6 +35,7 @@ use super::stages::{CommitStages, Stage};
 use super::types::{Raft, RaftServerMetrics};
 use crate::jobs::Outcome;
 use crate::log::{Batch, Proposal};
+use crate::wire::batching::{Accumulator, BatchLimits};
 use crate::wire::ApiError;
 
 /// What the state machine decided for one proposal, or why Raft did not decide it.
@@ -110,38 +111,13 @@ impl Proposer {
     }
 }
 
-/// The proposal the next batch starts with: the one the last batch could not take, else the
-/// next to arrive; `None` once every handle is gone and the queue is empty.
-async fn next_first<T>(carried: &mut Option<T>, incoming: &mut mpsc::Receiver<T>) -> Option<T> {
-    match carried.take() {
-        Some(first) => Some(first),
-        None => incoming.recv().await,
-    }
-}
-
-/// Takes the next batch: `first`, then whatever is queued while it fits within
-/// [`BATCH_PROPOSALS_MAX`] and [`BATCH_BYTES_MAX`]. A queued proposal that does not fit is
-/// returned to start the next batch. (Public for the micro-benchmark, `benches/storage.rs`.)
-pub fn take_batch<T>(
-    first: T,
-    incoming: &mut mpsc::Receiver<T>,
-    size: impl Fn(&T) -> usize,
-) -> (Vec<T>, Option<T>) {
-    let mut bytes = size(&first);
-    let mut batch = vec![first];
-    while batch.len() < BATCH_PROPOSALS_MAX {
-        let Ok(next) = incoming.try_recv() else {
-            break;
-        };
-        let next_bytes = size(&next);
-        if bytes + next_bytes > BATCH_BYTES_MAX {
-            return (batch, Some(next));
-        }
-        bytes += next_bytes;
-        batch.push(next);
-    }
-    (batch, None)
-}
+/// How the proposer batches: see the module docs.
+pub const PROPOSER_BATCHES: BatchLimits = BatchLimits {
+    items_max: BATCH_PROPOSALS_MAX,
+    bytes_max: BATCH_BYTES_MAX,
+    in_flight_max: BATCHES_IN_FLIGHT_MAX,
+    yield_before_taking: false,
+};
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -187,18 +163,14 @@ fn keeps_batches_of_ended_terms() -> bool {
     false
 }
 
-async fn run(raft: Raft, mut incoming: mpsc::Receiver<Pending>, stages: Arc<CommitStages>) {
-    let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT_MAX));
+async fn run(raft: Raft, incoming: mpsc::Receiver<Pending>, stages: Arc<CommitStages>) {
     let metrics = raft.server_metrics();
-    let mut carried = None;
-    while let Some(first) = next_first(&mut carried, &mut incoming).await {
-        let Ok(permit) = in_flight.clone().acquire_owned().await else {
-            return;
-        };
-        // Everything that queued while we waited for a slot goes into this batch, as far as
-        // it fits.
-        let (pending, next) = take_batch(first, &mut incoming, |p| p.proposal.encoded_len());
-        carried = next;
+    // Everything that queued while the batches in flight held every slot goes into the next
+    // batch, as far as it fits.
+    let mut batches = Accumulator::new(incoming, PROPOSER_BATCHES, |p: &Pending| {
+        p.proposal.encoded_len()
+    });
+    while let Some((pending, permit)) = batches.next().await {
         let handed_over = Instant::now();
         for p in &pending {
             stages.observe(Stage::queued, handed_over - p.queued_at);
@@ -334,21 +306,19 @@ mod tests {
             ),
         ];
         for (what, sizes, expected) in cases {
-            let (sender, mut incoming) = mpsc::channel(sizes.len());
+            let (sender, incoming) = mpsc::channel(sizes.len());
             for size in &sizes {
                 sender.try_send(*size).unwrap();
             }
             drop(sender);
             let mut batches = Vec::new();
-            let mut carried = None;
-            while let Some(first) = next_first(&mut carried, &mut incoming).await {
-                let (batch, next) = take_batch(first, &mut incoming, |size| *size);
+            let mut accumulator = Accumulator::new(incoming, PROPOSER_BATCHES, |size| *size);
+            while let Some((batch, _slot)) = accumulator.next().await {
                 assert!(
                     batch.len() == 1 || batch.iter().sum::<usize>() <= BATCH_BYTES_MAX,
                     "{what}: {batch:?}"
                 );
                 batches.push(batch);
-                carried = next;
             }
             assert_eq!(batches, expected, "{what}");
         }

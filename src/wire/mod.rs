@@ -1,16 +1,18 @@
 //! What both ports and both sides speak: the client port's protocol (the `ControlLog` tarpc
 //! service and the types it carries, [`protocol`]), the version handshake both ports open with
 //! ([`version`]), and the framed transport, TLS or plain, with the certificates both ends load
-//! ([`tls`]). Below `client` and `raft`: the container library calls this protocol and the
+//! ([`tls`]), and the batching accumulator both ends gather appends with ([`batching`]). Below
+//! `client` and `raft`: the container library calls this protocol and the
 //! replica serves it, and the replica's Raft network dials its peers through the same
 //! transport and handshake, so neither has to reach into the other's room for them.
 //!
 //! The peer port's own service stays in `raft::network`: its messages are openraft's, which a
-//! container's build never compiles. Pure data and framing: nothing here holds a replica's
-//! permits or budgets (the client port's reply path does).
+//! container's build never compiles. No replica's permits or budgets ride in its types (the
+//! client port's reply path holds those).
 //!
 //! Builds with the `client` feature alone: no openraft, no sled.
 
+pub mod batching;
 pub mod protocol;
 pub mod tls;
 pub mod version;
