@@ -16,7 +16,7 @@ use crate::log::{
 use crate::wire::batching::{Accumulator, BatchLimits};
 use crate::wire::protocol::*;
 use crate::wire::tls::{dial, framed, Refusal, WatchedStream};
-use crate::wire::version::{Hello, ProtocolOffer};
+use crate::wire::version::{open_and_agree, HandshakeError, Hello, ProtocolOffer};
 use crate::NodeId;
 
 /// How long one call keeps retrying (failover, reconnects) before giving up. An election on
@@ -366,9 +366,10 @@ impl Connector {
         addr: &str,
         options: &ClientOptions,
     ) -> Result<(ControlLogClient, Arc<Hello>), DialFailure> {
-        let (mut client, refusal) = Self::open(addr, options).await?;
-        // A refusal that arrived as bytes (TLS spoken to a plaintext client, a TLS alert)
-        // ends the dial at once, whatever error the call itself saw.
+        // Where a refusal that arrives as bytes (TLS spoken to a plaintext client, a TLS
+        // alert) is recorded, by whichever connection the handshake ends on: it ends the dial
+        // at once, whatever error the call itself saw.
+        let refusal = Refusal::default();
         let refused = |refusal: &Refusal| {
             let why = refusal.lock().expect("never poisoned").clone()?;
             Some(DialFailure::Refused(ClientError::Tls {
@@ -376,35 +377,35 @@ impl Connector {
                 reason: why,
             }))
         };
-        let mut ctx = context::current();
-        ctx.deadline = Instant::now() + options.connect_timeout;
-        let answer = client.hello(ctx, ProtocolOffer::ours()).await;
+        let agreed = open_and_agree(
+            || Self::open(addr, options, refusal.clone()),
+            |client: ControlLogClient| {
+                let mut ctx = context::current();
+                ctx.deadline = Instant::now() + options.connect_timeout;
+                async move { client.hello(ctx, ProtocolOffer::ours()).await }
+            },
+        )
+        .await;
         if let Some(refusal) = refused(&refusal) {
             return Err(refusal);
         }
-        let hello = match answer {
-            Ok(Ok(hello)) => {
+        let (client, hello) = match agreed {
+            Ok((client, hello)) => {
                 tracing::debug!(replica = addr, protocol = hello.protocol, build = %hello.server.build, "hello");
-                hello
+                (client, hello)
             }
-            Ok(Err(error @ ApiError::ProtocolUnsupported { .. })) => {
+            Err(HandshakeError::Open(failure)) => return Err(failure),
+            Err(HandshakeError::Refused(error @ ApiError::ProtocolUnsupported { .. })) => {
                 return Err(DialFailure::Refused(error.into()))
             }
-            Ok(Err(error)) => {
+            Err(HandshakeError::Refused(error)) => {
                 return Err(DialFailure::Transient(format!("hello to {addr}: {error}")))
             }
-            Err(tarpc::client::RpcError::DeadlineExceeded) => {
+            Err(HandshakeError::Silent) => {
                 return Err(DialFailure::Transient(format!(
                     "{addr} did not answer hello within {:?}",
                     options.connect_timeout
                 )))
-            }
-            // A v0.1.0 replica knows no `hello` and closes the connection: speak its
-            // protocol, which needs no handshake, on a new one.
-            Err(closed) => {
-                tracing::debug!(replica = addr, error = %closed, "no hello: speaking v0.1.0's protocol");
-                client = Self::open(addr, options).await?.0;
-                Hello::v010()
             }
         };
         if let Some(token) = &options.token {
@@ -434,12 +435,13 @@ impl Connector {
         Ok((client, Arc::new(hello)))
     }
 
-    /// A connection to `addr` (over TLS when the options say so), not yet introduced, and
-    /// where a refusal that arrives as bytes is recorded ([`WatchedStream`]).
+    /// A connection to `addr` (over TLS when the options say so), not yet introduced; a
+    /// refusal that arrives on it as bytes is recorded in `refusal` ([`WatchedStream`]).
     async fn open(
         addr: &str,
         options: &ClientOptions,
-    ) -> Result<(ControlLogClient, Refusal), DialFailure> {
+        refusal: Refusal,
+    ) -> Result<ControlLogClient, DialFailure> {
         let stream =
             match tokio::time::timeout(options.connect_timeout, dial(addr, options.tls.as_ref()))
                 .await
@@ -463,11 +465,9 @@ impl Connector {
                 Ok(Err(error)) => return Err(DialFailure::Transient(error.to_string())),
                 Ok(Ok(stream)) => stream,
             };
-        let refusal = Refusal::default();
-        let stream = WatchedStream::new(stream, options.tls.is_none(), refusal.clone());
+        let stream = WatchedStream::new(stream, options.tls.is_none(), refusal);
         let transport = framed(stream, CLIENT_FRAME_BYTES_MAX);
-        let client = ControlLogClient::new(client::Config::default(), transport).spawn();
-        Ok((client, refusal))
+        Ok(ControlLogClient::new(client::Config::default(), transport).spawn())
     }
 
     fn next_seed(&self) -> String {

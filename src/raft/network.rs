@@ -27,7 +27,7 @@ use super::storage::{ClusterIdentity, Meeting};
 use super::types::*;
 use crate::log::Level;
 use crate::wire::tls::{dial_expecting, framed, node_name};
-use crate::wire::version::{Hello, ProtocolOffer};
+use crate::wire::version::{open_and_agree, HandshakeError, Hello, ProtocolOffer};
 use crate::wire::{ApiError, ClusterId, Member};
 use crate::NodeId;
 
@@ -565,28 +565,29 @@ impl PeerClient {
         }
         self.unanswered_since = None;
         let deadline = Instant::now() + ttl.min(CONNECT_TIMEOUT);
-        let client = self.open(deadline).await?;
-        let mut ctx = context::current();
-        ctx.deadline = deadline;
-        let connection = match client.hello(ctx, ProtocolOffer::ours()).await {
-            Ok(Ok(hello)) => (client, Arc::new(hello)),
-            Ok(Err(refused)) => {
+        let agreed = open_and_agree(
+            || self.open(deadline),
+            |client: RaftRpcClient| {
+                let mut ctx = context::current();
+                ctx.deadline = deadline;
+                async move { client.hello(ctx, ProtocolOffer::ours()).await }
+            },
+        )
+        .await;
+        let connection = match agreed {
+            Ok((client, hello)) => (client, Arc::new(hello)),
+            Err(HandshakeError::Open(unreachable)) => return Err(unreachable),
+            Err(HandshakeError::Refused(refused)) => {
                 return Err(CallError::Network(format!(
                     "peer {} refused hello: {refused}",
                     self.target
                 )))
             }
-            Err(tarpc::client::RpcError::DeadlineExceeded) => {
+            Err(HandshakeError::Silent) => {
                 return Err(CallError::Network(format!(
                     "peer {} did not answer hello",
                     self.target
                 )))
-            }
-            // A v0.1.0 replica knows no `hello` and closes the connection: speak its
-            // protocol, which needs no handshake, on a new one.
-            Err(closed) => {
-                tracing::debug!(peer = self.target, error = %closed, "no hello: speaking v0.1.0's protocol");
-                (self.open(deadline).await?, Arc::new(Hello::v010()))
             }
         };
         self.introduce(&connection, deadline).await?;

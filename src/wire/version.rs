@@ -113,6 +113,45 @@ impl Hello {
     }
 }
 
+/// How opening a connection and saying `hello` on it failed.
+#[derive(Debug)]
+pub enum HandshakeError<E> {
+    /// The connection could not be opened: the caller's own error.
+    Open(E),
+    /// The other side answered `hello` with an error (`ProtocolUnsupported`, or a refusal).
+    Refused(ApiError),
+    /// No answer to `hello` by the caller's deadline.
+    Silent,
+}
+
+/// The one dial-and-handshake engine of both ports' callers (the client's `Connector`, the
+/// Raft network's `PeerClient`): opens a connection, says `hello` on it (`say_hello`, on a
+/// clone of the connection's handle, sets the deadline), and, where the other side closed the connection on the request it could
+/// not decode (v0.1.0, which knows no `hello`), opens another and speaks v0.1.0's protocol on
+/// it without a handshake. What a failure means (retry, another replica, an operator's
+/// problem) and what follows the handshake (a token, the cluster's id) are each caller's.
+pub async fn open_and_agree<C: Clone, E, OpenFut, HelloFut>(
+    mut open: impl FnMut() -> OpenFut,
+    say_hello: impl FnOnce(C) -> HelloFut,
+) -> Result<(C, Hello), HandshakeError<E>>
+where
+    OpenFut: std::future::Future<Output = Result<C, E>>,
+    HelloFut:
+        std::future::Future<Output = Result<Result<Hello, ApiError>, tarpc::client::RpcError>>,
+{
+    let connection = open().await.map_err(HandshakeError::Open)?;
+    match say_hello(connection.clone()).await {
+        Ok(Ok(hello)) => Ok((connection, hello)),
+        Ok(Err(refused)) => Err(HandshakeError::Refused(refused)),
+        Err(tarpc::client::RpcError::DeadlineExceeded) => Err(HandshakeError::Silent),
+        Err(closed) => {
+            tracing::debug!(error = %closed, "no hello: speaking v0.1.0's protocol");
+            let connection = open().await.map_err(HandshakeError::Open)?;
+            Ok((connection, Hello::v010()))
+        }
+    }
+}
+
 /// `error` as a client speaking `protocol` can decode it: a v0.1.0 client knows none of the
 /// variants added after it, and a variant it cannot decode would cost it the connection and
 /// the retries of a request that can only fail again. Each new variant stands in as the
