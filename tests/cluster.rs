@@ -21,6 +21,7 @@ use ctrlog::raft::types::{
     InstallSnapshotResponse, RaftError, VoteRequest, VoteResponse,
 };
 use ctrlog::server::force_new_cluster;
+use ctrlog::tools::cluster::{Cluster, ProcessCluster};
 use ctrlog::tools::{poll_until, LocalCluster, POLL_INTERVAL};
 use ctrlog::wire::ClusterId;
 use futures::StreamExt;
@@ -1506,4 +1507,54 @@ async fn a_backup_taken_under_load_restores_into_a_new_cluster() {
         replica.shutdown().await;
     }
     source.shutdown().await;
+}
+
+/// One story on any kind of cluster, through `Cluster` by node id: the leader stopped,
+/// another elected, appends go on, and the old leader, restarted, applies them all.
+async fn the_leader_stops_and_comes_back(cluster: &mut impl Cluster) {
+    let client = cluster.connect().await.unwrap();
+    for n in 0..5u8 {
+        client.append(Command::custom(1, 1, vec![n])).await.unwrap();
+    }
+    let old = cluster.leader(WAIT).await.unwrap();
+    assert!(cluster.ids().contains(&old), "{old} in {:?}", cluster.ids());
+    cluster.stop(old).await;
+    let new = cluster.leader(WAIT).await.unwrap();
+    assert_ne!(new, old, "a stopped replica does not lead");
+    let last = client
+        .append(Command::custom(1, 1, b"after".to_vec()))
+        .await
+        .unwrap()
+        .offset;
+    cluster.restart(old).await.unwrap();
+    let back = cluster.connect_to(old).await.unwrap();
+    poll_until(
+        "the old leader applying the new appends",
+        WAIT,
+        POLL_INTERVAL,
+        || async {
+            match back.status().await {
+                Ok(status) if status.applied_offset >= last => Ok(()),
+                Ok(status) => Err(format!("applied {}", status.applied_offset)),
+                Err(error) => Err(error.to_string()),
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// Goal: a cluster in this process and a cluster of `ctrlog serve` processes tell the same
+/// story through one trait, indexed the same way (the demo runs on either).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn either_kind_of_cluster_survives_its_leader_stopping_and_coming_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut local = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    the_leader_stops_and_comes_back(&mut local).await;
+    local.shutdown().await;
+
+    let mut processes = ProcessCluster::start_with(replica_exe(), 3, &[])
+        .await
+        .unwrap();
+    the_leader_stops_and_comes_back(&mut processes).await;
 }

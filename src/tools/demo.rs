@@ -34,7 +34,7 @@ use crate::tools::chaos::job_files::JobFiles;
 use crate::tools::cluster::job::{ControllerFactory, LocalJob};
 use crate::tools::cluster::local::LocalCluster;
 use crate::tools::cluster::wait::job_state_until;
-use crate::tools::cluster::{processes_mentioning, ProcessCluster};
+use crate::tools::cluster::{processes_mentioning, Cluster, ProcessCluster};
 use crate::NodeId;
 
 /// Each step of the scenario must finish within this.
@@ -191,7 +191,7 @@ impl DemoCluster for LocalJob {
     }
 
     async fn leader(&self) -> anyhow::Result<NodeId> {
-        Ok(self.cluster.wait_for_leader(STEP).await?)
+        self.cluster.leader(STEP).await
     }
 
     async fn kill(&mut self, id: NodeId) -> Option<ControllerReport> {
@@ -219,12 +219,11 @@ impl DemoCluster for ServedJob {
     }
 
     async fn leader(&self) -> anyhow::Result<NodeId> {
-        let status = self.client.leader_status().await?;
-        status.leader_id.context("no leader known")
+        self.cluster.leader(STEP).await
     }
 
     async fn kill(&mut self, id: NodeId) -> Option<ControllerReport> {
-        self.cluster.kill(id as usize - 1);
+        Cluster::stop(&mut self.cluster, id).await;
         None
     }
 

@@ -165,6 +165,11 @@ impl LocalCluster {
         self.replicas.values()
     }
 
+    /// Every replica's id, running or not.
+    pub fn ids(&self) -> Vec<NodeId> {
+        self.configs.keys().copied().collect()
+    }
+
     pub fn running_ids(&self) -> Vec<NodeId> {
         self.replicas.keys().copied().collect()
     }
