@@ -550,37 +550,34 @@ mod tests {
         assert!(error.contains("replica.toml"), "{error}");
     }
 
+    /// The `[job]` section the file's text and then the job flags `given` make.
+    fn job_laid_over(file: &str, given: JobFlags) -> Option<JobConfig> {
+        let flags = ServeFlags {
+            job: given,
+            ..ServeFlags::default()
+        };
+        laid_over(file, flags).unwrap().job
+    }
+
     /// Flags lay over the file's section, and any of them alone makes a job.
     #[test]
     fn job_flags_lay_over_the_section() {
-        let file = "[job]\ninputs = [\"kafka/events/0\"]";
         let given = JobFlags {
             job_inputs_file: Some("/etc/ctrlog/inputs".into()),
             job_max_containers: Some(4),
             job_launch_command: Some("ctrlog container --id {id}".into()),
             ..JobFlags::default()
         };
-        let job = laid_over(
-            file,
-            ServeFlags {
-                job: given,
-                ..ServeFlags::default()
-            },
-        )
-        .unwrap()
-        .job
-        .unwrap();
+        let job = job_laid_over("[job]\ninputs = [\"kafka/events/0\"]", given).unwrap();
         assert_eq!(job.inputs, None, "the file replaces the inline list");
         assert_eq!(job.scaling.max, 4);
+        let command = ["ctrlog", "container", "--id", "{id}"]
+            .map(String::from)
+            .to_vec();
         assert_eq!(
             job.launcher,
             LauncherConfig::Process {
-                command: vec![
-                    "ctrlog".into(),
-                    "container".into(),
-                    "--id".into(),
-                    "{id}".into()
-                ],
+                command,
                 log_dir: None,
                 run_as_user: None,
                 run_as_group: None,
@@ -588,7 +585,7 @@ mod tests {
             }
         );
         assert_eq!(
-            laid_over("", ServeFlags::default()).unwrap().job,
+            job_laid_over("", JobFlags::default()),
             None,
             "no flag, no job"
         );
@@ -596,37 +593,17 @@ mod tests {
             job_external_launcher: true,
             ..JobFlags::default()
         };
-        let job = laid_over(
-            "",
-            ServeFlags {
-                job: external,
-                ..ServeFlags::default()
-            },
-        )
-        .unwrap()
-        .job
-        .unwrap();
-        assert_eq!(job, JobConfig::default());
+        assert_eq!(job_laid_over("", external), Some(JobConfig::default()));
         // A process launcher of the file keeps its log folder when a flag changes its command.
         let file = "[job]\ninputs = []\n[job.launcher]\nkind = \"process\"\ncommand = [\"a\"]\nlog_dir = \"/logs\"";
         let given = JobFlags {
             job_launch_command: Some("b".into()),
             ..JobFlags::default()
         };
-        let job = laid_over(
-            file,
-            ServeFlags {
-                job: given,
-                ..ServeFlags::default()
-            },
-        )
-        .unwrap()
-        .job
-        .unwrap();
+        let launcher = job_laid_over(file, given).unwrap().launcher;
         assert!(
-            matches!(&job.launcher, LauncherConfig::Process { command, log_dir: Some(_), .. } if command == &["b"]),
-            "{:?}",
-            job.launcher
+            matches!(&launcher, LauncherConfig::Process { command, log_dir: Some(_), .. } if command == &["b"]),
+            "{launcher:?}"
         );
     }
 }

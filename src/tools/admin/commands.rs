@@ -28,6 +28,7 @@ use crate::log::{
     SetVocabularyLevel, Target, CUSTOM_KIND_MIN,
 };
 
+/// `ctrlog append`'s arguments.
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("body").required(true).args(["payload", "payload_file"])))]
 pub struct AppendArgs {
@@ -57,6 +58,7 @@ pub struct AppendArgs {
     output: OutputFlags,
 }
 
+/// `ctrlog tail`'s arguments.
 #[derive(clap::Args)]
 pub struct TailArgs {
     /// The first offset to print.
@@ -75,6 +77,7 @@ pub struct TailArgs {
     output: OutputFlags,
 }
 
+/// `ctrlog vocabulary`'s actions.
 #[derive(Subcommand)]
 pub enum VocabularyCmd {
     /// The built-in kinds, and which the recorded level allows.
@@ -87,6 +90,7 @@ pub enum VocabularyCmd {
     },
 }
 
+/// `ctrlog snapshot`'s actions besides taking one.
 #[derive(Subcommand)]
 pub enum SnapshotCmd {
     /// Save a backup of the job to FILE: the state as of a linearizable read (every write
@@ -113,6 +117,7 @@ pub enum SnapshotCmd {
     },
 }
 
+/// What `ctrlog broadcast` sends.
 #[derive(Subcommand)]
 pub enum BroadcastCmd {
     /// A schema change: every live container must ack it (`schema-change`).
@@ -143,6 +148,7 @@ fn key_value(text: &str) -> Result<(String, String), String> {
     Ok((key.to_string(), value.to_string()))
 }
 
+/// `ctrlog members`'s actions.
 #[derive(Subcommand)]
 pub enum MembersCmd {
     /// The replicas in the membership, voters and learners, and which one leads.
@@ -291,6 +297,8 @@ impl TailArgs {
     }
 }
 
+/// `ctrlog status`: the answering replica's view, or with `--all-replicas` each member's own
+/// view on a line (every row printed, then an error if one did not answer).
 pub async fn status(
     all_replicas: bool,
     output: OutputFlags,
@@ -386,6 +394,8 @@ async fn ask_each_replica(
     Ok(answers)
 }
 
+/// `ctrlog state`: the job state folded from the log, as the answering replica applied it or,
+/// with `--consistent`, as of a read index.
 pub async fn state(
     consistent: bool,
     output: OutputFlags,
@@ -401,6 +411,7 @@ pub async fn state(
     Ok(())
 }
 
+/// `ctrlog snapshot`: a snapshot on the leader now, or `save` and `restore` of a backup.
 pub async fn snapshot(
     action: Option<SnapshotCmd>,
     output: OutputFlags,
@@ -452,6 +463,7 @@ pub async fn snapshot(
     Ok(())
 }
 
+/// `ctrlog vocabulary`: show the built-in kinds and the recorded level, or raise it.
 pub async fn vocabulary(
     command: VocabularyCmd,
     output: OutputFlags,
@@ -476,6 +488,7 @@ pub async fn vocabulary(
     Ok(())
 }
 
+/// `ctrlog members`: list, add, remove, or hand the leadership over.
 pub async fn members(
     command: MembersCmd,
     output: OutputFlags,
