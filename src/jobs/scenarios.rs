@@ -5,7 +5,8 @@
 //! be read before they are committed.
 //!
 //! The fold, one command each (`c` a container, `t` a task, `p` a partition of
-//! `kafka/events`; a missing `epoch=` is the container's live epoch):
+//! `kafka/events`; a missing `epoch=` is the container's live epoch; names are taken as
+//! written, even those the naming rules refuse, such as `'has space'`):
 //!
 //! * `register c [location=L]`, `deregister c`, `expire c`, `launch c [attempt=N]`,
 //!   `cancel-launch c launch=OFFSET`;
@@ -13,21 +14,32 @@
 //! * `assign t c inputs=p,p`, `stop t c`, `started t c`, `stopped t c [checkpoint=S]`;
 //! * `desired N [reason=R] [v1=true]`, `schema SUBJECT TEXT`, `config K=V...`,
 //!   `config-remove K...`, `ack OFFSET c`, `level N`, `custom KIND BODY`,
-//!   `unknown KIND VERSION`;
+//!   `unknown KIND VERSION`, `malformed KIND` (a frame of KIND whose body does not decode);
 //! * on any of them: `to=c|all` (the target, instead of the command's own),
 //!   `producer=P seq=S` (an idempotent append), `epoch=E`.
 //!
-//! Each prints `#offset` and what the command does, or why it took no offset. `state` prints
-//! the job.
+//! Each prints `#offset` and what the command does, or why it took no offset (the runner
+//! checks that such a command changed nothing). `state` prints the job; `containers [c...]`
+//! how many containers it keeps, and the status of each one named (or `forgotten`). Two
+//! commands append many at once and print the offsets they took: `churn N` registers and
+//! expires `c0` to `cN-1`, one after the other; `producers N from=P` has producers `P` to
+//! `P+N-1` append a custom command each, at sequence 1.
 //!
 //! The plan: `source p...|none` (the inputs the source lists), `want N` (the desired count the
 //! controller acts on), `overdue c...`, `launching N`, `orchestrated true|false`; `plan`
 //! prints the next steps, `step` also appends them (containers the plan launches are then
 //! registered by the script); `answer` has every live container answer what it owes (task
 //! started or stopped, broadcast acks); `settle` repeats `step` and `answer` until the plan is
-//! empty; `settled TASKS CONTAINERS`, `loads`, `owed` print the plan's views of the state;
-//! `lag TOTAL [after_ms=MS]` asks a lag policy (min 1, max 4, out above 100 per container,
-//! in below 10, cooldown 60 s) for the count.
+//! empty; `settled TASKS CONTAINERS`, `loads`, `owed`, `draining N` (the containers drained
+//! when N are wanted) print the plan's views of the state; `lag TOTAL [after_ms=MS]` asks a
+//! lag policy (min 1, max 4, out above 100 per container, in below 10, cooldown 60 s) for the
+//! count.
+//!
+//! The leader's heartbeat table, tracking from 0 ms (`after_ms=` is 0 when not given):
+//! `heartbeat c [after_ms=MS] [t=LAG...]` records a heartbeat of c's live session with the lag
+//! it reports per task; `silent [after_ms=MS]` prints the live sessions silent for over 2 s at
+//! MS, or `none`; `reported` prints the lag each live session reported for its own tasks, and
+//! the total.
 
 use std::collections::BTreeMap;
 use std::error::Error;
@@ -48,28 +60,44 @@ struct Scenario {
     state: JobState,
     observed: Observed,
     policy: LagPolicy,
-    policy_start: Instant,
+    liveness: Liveness,
+    /// The script's clock: 0 ms of `after_ms=`.
+    start: Instant,
     now_ms: u64,
 }
 
 impl Default for Scenario {
     fn default() -> Scenario {
+        let start = Instant::now();
         Scenario {
             state: JobState::default(),
             observed: Observed::default(),
             policy: LagPolicy::new(1, 4, 100, 10, Duration::from_secs(60)),
-            policy_start: Instant::now(),
+            liveness: Liveness::new(1, start),
+            start,
             now_ms: 1_000,
         }
     }
 }
 
+/// A container id as written, even one the naming rules refuse (the fold refuses it then).
 fn container(name: &str) -> Result<ContainerId, Failure> {
-    Ok(ContainerId::new(name)?)
+    Ok(serde_json::from_value(name.into())?)
 }
 
+/// A task name as written, even one the naming rules refuse.
 fn task(name: &str) -> Result<TaskId, Failure> {
-    Ok(TaskId::new(name)?)
+    Ok(serde_json::from_value(name.into())?)
+}
+
+/// A container's status in words.
+fn status(status: &ContainerStatus) -> String {
+    match status {
+        ContainerStatus::Live => "live".to_string(),
+        ContainerStatus::Deregistered => "deregistered".to_string(),
+        ContainerStatus::Expired => "expired".to_string(),
+        ContainerStatus::Launching { attempt } => format!("launching (attempt {attempt})"),
+    }
 }
 
 /// Partitions of `kafka/events`, each written `p` or `from..to`.
@@ -231,18 +259,24 @@ impl Scenario {
                 version: nth(&at, 1, "a version")?.parse()?,
                 body: Vec::new(),
             }),
+            "malformed" => Command::Unknown(Frame {
+                kind: nth(&at, 0, "a kind")?.parse()?,
+                version: 1,
+                body: vec![0xff; 5],
+            }),
             _ => return Ok(None),
         };
         Ok(Some(command))
     }
 
-    /// Folds `command` with `target` (its own when `None`) and says what came of it.
+    /// Folds `command` with `target` (its own when `None`) and says what came of it; fails if
+    /// a command that took no offset changed the state.
     fn fold(
         &mut self,
         command: Command,
         target: Option<Target>,
         producer: Option<ProducerSeq>,
-    ) -> String {
+    ) -> Result<String, Failure> {
         let own = command.default_target();
         let addressed = match &target {
             Some(to) if *to != own => format!(" (to {to})"),
@@ -251,7 +285,12 @@ impl Scenario {
         let target = target.unwrap_or(own);
         let frame = command.into_frame();
         self.now_ms += 1;
-        match self.state.apply(producer, &target, &frame, self.now_ms) {
+        let before = self.state.clone();
+        let outcome = self.state.apply(producer, &target, &frame, self.now_ms);
+        if !matches!(outcome, Outcome::Appended { .. }) && self.state != before {
+            return Err(format!("{outcome:?} took no offset but changed the state").into());
+        }
+        Ok(match outcome {
             Outcome::Appended { offset } => {
                 let entry = LogEntry {
                     offset,
@@ -269,23 +308,37 @@ impl Scenario {
             }
             Outcome::Rejected(why) => format!("refused: {why}"),
             Outcome::ProducerForgotten => "refused: the producer is forgotten".to_string(),
+        })
+    }
+
+    /// Appends `command` from `producer`, which must be accepted, without a line of trace.
+    fn append(
+        &mut self,
+        command: Command,
+        producer: Option<ProducerSeq>,
+    ) -> Result<Offset, Failure> {
+        let target = command.default_target();
+        self.now_ms += 1;
+        match (self.state).apply(producer, &target, &command.into_frame(), self.now_ms) {
+            Outcome::Appended { offset } => Ok(offset),
+            other => Err(format!("expected an offset, got {other:?}").into()),
         }
     }
 
     fn print_state(&self) -> String {
         let state = &self.state;
+        let beyond = if state.level_understood() {
+            ""
+        } else {
+            " (above this build's)"
+        };
         let mut out = format!(
-            "level {}, next offset {}\n",
+            "level {}{beyond}, next offset {}\n",
             state.level(),
             state.next_offset()
         );
         for (name, record) in state.containers() {
-            let status = match record.status {
-                ContainerStatus::Live => "live".to_string(),
-                ContainerStatus::Deregistered => "deregistered".to_string(),
-                ContainerStatus::Expired => "expired".to_string(),
-                ContainerStatus::Launching { attempt } => format!("launching (attempt {attempt})"),
-            };
+            let status = status(&record.status);
             writeln!(out, "container {name}@{} {status}", record.epoch).unwrap();
         }
         for (name, record) in state.tasks() {
@@ -362,7 +415,7 @@ impl Scenario {
         for action in &actions {
             match action {
                 Action::Append(command) if apply => {
-                    let folded = self.fold(command.clone(), None, None);
+                    let folded = self.fold(command.clone(), None, None)?;
                     writeln!(out, "append {folded}").unwrap();
                 }
                 Action::Append(command) => writeln!(out, "append {}", describe(command)).unwrap(),
@@ -380,7 +433,7 @@ impl Scenario {
     }
 
     /// Every live container answers what it owes, as its loop would.
-    fn answer(&mut self) -> String {
+    fn answer(&mut self) -> Result<String, Failure> {
         let mut answers = Vec::new();
         for (offset, handshake) in self.state.pending() {
             for (container, epoch) in &handshake.owed_by {
@@ -406,14 +459,14 @@ impl Scenario {
             }
         }
         if answers.is_empty() {
-            return "nothing owed\n".to_string();
+            return Ok("nothing owed\n".to_string());
         }
         let mut out = String::new();
         for answer in answers {
-            let folded = self.fold(answer, None, None);
+            let folded = self.fold(answer, None, None)?;
             writeln!(out, "answer {folded}").unwrap();
         }
-        out
+        Ok(out)
     }
 }
 
@@ -446,11 +499,95 @@ impl goldenscript::Runner for Scenario {
                 }),
                 _ => None,
             };
-            return Ok(self.fold(command, target, producer) + "\n");
+            return Ok(self.fold(command, target, producer)? + "\n");
         }
-        let (at, _) = split(line);
+        let (at, keyed) = split(line);
+        let start = self.start;
+        let after = |keyed: &BTreeMap<&str, &str>| -> Result<Instant, Failure> {
+            let ms: u64 = keyed.get("after_ms").map_or(Ok(0), |ms| ms.parse())?;
+            Ok(start + Duration::from_millis(ms))
+        };
         Ok(match line.name.as_str() {
             "state" => self.print_state(),
+            "containers" => {
+                let kept = self.state.containers();
+                let mut out = format!("{} containers\n", kept.len());
+                for name in &at {
+                    let said = (kept.get(&container(name)?))
+                        .map_or("forgotten".to_string(), |record| status(&record.status));
+                    writeln!(out, "{name} {said}").unwrap();
+                }
+                out
+            }
+            "churn" => {
+                let count: usize = nth(&at, 0, "a count")?.parse()?;
+                let first = self.state.next_offset();
+                for n in 0..count {
+                    let name = container(&format!("c{n}"))?;
+                    let epoch = self.append(
+                        Command::RegisterContainer(RegisterContainer {
+                            container: name.clone(),
+                            location: "host".to_string(),
+                        }),
+                        None,
+                    )?;
+                    let expire = ExpireContainer {
+                        container: name,
+                        epoch,
+                    };
+                    self.append(Command::ExpireContainer(expire), None)?;
+                }
+                let last = self.state.last_offset();
+                let end = count.saturating_sub(1);
+                format!("#{first}..#{last}: c0 to c{end} registered and expired\n")
+            }
+            "producers" => {
+                let count: u64 = nth(&at, 0, "a count")?.parse()?;
+                let from: u64 = keyed.get("from").ok_or("missing from=")?.parse()?;
+                let first = self.state.next_offset();
+                for producer in from..from + count {
+                    let pair = ProducerSeq { producer, seq: 1 };
+                    self.append(Command::custom(1, 1, Vec::new()), Some(pair))?;
+                }
+                let (last, end) = (self.state.last_offset(), (from + count).saturating_sub(1));
+                format!("#{first}..#{last}: producers {from} to {end} appended at sequence 1\n")
+            }
+            "heartbeat" => {
+                let name = container(nth(&at, 0, "a container")?)?;
+                let session = (self.state.live_session(&name))
+                    .ok_or_else(|| format!("{name} has no live session"))?;
+                let mut lag = BTreeMap::new();
+                for (key, value) in keyed.iter().filter(|(k, _)| **k != "after_ms") {
+                    lag.insert(task(key)?, value.parse()?);
+                }
+                let now = after(&keyed)?;
+                self.liveness.record(&self.state, &session, lag, now);
+                String::new()
+            }
+            "silent" => {
+                let now = after(&keyed)?;
+                let timeout = Duration::from_secs(2);
+                let silent: Vec<String> = (self.liveness.overdue(&self.state, now, timeout))
+                    .into_iter()
+                    .map(|s| format!("{}@{}", s.container, s.epoch))
+                    .collect();
+                match silent.is_empty() {
+                    true => "none\n".to_string(),
+                    false => format!("{}\n", silent.join(" ")),
+                }
+            }
+            "reported" => {
+                let lags: Vec<String> = (self.liveness.lag(&self.state).into_iter())
+                    .map(|(c, lag)| format!("{c}={lag}"))
+                    .collect();
+                let reported = self.liveness.reported(&self.state);
+                format!(
+                    "{}; total {} from {} container(s)\n",
+                    lags.join(" "),
+                    reported.total,
+                    reported.containers
+                )
+            }
             "source" => {
                 let listed = at.iter().copied().filter(|p| *p != "none");
                 self.observed.inputs = Arc::new(inputs(listed)?.into_iter().collect());
@@ -484,12 +621,12 @@ impl goldenscript::Runner for Scenario {
             // Until the plan appends nothing and nobody owes an answer; what it still asks
             // of the launcher (launch, stop) is printed last.
             "step" => self.step(true)?.0,
-            "answer" => self.answer(),
+            "answer" => self.answer()?,
             "settle" => {
                 let mut out = String::new();
                 for _ in 0..50 {
                     let (stepped, appended) = self.step(true)?;
-                    let answered = self.answer();
+                    let answered = self.answer()?;
                     if !appended && answered == "nothing owed\n" {
                         return Ok(out + &stepped);
                     }
@@ -513,6 +650,13 @@ impl goldenscript::Runner for Scenario {
                     .collect();
                 format!("{}\n", loads.join(" "))
             }
+            "draining" => {
+                let wanted = nth(&at, 0, "a count")?.parse()?;
+                let drained: Vec<String> = (plan::draining(&self.state, wanted).iter())
+                    .map(ToString::to_string)
+                    .collect();
+                format!("{}\n", drained.join(" "))
+            }
             "owed" => {
                 let mut out = String::new();
                 for (offset, owing) in plan::owed_acks(&self.state) {
@@ -523,9 +667,7 @@ impl goldenscript::Runner for Scenario {
             }
             "lag" => {
                 let total = nth(&at, 0, "a total lag")?.parse()?;
-                let (_, keyed) = split(line);
-                let after: u64 = keyed.get("after_ms").map_or(Ok(0), |ms| ms.parse())?;
-                let now = self.policy_start + Duration::from_millis(after);
+                let now = after(&keyed)?;
                 let current = self.observed.desired_containers;
                 let wanted = self.policy.desired(current, total, now);
                 self.observed.desired_containers = wanted;
