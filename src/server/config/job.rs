@@ -20,26 +20,32 @@ use crate::server::config::error::{refuse, ConfigError};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct JobConfig {
-    /// The inputs, each `system/stream/partition`. Give this or `inputs_file`.
+    /// The inputs, each `system/stream/partition`. Give this or `inputs_file`. Default none.
     pub inputs: Option<Vec<String>>,
     /// A file with one `system/stream/partition` per line (`#` starts a comment), re-read when
     /// it changes: a partition that appears is added and assigned at once. An edit that does
-    /// not parse keeps the last good set.
+    /// not parse keeps the last good set. Default none.
     pub inputs_file: Option<PathBuf>,
     /// A container silent for longer is expired and its tasks reassigned. Containers stop
     /// work after their own lease (`ctrlog container --lease-ms`), which must be shorter.
+    /// Default 6,000.
     pub session_timeout_ms: u64,
-    /// How inputs group into tasks.
+    /// How inputs group into tasks. Default `partition`.
     pub grouper: GrouperName,
-    /// How often the controller re-plans.
+    /// How often the controller re-plans. Default 100.
     pub tick_ms: u64,
     /// A launched container that has not registered within this is stopped and launched
-    /// again, up to `launch_attempts` times (`process` launcher).
+    /// again, up to `launch_attempts` times (`process` launcher). Default 15,000.
     pub launch_timeout_ms: u64,
+    /// Launches per container slot before the failure is reported and the slot given up.
+    /// Default 3.
     pub launch_attempts: u32,
-    /// Containers the controller launches are named `{container_prefix}-{n}`.
+    /// Containers the controller launches are named `{container_prefix}-{n}`. Default
+    /// `container`.
     pub container_prefix: String,
+    /// `[job.scaling]`: how many containers, by the lag.
     pub scaling: ScalingConfig,
+    /// `[job.launcher]`: who starts containers. Default `external`.
     pub launcher: LauncherConfig,
 }
 
@@ -76,10 +82,15 @@ pub enum GrouperName {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ScalingConfig {
+    /// The fewest containers. Default 1.
     pub min: u32,
+    /// The most containers. Default 1.
     pub max: u32,
+    /// One container more while the lag per container is above this. Default 10,000.
     pub scale_out_lag: u64,
+    /// One container fewer while the lag per container is below this. Default 1,000.
     pub scale_in_lag: u64,
+    /// At most one change per this long. Default 30,000.
     pub cooldown_ms: u64,
 }
 

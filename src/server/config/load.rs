@@ -91,22 +91,23 @@ impl ReplicaConfig {
 
     /// Reads a TOML file, as [`from_toml`](Self::from_toml) does.
     pub fn from_file(path: &Path) -> Result<ReplicaConfig, LoadError> {
-        let mut table = read_table(path)?;
-        lift_v010_keys(&mut table).map_err(|source| LoadError::parse(path, source))?;
-        Value::Table(table)
+        Value::Table(read_lifted(path)?)
             .try_into()
             .map_err(|source| LoadError::parse(path, source))
     }
 }
 
-/// The file's table, v0.1.0's spellings not yet lifted.
-fn read_table(path: &Path) -> Result<Table, LoadError> {
+/// The file's table, v0.1.0's spellings lifted into their sections.
+fn read_lifted(path: &Path) -> Result<Table, LoadError> {
     let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
         path: path.to_owned(),
         source,
     })?;
-    text.parse()
-        .map_err(|source| LoadError::parse(path, source))
+    let mut table: Table = text
+        .parse()
+        .map_err(|source| LoadError::parse(path, source))?;
+    lift_v010_keys(&mut table).map_err(|source| LoadError::parse(path, source))?;
+    Ok(table)
 }
 
 /// Moves each of [`V010_TOP_LEVEL_KEYS`] the table holds at the top level into its section.
@@ -188,11 +189,7 @@ impl ServeFlags {
             return Err(LoadError::NoId);
         }
         let (mut table, origin) = match &self.config {
-            Some(path) => {
-                let mut table = read_table(path)?;
-                lift_v010_keys(&mut table).map_err(|source| LoadError::parse(path, source))?;
-                (table, path.display().to_string())
-            }
+            Some(path) => (read_lifted(path)?, path.display().to_string()),
             None => (Table::new(), "the flags".to_string()),
         };
         self.lay_over(&mut table)?;

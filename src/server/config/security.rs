@@ -9,24 +9,29 @@ use serde::{Deserialize, Serialize};
 
 use crate::server::config::error::{refuse, ConfigError};
 
-/// The PEM files of a replica's TLS: the CA that signs every replica and client certificate,
-/// and this replica's own certificate (naming it `node-<id>`) and key.
+/// The `[tls]` section: the PEM files of a replica's TLS. It has no `Default`: the section is
+/// absent (plain TCP) or names all three.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsFiles {
+    /// The CA that signs every replica and client certificate. Required.
     pub ca_file: PathBuf,
+    /// This replica's certificate, naming it `node-<id>`. Required.
     pub cert_file: PathBuf,
+    /// This replica's private key, readable by its owner only. Required.
     pub key_file: PathBuf,
 }
 
-/// Client authentication (see `raft::auth`): bearer tokens from a file and client
-/// certificates by name, each mapped to a role (`admin`, `operator` or `container:ID`).
+/// The `[auth]` section, client authentication (`server::ports::auth`): bearer tokens from a
+/// file and client certificates by name, each mapped to a role (`admin`, `operator`,
+/// `container:ID` or `containers:PREFIX`). At least one of the two must be given.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
-    /// Lines of `TOKEN ROLE`.
+    /// Lines of `TOKEN ROLE` (or `sha256:SALT:DIGEST ROLE`), readable by its owner only.
+    /// Default none.
     pub tokens_file: Option<PathBuf>,
-    /// Certificate name (a DNS name in the client certificate) → role.
+    /// Certificate name (a DNS name in the client certificate) → role. Default none.
     pub certificates: BTreeMap<String, String>,
 }
 
