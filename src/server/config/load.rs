@@ -1,6 +1,6 @@
 //! Reading a replica's configuration: the TOML file, v0.1.0's top-level spellings lifted into
 //! their sections, and the `ctrlog serve` flags laid over the file as one patch. Each flag
-//! names the field it sets once, in [`ServeFlags::lay_over`]; the merged table is read and
+//! names the field it sets once, in `ServeFlags::lay_over`; the merged table is read and
 //! validated once, in [`ServeFlags::load`].
 
 use std::net::SocketAddr;
