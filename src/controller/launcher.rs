@@ -104,7 +104,7 @@ impl ProcessLauncher {
     }
 
     /// Passes these variables of the replica's environment on to the containers, besides
-    /// [`PASSED_ENV`]; nothing else of it is passed.
+    /// `PASSED_ENV`; nothing else of it is passed.
     pub fn pass_env(mut self, names: Vec<String>) -> ProcessLauncher {
         self.pass_env = names;
         self

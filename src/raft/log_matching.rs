@@ -68,7 +68,7 @@ fn check_held(log: &LogStore, sender: NodeId, entries: &[Entry]) -> Result<(), D
     Ok(())
 }
 
-/// [`check_held`], and on a [`Divergence`] the stop: the error is logged and `raft`'s core is
+/// `check_held`, and on a [`Divergence`] the stop: the error is logged and `raft`'s core is
 /// shut down (its metrics then report it stopped, and `ctrlog serve` exits on that), so the
 /// caller answers the sender with the returned error instead of passing the request on.
 pub fn stop_on_divergence(

@@ -2,7 +2,7 @@
 //! sled ([`MetaStore`]).
 //!
 //! Concurrency: one mutex guards the WAL. Appends write under it and hand the active segment's
-//! file to the [`Syncer`] thread, which `fdatasync`s it (taking every append queued meanwhile
+//! file to the `Syncer` thread, which `fdatasync`s it (taking every append queued meanwhile
 //! in one `fdatasync`) and then calls openraft's flush callback.
 //!
 //! # The leader's own appends

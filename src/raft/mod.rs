@@ -13,7 +13,7 @@
 //!    gives every command its offset in [`JobState`](crate::jobs::JobState) and answers the
 //!    proposer, which answers each client.
 //! 4. Readers fetch through the [`reader`]: the state machine's offset index leads to the
-//!    entry in the WAL (or the window of [`recent`] entries), up to the applied offset.
+//!    entry in the WAL (or the window of `recent` entries), up to the applied offset.
 //!    Snapshots (in sled, via [`meta_store`]) let the log be purged up to a retained tail.
 //!
 //! Invariants:

@@ -36,7 +36,7 @@ use crate::NodeId;
 pub const PEER_FRAME_BYTES_MAX: usize = 256 << 20;
 
 /// Entries per AppendEntries message (openraft's `max_payload_entries`). Each is one batch of
-/// at most [`BATCH_BYTES_MAX`](super::proposer::BATCH_BYTES_MAX) or one command alone, so with
+/// at most [`BATCH_BYTES_MAX`] or one command alone, so with
 /// `command_bytes_max` bounded by the configuration's check a message always fits
 /// [`PEER_FRAME_BYTES_MAX`].
 pub const RAFT_PAYLOAD_ENTRIES_MAX: u64 = 64;
@@ -132,7 +132,7 @@ pub struct PeerAnswers {
 const OUTSIDER_WARNING_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The nodes outside the membership whose requests were refused, each warned about once a
-/// [`OUTSIDER_WARNING_INTERVAL`] with how many were refused since, the rest at debug level.
+/// `OUTSIDER_WARNING_INTERVAL` with how many were refused since, the rest at debug level.
 #[derive(Default)]
 pub struct RefusedOutsiders {
     /// Per node: when it was last warned about, and the refusals since.

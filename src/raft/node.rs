@@ -93,7 +93,7 @@ pub struct NodeConfig {
     /// The encoded bytes a fetch answer's entries may take, so that every answer can be sent.
     pub fetch_answer_bytes_max: usize,
     /// Configuration keys whose values never enter the log (see
-    /// [`ConfigChange::first_secret_key`]).
+    /// `ConfigChange::first_secret_key`).
     pub secret_config_keys: Vec<String>,
 }
 

@@ -14,7 +14,7 @@
 //!
 //! Durability protocol:
 //! * `append` writes records with `pwrite` and returns; the caller hands the segment's file to
-//!   the [`Syncer`], whose `fdatasync` precedes the acknowledgement.
+//!   the `Syncer`, whose `fdatasync` precedes the acknowledgement.
 //! * Rotation `fdatasync`s the full segment before the next one is created, and `fsync`s the
 //!   directory after creating or deleting a segment, so only the last segment can ever hold a
 //!   torn record.
@@ -87,7 +87,7 @@ pub struct SegmentFile {
 }
 
 impl SegmentFile {
-    /// `fdatasync`s the segment; the error names it ([`write_faults`]).
+    /// `fdatasync`s the segment; the error names it (`write_faults`).
     pub fn sync(&self) -> io::Result<()> {
         attempt(&self.path, Operation::Sync, || self.file.sync_data())
     }
@@ -396,7 +396,7 @@ fn describe_damage(scanned: &[ScannedSegment], at: usize, synced_end: u64) -> io
     })
 }
 
-/// The folder in a log's directory where damaged segments are kept (see [`keep_damaged`]).
+/// The folder in a log's directory where damaged segments are kept (see `keep_damaged`).
 pub const DAMAGED_DIR: &str = "damaged";
 
 /// Keeps `segments` (the damaged one first, then every later one) as they were found, in a

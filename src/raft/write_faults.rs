@@ -69,8 +69,8 @@ fn check(path: &Path, operation: Operation) -> io::Result<()> {
     }
 }
 
-/// Runs `operation` on the file at `path` (`run`), failing it as injected ([`check`]) and
-/// naming the file in its error ([`naming`]).
+/// Runs `operation` on the file at `path` (`run`), failing it as injected (`check`) and
+/// naming the file in its error (`naming`).
 pub fn attempt<T>(
     path: &Path,
     operation: Operation,

@@ -217,7 +217,7 @@ impl ReplicaHandle {
     /// leader dials it, falls silent ([`Node::quiesce_for_handover`]) and tells it so, and `to`
     /// stands as the voters' leases lapse (an `election_timeout_max`). Answers once `to`
     /// leads; appends meanwhile are answered `NotLeader` naming `to`. `Unavailable` if it
-    /// did not happen within [`TRANSFER_MAX`], when this replica takes appends again.
+    /// did not happen within `TRANSFER_MAX`, when this replica takes appends again.
     pub async fn transfer_leader(&self, to: NodeId) -> Result<NodeId, ApiError> {
         let membership = self.metrics().membership_config.membership().clone();
         if membership.get_node(&to).is_none() {

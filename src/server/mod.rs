@@ -3,7 +3,7 @@
 //!
 //! * [`ports`]: the client port ([`ports::client`], tarpc), the peer port ([`ports::peer`])
 //!   and the observability port ([`ports::http`], with who may see the status page), all
-//!   through one accept loop ([`ports::connections`]) with TLS ([`ports::tls`]) and
+//!   through one accept loop (`ports::connections`) with TLS ([`ports::tls`]) and
 //!   credentials ([`ports::auth`]) checked before anything reaches the replica;
 //! * [`observe`]: what the replica tells about itself (telemetry, the history of its figures,
 //!   the status JSON, its certificates' expiry);

@@ -345,7 +345,7 @@ impl Replica {
     /// stops growing), stops its Raft core, and tells the voter, which stands as soon as the
     /// voters' leases from the core's last message lapse, instead of a heartbeat and a random
     /// spread after (`raft::elector`). If no voter's build takes a handover, or none catches
-    /// up within [`HANDOVER_CATCH_UP_MAX`], it stops as before and the voters elect on their
+    /// up within `HANDOVER_CATCH_UP_MAX`, it stops as before and the voters elect on their
     /// timeouts.
     pub async fn shutdown_handing_over(self) {
         if let Some(handover) = self.prepare_handover().await {

@@ -1,4 +1,4 @@
-//! What a replica tells about itself: its metrics ([`telemetry`]), the recent history of its
+//! What a replica tells about itself: its metrics (`telemetry`), the recent history of its
 //! figures for the status page's charts ([`history`]), the status as JSON ([`json`]) and when
 //! its certificates expire ([`expiry`]). Nothing here serves a port: `ports::http` does.
 

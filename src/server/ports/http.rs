@@ -2,13 +2,13 @@
 //! and a status page.
 //!
 //! * `GET /metrics`: Prometheus text format (prometheus-client). Counters and histograms that
-//!   need the request path ([`Telemetry`](crate::server::observe::telemetry::Telemetry)) are kept as the requests happen; everything that is
+//!   need the request path (`Telemetry`) are kept as the requests happen; everything that is
 //!   a reading of state (term, offsets, storage, the job) is read at scrape time, so a scrape
 //!   always agrees with `ctrlog status` and `ctrlog state`.
 //! * `GET /healthz`: 200 while the Raft core runs (503 once it stopped on a fatal error).
 //! * `GET /readyz`: 200 when this replica is a member, knows a leader (or leads with a quorum
 //!   that acknowledged it within `election_timeout_max`) and has applied within
-//!   [`READY_APPLY_LAG_MAX`] entries of its log, so it answers reads with current data; 503
+//!   `READY_APPLY_LAG_MAX` entries of its log, so it answers reads with current data; 503
 //!   otherwise, with the reason. A replica cut off from its quorum turns 503 within about
 //!   `election_timeout_max` plus a heartbeat and the elector's spread (0.7 s with the
 //!   defaults): a leader once its lease is lost, a follower once it stands for election.

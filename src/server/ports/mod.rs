@@ -1,7 +1,7 @@
 //! The replica's three listening ports and what guards them: the client port ([`client`]),
 //! the peer port ([`peer`]), the observability port ([`http`], and [`page_access`], who may
-//! see the status page), the one accept loop with its connection limits ([`connections`],
-//! [`guarded`]), TLS ([`tls`]) and credentials ([`auth`]).
+//! see the status page), the one accept loop with its connection limits (`connections`,
+//! `guarded`), TLS ([`tls`]) and credentials ([`auth`]).
 
 pub mod auth;
 pub mod client;

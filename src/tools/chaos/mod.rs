@@ -1365,7 +1365,7 @@ async fn first_commit_under_new_leader(
 }
 
 /// Everything one replica retains, up to `last`, without a gap. Fails if the replica has not
-/// applied that far within [`REPLICA_BACK_MAX`].
+/// applied that far within `REPLICA_BACK_MAX`.
 pub async fn read_log(addr: &str, last: Offset) -> anyhow::Result<Vec<LogEntry>> {
     let client = ControlClient::connect(&[addr.to_string()]).await?;
     let mut entries = Vec::new();
