@@ -1261,7 +1261,7 @@ async fn a_forgotten_producers_retry_gets_a_typed_error_not_a_second_append() {
     cluster.shutdown().await;
 }
 
-/// Goal: the client port holds at most `client_connections_max` connections: one more is
+/// Goal: the client port holds at most `[client_port] connections_max` connections: one more is
 /// closed at once, before it costs a handshake or a buffer, and a slot freed is served again.
 /// Steps: a replica allowing 3 connections; 3 idle TCP connections are held open; a fourth
 /// reads end-of-stream; one idle connection closes; a raw client is then served.
@@ -1428,7 +1428,7 @@ async fn a_per_call_deadline_gives_up_naming_the_pair_to_retry() {
 /// connection to replica 1 with container `c1`'s certificate sends 1,000 `state`, 1,000
 /// `state_chunk` and 1,000 `status` requests and reads nothing; for 3 s
 /// replica 1's RSS stays within its RSS before plus the connection's answer budget
-/// (`client_unwritten_answer_bytes_max`, 16 MiB) plus 96 MiB for everything else (the
+/// (`[client_port] unwritten_answer_bytes_max`, 16 MiB) plus 96 MiB for everything else (the
 /// requests' buffers, tarpc's queue of small refusals, the allocator); meanwhile another
 /// client's `state` is answered. On 3d7237e the RSS grew by gigabytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -84,9 +84,7 @@ impl ReplicaConfig {
     /// Reads a configuration from TOML text, in the sectioned form or v0.1.0's (both may
     /// mix); fields it does not state keep their defaults.
     pub fn from_toml(text: &str) -> Result<ReplicaConfig, toml::de::Error> {
-        let mut table: Table = text.parse()?;
-        lift_v010_keys(&mut table)?;
-        Value::Table(table).try_into()
+        Value::Table(lifted(text)?).try_into()
     }
 
     /// Reads a TOML file, as [`from_toml`](Self::from_toml) does.
@@ -103,10 +101,13 @@ fn read_lifted(path: &Path) -> Result<Table, LoadError> {
         path: path.to_owned(),
         source,
     })?;
-    let mut table: Table = text
-        .parse()
-        .map_err(|source| LoadError::parse(path, source))?;
-    lift_v010_keys(&mut table).map_err(|source| LoadError::parse(path, source))?;
+    lifted(&text).map_err(|source| LoadError::parse(path, source))
+}
+
+/// TOML text as a table, v0.1.0's spellings lifted into their sections.
+fn lifted(text: &str) -> Result<Table, toml::de::Error> {
+    let mut table: Table = text.parse()?;
+    lift_v010_keys(&mut table)?;
     Ok(table)
 }
 
@@ -390,10 +391,7 @@ mod tests {
 
     /// The configuration a file's text and then `flags` make, unvalidated.
     fn laid_over(text: &str, flags: ServeFlags) -> Result<ReplicaConfig, LoadError> {
-        let mut table: Table = text
-            .parse()
-            .map_err(|e| LoadError::parse(Path::new("t"), e))?;
-        lift_v010_keys(&mut table).map_err(|e| LoadError::parse(Path::new("t"), e))?;
+        let mut table = lifted(text).map_err(|e| LoadError::parse(Path::new("t"), e))?;
         flags.lay_over(&mut table)?;
         Value::Table(table)
             .try_into()
