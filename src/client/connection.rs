@@ -378,6 +378,7 @@ impl Connector {
             }))
         };
         let agreed = open_and_agree(
+            addr,
             || Self::open(addr, options, refusal.clone()),
             |client: ControlLogClient| {
                 let mut ctx = context::current();

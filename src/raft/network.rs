@@ -566,6 +566,7 @@ impl PeerClient {
         self.unanswered_since = None;
         let deadline = Instant::now() + ttl.min(CONNECT_TIMEOUT);
         let agreed = open_and_agree(
+            &self.addr,
             || self.open(deadline),
             |client: RaftRpcClient| {
                 let mut ctx = context::current();

@@ -125,12 +125,14 @@ pub enum HandshakeError<E> {
 }
 
 /// The one dial-and-handshake engine of both ports' callers (the client's `Connector`, the
-/// Raft network's `PeerClient`): opens a connection, says `hello` on it (`say_hello`, on a
-/// clone of the connection's handle, sets the deadline), and, where the other side closed the connection on the request it could
-/// not decode (v0.1.0, which knows no `hello`), opens another and speaks v0.1.0's protocol on
-/// it without a handshake. What a failure means (retry, another replica, an operator's
-/// problem) and what follows the handshake (a token, the cluster's id) are each caller's.
+/// Raft network's `PeerClient`): opens a connection to `addr`, says `hello` on it
+/// (`say_hello`, on a clone of the connection's handle, sets the deadline), and, where the
+/// other side closed the connection on the request it could not decode (v0.1.0, which knows
+/// no `hello`), opens another and speaks v0.1.0's protocol on it without a handshake. What a
+/// failure means (retry, another replica, an operator's problem) and what follows the
+/// handshake (a token, the cluster's id) are each caller's.
 pub async fn open_and_agree<C: Clone, E, OpenFut, HelloFut>(
+    addr: &str,
     mut open: impl FnMut() -> OpenFut,
     say_hello: impl FnOnce(C) -> HelloFut,
 ) -> Result<(C, Hello), HandshakeError<E>>
@@ -145,7 +147,7 @@ where
         Ok(Err(refused)) => Err(HandshakeError::Refused(refused)),
         Err(tarpc::client::RpcError::DeadlineExceeded) => Err(HandshakeError::Silent),
         Err(closed) => {
-            tracing::debug!(error = %closed, "no hello: speaking v0.1.0's protocol");
+            tracing::debug!(addr, error = %closed, "no hello: speaking v0.1.0's protocol");
             let connection = open().await.map_err(HandshakeError::Open)?;
             Ok((connection, Hello::v010()))
         }
