@@ -23,6 +23,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::elector::{self, ElectionTimer};
+use super::founding;
 use super::lease::{self, QuorumLease};
 use super::log_store::LogStore;
 use super::proposer::{Proposer, BATCH_BYTES_MAX};
@@ -61,6 +62,13 @@ const MEMBERSHIP_RETRY: Duration = Duration::from_millis(50);
 
 /// How long a replica about to be added may take to say which vocabulary levels it knows.
 const MEMBER_LEVEL_ANSWER_MAX: Duration = Duration::from_secs(5);
+/// How long a replica being added that did not say which levels it knows is left before it
+/// is asked again.
+const MEMBER_LEVEL_RETRY: Duration = Duration::from_millis(200);
+/// The longest an append to a new log's leader waits for the founding raise: beyond the
+/// founding's patience with silent members and one round of their answers, so that it is
+/// only ever cut short by a founding that is stuck.
+const FOUNDING_WAIT_MAX: Duration = Duration::from_secs(30);
 
 /// A learner this close to the leader's last entry counts as caught up. Under traffic the
 /// leader keeps appending, so demanding exact equality could wait forever.
@@ -95,6 +103,9 @@ pub struct NodeConfig {
     /// Configuration keys whose values never enter the log (see
     /// `ConfigChange::first_secret_key`).
     pub secret_config_keys: Vec<String>,
+    /// The vocabulary level this node raises a log that holds no command yet to, should it
+    /// lead it ([`founding`](super::founding)); `LEVEL_INITIAL` raises nothing.
+    pub level_of_new_log: Level,
 }
 
 struct NodeInner {
@@ -115,6 +126,9 @@ struct NodeInner {
     levels: Arc<dyn MemberLevels>,
     /// The voter this leader is handing over to (0: none): appends are sent there meanwhile.
     handing_over_to: std::sync::atomic::AtomicU64,
+    /// Over once this node's founding raise is ([`founding`]): until then, appends to it as
+    /// leader wait for it.
+    founding: founding::Founding,
 }
 
 /// A cheap, cloneable handle to a running Raft node.
@@ -149,7 +163,8 @@ impl Node {
             state_machine.clone(),
         )
         .await?;
-        let tasks = vec![
+        let (founding_pending, founding) = founding::pending();
+        let mut tasks = vec![
             tokio::spawn(elector::drive(
                 raft.clone(),
                 config.id,
@@ -157,7 +172,7 @@ impl Node {
                 elections,
                 stop.clone(),
             )),
-            tokio::spawn(lease::track(lease.clone(), raft.metrics(), stop)),
+            tokio::spawn(lease::track(lease.clone(), raft.metrics(), stop.clone())),
         ];
         let node = Node {
             inner: Arc::new(NodeInner {
@@ -179,8 +194,15 @@ impl Node {
                 membership_changes: tokio::sync::Mutex::new(()),
                 levels,
                 handing_over_to: std::sync::atomic::AtomicU64::new(0),
+                founding,
             }),
         };
+        tasks.push(tokio::spawn(founding::raise_level_of_new_log(
+            node.clone(),
+            config.level_of_new_log,
+            founding_pending,
+            stop,
+        )));
         Ok((node, tasks))
     }
 
@@ -288,6 +310,17 @@ impl Node {
                 Box::pin(self.check_members_know_level(c.level)).await?;
             }
         }
+        if !self.inner.founding.is_over() && self.is_leader() {
+            // A new log's first command is its level raise ([`founding`]), so that a
+            // cluster's first commands are decided at the level it was founded for.
+            self.inner.founding.wait(FOUNDING_WAIT_MAX).await;
+        }
+        self.propose(proposal).await
+    }
+
+    /// Proposes a command that passed the checks of [`append`](Self::append), unless this
+    /// node leads without a quorum or is handing over.
+    async fn propose(&self, proposal: Proposal) -> Result<AppendAck, ApiError> {
         if self.leads_without_quorum() {
             return Err(not_leader(None, None));
         }
@@ -815,7 +848,8 @@ impl Node {
     /// vocabulary level: it would stop applying once it caught up (or, built before that
     /// stop existed, decide commands differently). Every release knows up to
     /// [`LEVEL_KNOWN_TO_EVERY_RELEASE`], so the replica is asked only above it; asked, it
-    /// must answer (a build from before the question, like one not running, does not).
+    /// must answer within [`LEARNER_FIRST_CONTACT_MAX`] (a build from before the question,
+    /// like one not running, does not).
     async fn check_member_level(&self, id: NodeId, member: &Member) -> Result<(), ApiError> {
         let recorded = self.inner.state_machine.read(|state| state.job.level());
         if recorded <= LEVEL_KNOWN_TO_EVERY_RELEASE {
@@ -825,7 +859,17 @@ impl Node {
             "the log records level {recorded}, which builds too old to answer do not know; \
              nothing was added"
         );
-        let supported = self.member_level_max(id, member, &consequence).await?;
+        // A replica started just before it is added may not listen yet: it is given the time
+        // a learner is given for its first contact.
+        let asked = tokio::time::Instant::now();
+        let supported = loop {
+            match self.member_level_max(id, member, &consequence).await {
+                Err(_) if asked.elapsed() < LEARNER_FIRST_CONTACT_MAX => {
+                    tokio::time::sleep(MEMBER_LEVEL_RETRY).await;
+                }
+                answer => break answer?,
+            }
+        };
         if supported < recorded {
             return Err(ApiError::MemberLevelUnsupported {
                 member: id,
@@ -858,19 +902,12 @@ impl Node {
 
     /// Refuses to raise the vocabulary level to `level` unless every other member's build says
     /// it knows it: one that did not would stop applying (or decide commands differently)
-    /// once the level is recorded. The leader asks over the peer port, with its own
-    /// credentials, so the caller needs none beyond the right to append the raise.
+    /// once the level is recorded.
     async fn check_members_know_level(&self, level: Level) -> Result<(), ApiError> {
-        let membership = self.metrics().membership_config.membership().clone();
-        for (id, member) in membership.nodes() {
-            if *id == self.inner.id {
-                continue;
-            }
-            let supported = self
-                .member_level_max(*id, member, "the level was not raised")
-                .await?;
+        for (member, answer) in self.member_levels().await {
+            let supported = answer?;
             if supported < level {
-                tracing::warn!(member = id, supported, level, "vocabulary raise refused");
+                tracing::warn!(member, supported, level, "vocabulary raise refused");
                 return Err(Rejection::LevelUnsupported {
                     requested: level,
                     supported,
@@ -879,6 +916,23 @@ impl Node {
             }
         }
         Ok(())
+    }
+
+    /// Each other member's answer to which vocabulary levels its build knows, asked over the
+    /// peer port with this replica's own credentials, so a caller needs no right beyond the
+    /// one to append.
+    pub async fn member_levels(&self) -> Vec<(NodeId, Result<Level, ApiError>)> {
+        let membership = self.metrics().membership_config.membership().clone();
+        let mut answers = Vec::new();
+        for (id, member) in membership.nodes() {
+            if *id != self.inner.id {
+                let answer = self
+                    .member_level_max(*id, member, "the level was not raised")
+                    .await;
+                answers.push((*id, answer));
+            }
+        }
+        answers
     }
 
     /// Removes a replica from the cluster: a voter (which leaves the membership entirely) or a
@@ -935,5 +989,29 @@ impl Node {
             ))),
         };
         stored
+    }
+}
+
+/// What the founding raise asks of the node it runs on.
+impl founding::NewLog for Node {
+    fn leads(&self) -> bool {
+        self.is_leader()
+    }
+
+    fn job_state(&self) -> Arc<JobState> {
+        Node::job_state(self)
+    }
+
+    async fn member_levels(&self) -> Vec<(NodeId, Result<Level, ApiError>)> {
+        Node::member_levels(self).await
+    }
+
+    async fn propose(&self, command: Command) -> Result<AppendAck, ApiError> {
+        let proposal = Proposal {
+            producer: None,
+            target: command.default_target(),
+            frame: command.into_frame(),
+        };
+        Node::propose(self, proposal).await
     }
 }

@@ -250,6 +250,7 @@ impl Replica {
             command_bytes_max: config.client_port.command_bytes_max,
             fetch_answer_bytes_max: config.client_port.answer_bytes_max(),
             secret_config_keys: config.client_port.secret_config_keys.clone(),
+            level_of_new_log: config.level_of_new_log(),
         };
         let handover_peers = peers.clone();
         let (node, node_tasks) = Node::start(

@@ -169,6 +169,10 @@ pub struct ServeFlags {
     /// The founding members (`initial_members`): 1=PEER/CLIENT,2=PEER/CLIENT,3=PEER/CLIENT.
     #[arg(long)]
     pub initial_members: Option<String>,
+    /// The vocabulary level a new cluster runs at (`initial_vocabulary_level`); default the
+    /// highest this build knows.
+    #[arg(long)]
+    pub initial_vocabulary_level: Option<crate::log::Level>,
     /// Snapshot after this many entries since the last one (`[raft]
     /// snapshot_logs_since_last`).
     #[arg(long)]
@@ -223,6 +227,8 @@ impl ServeFlags {
                 .collect();
             set(table, &["initial_members"], Some(by_name))?;
         }
+        let level = self.initial_vocabulary_level;
+        set(table, &["initial_vocabulary_level"], level)?;
         let since_last = self.snapshot_logs_since_last;
         set(table, &["raft", "snapshot_logs_since_last"], since_last)?;
         set(
@@ -478,6 +484,7 @@ mod tests {
             "--tls-key=/pki/node-2-key.pem",
             "--data=/var/lib/ctrlog",
             "--initial-members=2=127.0.0.1:7002/127.0.0.1:7102",
+            "--initial-vocabulary-level=2",
             "--snapshot-logs-since-last=77",
             "--snapshot-logs-to-keep=7",
             "--job-inputs=kafka/events/0,kafka/events/1",
@@ -498,6 +505,7 @@ mod tests {
         );
         assert_eq!(config.data_dir, Path::new("/var/lib/ctrlog"));
         assert_eq!(config.initial_members[&2].client_addr, "127.0.0.1:7102");
+        assert_eq!(config.initial_vocabulary_level, Some(2));
         assert_eq!(config.raft.snapshot_logs_since_last, 77);
         assert_eq!(config.raft.snapshot_logs_to_keep, 7);
         let job = config.job.unwrap();

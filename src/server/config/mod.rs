@@ -19,6 +19,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::log::vocabulary::{LEVEL_INITIAL, LEVEL_MAX};
+use crate::log::Level;
 pub use crate::server::config::client_port::{
     ClientPortConfig, COMMAND_BYTES_MAX_LIMIT, SECRET_CONFIG_KEYS_DEFAULT,
 };
@@ -61,6 +63,13 @@ pub struct ReplicaConfig {
     /// (a replica that joins through `members add`).
     #[serde(with = "members_by_id")]
     pub initial_members: BTreeMap<NodeId, Member>,
+    /// The vocabulary level a new cluster runs at: while its log holds no command, its first
+    /// leader raises the level to this one, or to the highest every member's build knows if
+    /// that is lower (`raft::founding`). `1` founds a cluster as v0.1.0 did, e.g. for
+    /// containers on a client that writes `desired-containers` version 1. A log that holds a
+    /// command is never raised but by `ctrlog vocabulary raise`. Default: the highest level
+    /// this build knows.
+    pub initial_vocabulary_level: Option<Level>,
     /// Allows `[auth]` without `[tls]`, for a closed test network only: tokens then cross the
     /// network in clear and the peer port checks no sender. Default false.
     pub insecure_plaintext: bool,
@@ -89,6 +98,7 @@ impl Default for ReplicaConfig {
             http_allowed_hosts: Vec::new(),
             data_dir: PathBuf::new(),
             initial_members: BTreeMap::new(),
+            initial_vocabulary_level: None,
             insecure_plaintext: false,
             raft: RaftConfig::default(),
             client_port: ClientPortConfig::default(),
@@ -100,6 +110,11 @@ impl Default for ReplicaConfig {
 }
 
 impl ReplicaConfig {
+    /// The level this replica raises a new log to, should it lead it first.
+    pub fn level_of_new_log(&self) -> Level {
+        self.initial_vocabulary_level.unwrap_or(LEVEL_MAX)
+    }
+
     /// This replica's address pair as the membership records it.
     pub fn member(&self) -> Member {
         Member {
@@ -135,6 +150,16 @@ impl ReplicaConfig {
         }
         if let Some(job) = &self.job {
             job.validate()?;
+        }
+        if let Some(level) = self.initial_vocabulary_level {
+            if !(LEVEL_INITIAL..=LEVEL_MAX).contains(&level) {
+                refuse(
+                    "initial_vocabulary_level",
+                    format!(
+                        "{level} is not a level this build knows ({LEVEL_INITIAL} to {LEVEL_MAX})"
+                    ),
+                )?;
+            }
         }
         if !self.initial_members.is_empty() && !self.initial_members.contains_key(&self.id) {
             refuse(

@@ -1,0 +1,195 @@
+//! A new cluster's vocabulary level. A log starts at level 1 (`LEVEL_INITIAL`), the only
+//! level v0.1.0's logs could start at, so a cluster founded by a newer build would run
+//! without what its build knows (recorded launches, the forgotten-producer check) until an
+//! operator raised it. Instead, the first leader of a log that holds no command yet raises the
+//! level itself: to the one its configuration asks for (by default the highest this build
+//! knows), or to the highest every member's build knows, if that is lower.
+//!
+//! The raise is an ordinary `set-vocabulary-level` command, so it is in the log for every
+//! reader, replica and backup, and the state machine stays a fold of the log: nothing about
+//! the level is decided outside it. It takes offset 1, as etcd's first revision is its own.
+//! Until the raise is over, appends to the leader wait for it, so that the cluster's first
+//! commands are decided at the level it was founded for.
+//!
+//! A member that does not say which levels it knows (not started yet, or cut off) is waited
+//! for up to [`PATIENCE`]; after that it is taken to know [`LEVEL_KNOWN_TO_EVERY_RELEASE`],
+//! which every build does. A log that already holds a command is never raised here: a cluster
+//! that serves a job changes level only by an operator's `ctrlog vocabulary raise`. A raise
+//! answered late, by a new leader or twice is harmless: a raise to the level already
+//! recorded is refused and takes no offset.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::jobs::JobState;
+use crate::log::vocabulary::{LEVEL_INITIAL, LEVEL_KNOWN_TO_EVERY_RELEASE};
+use crate::log::{Command, Level, SetVocabularyLevel};
+use crate::wire::{ApiError, AppendAck};
+use crate::NodeId;
+
+/// How often a replica looks whether it leads a log that still needs its founding raise.
+const LOOK_EVERY: Duration = Duration::from_millis(50);
+/// How long a leader waits after a raise that failed for a reason that may pass (a member
+/// that did not answer, a leadership in doubt) before it tries again.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How long a leader waits for every member to say which levels it knows, from its first
+/// attempt: long enough for the founding members of a deployment to start one after
+/// another, short enough that a member that is down does not hold the cluster's first
+/// commands for long.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// What the founding raise needs of its node (`raft::node::Node` implements it).
+pub trait NewLog: Send + Sync + 'static {
+    /// Whether the node leads, with a quorum and its term's first entry applied.
+    fn leads(&self) -> bool;
+    /// The JobState as of the applied offset.
+    fn job_state(&self) -> Arc<JobState>;
+    /// Each other member's answer to which vocabulary levels its build knows.
+    fn member_levels(&self) -> impl Future<Output = Vec<(NodeId, Result<Level, ApiError>)>> + Send;
+    /// Proposes a command, without waiting for the founding raise.
+    fn propose(&self, command: Command)
+        -> impl Future<Output = Result<AppendAck, ApiError>> + Send;
+}
+
+/// Whether a node's founding raise is over: it is once the task that makes it ends, for
+/// whatever reason, as the task holds the guard that says so when dropped ([`pending`]).
+///
+/// A cancellation token rather than a `watch` channel: a `watch` sender wakes its waiters in
+/// an order drawn from the runtime's generator, so the appends held here would reach the
+/// proposer in a different order each run of a seeded simulation; the token wakes them in the
+/// order they began waiting.
+pub struct Founding(CancellationToken);
+
+/// The founding raise's task holds the first; the node keeps the second.
+pub fn pending() -> (DropGuard, Founding) {
+    let over = CancellationToken::new();
+    (over.clone().drop_guard(), Founding(over))
+}
+
+impl Founding {
+    pub fn is_over(&self) -> bool {
+        self.0.is_cancelled()
+    }
+
+    /// Waits until the founding raise is over, or for `at_most`.
+    pub async fn wait(&self, at_most: Duration) {
+        let _ = tokio::time::timeout(at_most, self.0.cancelled()).await;
+    }
+}
+
+/// Runs on every replica until the log holds a command, the recorded level reaches `wanted`,
+/// or `stop` says so; whenever this replica leads meanwhile, it raises the level
+/// (`raise_once`). `wanted` at [`LEVEL_INITIAL`] asks for nothing. Ending drops `pending`,
+/// which ends the wait of the appends held for it.
+pub async fn raise_level_of_new_log(
+    node: impl NewLog,
+    wanted: Level,
+    pending: DropGuard,
+    mut stop: watch::Receiver<bool>,
+) {
+    let _pending = pending;
+    let mut first_attempt = None;
+    loop {
+        let state = node.job_state();
+        if state.level() >= wanted || wanted <= LEVEL_INITIAL {
+            return;
+        }
+        if state.last_offset() > 0 {
+            if first_attempt.is_some() {
+                tracing::warn!(
+                    level = state.level(),
+                    wanted,
+                    "a command reached the new log before its vocabulary level was raised, so \
+                     the cluster stays at level {}; raise it with `ctrlog vocabulary raise \
+                     --level {wanted}`",
+                    state.level()
+                );
+            }
+            return;
+        }
+        let wait = if node.leads() {
+            let since = *first_attempt.get_or_insert_with(Instant::now);
+            match raise_once(&node, state.level(), wanted, since.elapsed() >= PATIENCE).await {
+                Ok(()) => return,
+                Err(why) => {
+                    tracing::info!("the new log's vocabulary level is not raised yet: {why}");
+                    RETRY_AFTER
+                }
+            }
+        } else {
+            LOOK_EVERY
+        };
+        // Biased, as every select here: an unbiased one draws from a generator outside a
+        // seeded simulation's seed.
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|stopping| *stopping) => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// One attempt of the leader: asks every member which levels its build knows and raises the
+/// level from `current` to `wanted`, or to the highest they all know. A member that does not
+/// answer fails the attempt, unless `out_of_patience`: then it is taken to know
+/// [`LEVEL_KNOWN_TO_EVERY_RELEASE`]. `Ok` once nothing is left to do; `Err` says why it may
+/// succeed later.
+async fn raise_once(
+    node: &impl NewLog,
+    current: Level,
+    wanted: Level,
+    out_of_patience: bool,
+) -> Result<(), String> {
+    let mut level = wanted;
+    for (member, answer) in node.member_levels().await {
+        let known = match answer {
+            Ok(known) => known,
+            Err(error) if out_of_patience => {
+                tracing::warn!(
+                    member,
+                    %error,
+                    "replica {member} did not say which vocabulary levels it knows within {}s; \
+                     the new cluster takes it to know level {LEVEL_KNOWN_TO_EVERY_RELEASE}, as \
+                     every build does",
+                    PATIENCE.as_secs()
+                );
+                LEVEL_KNOWN_TO_EVERY_RELEASE
+            }
+            Err(error) => return Err(error.to_string()),
+        };
+        if known < level {
+            tracing::warn!(
+                member,
+                known,
+                wanted,
+                "replica {member} knows vocabulary levels up to {known} only, so the new \
+                 cluster is founded at that level"
+            );
+            level = known;
+        }
+    }
+    if level <= current {
+        return Ok(());
+    }
+    match (node.propose(Command::SetVocabularyLevel(SetVocabularyLevel { level }))).await {
+        Ok(ack) => {
+            tracing::info!(
+                level,
+                offset = ack.offset,
+                "the new cluster's vocabulary level is {level}"
+            );
+            Ok(())
+        }
+        Err(error) if error.is_retriable() => Err(error.to_string()),
+        Err(error) => {
+            // Refused for good: another leader's raise was committed first.
+            tracing::info!(%error, level, "the new log's vocabulary level was not raised here");
+            Ok(())
+        }
+    }
+}
