@@ -26,6 +26,11 @@ struct Setup {
 
 impl Setup {
     async fn start() -> Setup {
+        Setup::founded_at(None).await
+    }
+
+    /// A cluster founded at vocabulary level `level` (`None`: the build's highest).
+    async fn founded_at(level: Option<ctrlog::log::Level>) -> Setup {
         let pki = tempfile::tempdir().unwrap();
         ctrlog::tools::certs::generate(
             pki.path(),
@@ -49,6 +54,7 @@ impl Setup {
         let data = tempfile::tempdir().unwrap();
         let dir = pki.path().to_path_buf();
         let cluster = LocalCluster::start(data.path(), 3, move |c| {
+            c.initial_vocabulary_level = level;
             c.tls = Some(ctrlog::tools::certs::replica_files(&dir, c.id));
             c.http_addr = Some("127.0.0.1:0".parse().unwrap());
             c.auth = Some(AuthConfig {
@@ -241,7 +247,7 @@ async fn roles_allow_their_own_actions_and_forbid_the_rest() {
 /// admin's raise to 2 is recorded and every replica's state shows it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_an_admin_raises_the_vocabulary_level_and_it_works_over_tls() {
-    let setup = Setup::start().await;
+    let setup = Setup::founded_at(Some(1)).await;
     let before = applied_offset(&setup).await;
     let operator = setup.client(None, Some(OPERATOR_TOKEN)).await.unwrap();
     let refused = api_error(ctrlog::tools::admin::raise_level(&operator, 2).await);

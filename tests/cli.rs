@@ -6,7 +6,7 @@ mod common;
 use std::process::Output;
 
 use common::WAIT;
-use ctrlog::log::CUSTOM_KIND_MIN;
+use ctrlog::log::{vocabulary, CUSTOM_KIND_MIN};
 use ctrlog::tools::{poll_until, LocalCluster, POLL_INTERVAL};
 use serde_json::Value;
 
@@ -81,7 +81,11 @@ fn json_lines(output: &Output) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_appends_tails_and_reports_status_as_documented() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    // Founded at level 1, as v0.1.0 founded every cluster, so that the raise has a level to
+    // go to and the first append takes offset 1.
+    let mut cluster = LocalCluster::start(dir.path(), 3, |c| c.initial_vocabulary_level = Some(1))
+        .await
+        .unwrap();
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
     let addrs = cluster.client_addrs().join(",");
 
@@ -675,23 +679,22 @@ async fn printing_subcommands_speak_json_and_failures_have_their_own_exit_codes(
             lines[0].clone()
         }
     };
+    // Offset 1 is the new cluster's level raise.
     let ack = json(&["append", "--kind", "custom:1", "--payload", "x"]).await;
-    assert_eq!(ack["offset"], 1);
+    assert_eq!(ack["offset"], 2);
     assert_eq!(json(&["tail", "--max", "1"]).await["offset"], 1);
     assert_eq!(json(&["status"]).await["id"], 1);
-    assert_eq!(json(&["state"]).await["offset"], 1);
+    assert_eq!(json(&["state"]).await["offset"], 2);
     assert!(json(&["snapshot"]).await["snapshot_offset"].is_u64());
-    let vocabulary = json(&["vocabulary", "show"]).await;
-    assert_eq!(vocabulary["level"], 1);
-    assert!(vocabulary["kinds"]
+    let shown = json(&["vocabulary", "show"]).await;
+    assert_eq!(shown["level"], vocabulary::LEVEL_MAX);
+    assert!(shown["kinds"]
         .as_array()
         .unwrap()
         .iter()
         .any(|k| k["name"] == "schema-change"));
-    assert_eq!(
-        json(&["vocabulary", "raise", "--level", "2"]).await["level"],
-        2
-    );
+    let refused = exits_within(&addrs, &["vocabulary", "raise", "--level", "2"], 4).await;
+    assert!(refused.contains("2 does not raise it"), "{refused}");
     let members = json(&["members", "list"]).await;
     assert_eq!(members["leader_id"], 1);
     assert_eq!(members["members"][0]["leader"], true);
@@ -986,20 +989,26 @@ async fn tail_reads_built_in_commands_and_exact_producer_ids() {
     client.append_proposal(custom).await.unwrap();
 
     let seeds = cluster.client_addrs().join(",");
-    let text = stdout_of(&ctrlog(&seeds, &["tail", "--from", "1", "--max", "2"]).await);
+    let text = stdout_of(&ctrlog(&seeds, &["tail", "--from", "1", "--max", "3"]).await);
     let lines: Vec<&str> = text.lines().collect();
     assert!(
-        lines[0].contains("register-container v1") && lines[0].contains("register c1 (epoch 1)"),
+        lines[0].contains("set-vocabulary-level v1")
+            && lines[0].contains(&format!("vocabulary level {}", vocabulary::LEVEL_MAX)),
+        "a new cluster's first command is its level raise: {text}"
+    );
+    // A container's epoch is its registration's offset.
+    assert!(
+        lines[1].contains("register-container v1") && lines[1].contains("register c1 (epoch 2)"),
         "{text}"
     );
     assert!(
-        lines[1].contains("custom:1 v1") && lines[1].contains("\"start task 0\""),
+        lines[2].contains("custom:1 v1") && lines[2].contains("\"start task 0\""),
         "{text}"
     );
     let json =
-        json_lines(&ctrlog(&seeds, &["tail", "--from", "1", "--max", "2", "-o", "json"]).await);
+        json_lines(&ctrlog(&seeds, &["tail", "--from", "2", "--max", "2", "-o", "json"]).await);
     assert_eq!(json[0]["kind_name"], "register-container");
-    assert_eq!(json[0]["summary"], "register c1 (epoch 1)");
+    assert_eq!(json[0]["summary"], "register c1 (epoch 2)");
     assert_eq!(json[1]["kind_name"], "custom:1");
     assert_eq!(
         json[1]["summary"],
@@ -1028,7 +1037,11 @@ async fn schema_and_config_changes_are_broadcast_from_the_cli() {
     std::fs::write(&schema, r#"{"type": "record", "name": "Order"}"#).unwrap();
     let file = schema.to_str().unwrap();
     let sent = ctrlog(&seeds, &["broadcast", "schema", "orders", "--file", file]).await;
-    assert_eq!(stdout_of(&sent).trim(), "1");
+    assert_eq!(
+        stdout_of(&sent).trim(),
+        "2",
+        "after the new cluster's level raise"
+    );
     let args = [
         "broadcast",
         "config",
@@ -1037,7 +1050,7 @@ async fn schema_and_config_changes_are_broadcast_from_the_cli() {
         "-o",
         "json",
     ];
-    assert_eq!(json_lines(&ctrlog(&seeds, &args).await)[0]["offset"], 2);
+    assert_eq!(json_lines(&ctrlog(&seeds, &args).await)[0]["offset"], 3);
 
     let said = exits_within(&seeds, &["broadcast", "config", "db.password=hunter2"], 4).await;
     assert!(said.contains("db.password"), "{said}");

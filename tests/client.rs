@@ -17,11 +17,23 @@ use ctrlog::client::{
     ApiError, AppendAck, ClientError, ClientOptions, ControlClient, ControlLogClient, FetchRequest,
     SubscriptionItem, APPEND_MANY_PROPOSALS_MAX,
 };
-use ctrlog::log::{Command, ContainerId, Filter, LogEntry, ProducerSeq, Proposal, Target};
+use ctrlog::log::vocabulary::{LEVEL_FORGOTTEN_PRODUCERS_REFUSED, LEVEL_MAX};
+use ctrlog::log::{
+    Command, ContainerId, Filter, LogEntry, ProducerSeq, Proposal, SetVocabularyLevel, Target,
+};
 use ctrlog::tools::{poll_until, LocalCluster, POLL_INTERVAL};
 use futures::StreamExt;
 use tarpc::tokio_serde::formats::Bincode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The offset of a new cluster's first appended command: offset 1 is the new cluster's level
+/// raise (`raft::founding`).
+const FIRST_APPENDED: u64 = 2;
+
+/// The offset of a new cluster's `n`th appended command (from 1), appended one at a time.
+const fn nth_appended(n: u64) -> u64 {
+    FIRST_APPENDED + n - 1
+}
 
 /// A raw tarpc client to one replica, bypassing the library's redirects and retries.
 async fn raw_client(addr: SocketAddr) -> ControlLogClient {
@@ -69,7 +81,8 @@ async fn client_giving_up_soon(cluster: &LocalCluster) -> ControlClient {
 /// failed, the connection closed, and the client asked for the same offset until it gave up.
 /// Steps: with the default limits, append four commands of exactly `command_bytes_max` bytes
 /// and a small one; a subscription from offset 1 and `ctrlog tail --from 1` (the library code
-/// behind it) each read all five, in order, well before the client's retry deadline.
+/// behind it) each read the new cluster's level raise (offset 1) and then all five, in order,
+/// well before the client's retry deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_at_the_size_limit_are_read_one_answer_at_a_time() {
     let dir = tempfile::tempdir().unwrap();
@@ -91,8 +104,16 @@ async fn commands_at_the_size_limit_are_read_one_answer_at_a_time() {
 
     let mut stream = client.subscribe(1, Filter::Everything);
     let mut read = Vec::new();
-    collect_until(&mut stream, 5, &mut read).await;
-    let sizes: Vec<usize> = read.iter().map(|e| e.frame.body.len()).collect();
+    collect_until(&mut stream, nth_appended(5), &mut read).await;
+    assert_eq!(
+        (read[0].target.clone(), read[0].command()),
+        (
+            Target::All,
+            Command::SetVocabularyLevel(SetVocabularyLevel { level: LEVEL_MAX })
+        ),
+        "a new cluster's first command is its level raise"
+    );
+    let sizes: Vec<usize> = read[1..].iter().map(|e| e.frame.body.len()).collect();
     assert_eq!(sizes, vec![limit, limit, limit, limit, 5]);
     assert_contiguous(&read);
 
@@ -107,7 +128,11 @@ async fn commands_at_the_size_limit_are_read_one_answer_at_a_time() {
     ctrlog::tools::admin::tail(&client, &options, &mut printed)
         .await
         .unwrap();
-    assert_eq!(String::from_utf8(printed).unwrap().lines().count(), 5);
+    assert_eq!(
+        String::from_utf8(printed).unwrap().lines().count() as u64,
+        nth_appended(5),
+        "the level raise and the five"
+    );
     cluster.shutdown().await;
 }
 
@@ -141,8 +166,9 @@ async fn a_state_larger_than_a_frame_travels_in_chunks() {
         .await
         .unwrap()
         .unwrap();
+    let last = nth_appended(3);
     match raw
-        .state(deadline_context(Duration::from_secs(10)), 3, 0)
+        .state(deadline_context(Duration::from_secs(10)), last, 0)
         .await
         .unwrap()
     {
@@ -155,19 +181,19 @@ async fn a_state_larger_than_a_frame_travels_in_chunks() {
     // told in words, in a variant it decodes.
     let as_v010 = raw_client(cluster.replica(leader).client_addr()).await;
     match as_v010
-        .state(deadline_context(Duration::from_secs(10)), 3, 0)
+        .state(deadline_context(Duration::from_secs(10)), last, 0)
         .await
         .unwrap()
     {
         Err(ApiError::Invalid(why)) => assert!(why.contains("exceeds this port"), "{why}"),
         other => panic!("expected Invalid, got {other:?}"),
     }
-    let at = client.state(3).await.unwrap();
-    assert_eq!(at.offset, 3);
+    let at = client.state(last).await.unwrap();
+    assert_eq!(at.offset, last);
     let config = at.state.config();
     assert_eq!(config.len(), 3);
     assert!(config.iter().all(|(k, v)| *v == k.repeat(60_000)));
-    assert_eq!(client.leader_status().await.unwrap().applied_offset, 3);
+    assert_eq!(client.leader_status().await.unwrap().applied_offset, last);
     cluster.shutdown().await;
 }
 
@@ -338,8 +364,9 @@ async fn hello_agrees_on_a_version_or_names_both_ranges() {
 /// the leader is killed and a new one elected, and while its own connection is dropped.
 /// Steps: the subscriber reads through proxies; 8 writers append 640 commands while the test
 /// kills the leader after 160 and cuts the subscriber's connections after 320 and 480; the
-/// delivered offsets must be exactly 1..=640 and each acknowledged command must sit at its
-/// acknowledged offset.
+/// subscription starts after the new cluster's level raise (offset 1), and the delivered
+/// offsets must be exactly 2..=641 and each acknowledged command must sit at its acknowledged
+/// offset.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscription_is_exactly_once_across_leader_kill_and_dropped_connections() {
     let dir = tempfile::tempdir().unwrap();
@@ -351,7 +378,7 @@ async fn subscription_is_exactly_once_across_leader_kill_and_dropped_connections
     }
     let proxy_addrs: Vec<String> = proxies.iter().map(Proxy::addr).collect();
     let reader = ControlClient::connect(&proxy_addrs).await.unwrap();
-    let mut stream = reader.subscribe(1, Filter::Everything);
+    let mut stream = reader.subscribe(FIRST_APPENDED, Filter::Everything);
     let writer = Arc::new(
         ControlClient::connect(&cluster.client_addrs())
             .await
@@ -400,13 +427,13 @@ async fn subscription_is_exactly_once_across_leader_kill_and_dropped_connections
     }
     assert_eq!(acked.len() as u64, TOTAL, "every append acknowledged once");
     let last = *acked.keys().last().unwrap();
-    assert_eq!(last, TOTAL, "offsets are dense");
+    assert_eq!(last, nth_appended(TOTAL), "offsets are dense");
     collect_until(&mut stream, last, &mut delivered).await;
 
     let offsets: Vec<u64> = delivered.iter().map(|e| e.offset).collect();
     assert_eq!(
         offsets,
-        (1..=TOTAL).collect::<Vec<_>>(),
+        (FIRST_APPENDED..=nth_appended(TOTAL)).collect::<Vec<_>>(),
         "exactly once, in order"
     );
     let mut pairs = HashSet::new();
@@ -422,8 +449,8 @@ async fn subscription_is_exactly_once_across_leader_kill_and_dropped_connections
 /// Steps: the client's only address is a proxy in front of the leader, and the proxy swallows
 /// answers, so the first append commits but is never acknowledged. The leader is killed and
 /// the proxy moved to the new leader (a virtual IP). The client's own retry, with the same
-/// `(producer, seq)`, is answered with offset 1 marked duplicate, and every replica holds one
-/// entry.
+/// `(producer, seq)`, is answered with the offset it committed at (2, after the new
+/// cluster's level raise) marked duplicate, and every replica holds one entry for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_unknown_fate_and_failover_gets_the_original_offset() {
     let dir = tempfile::tempdir().unwrap();
@@ -440,7 +467,10 @@ async fn retry_after_unknown_fate_and_failover_gets_the_original_offset() {
             .append_to(Target::All, Command::custom(1, 1, b"exactly once".to_vec()))
             .await
     });
-    cluster.wait_for_applied(1, WAIT).await.unwrap();
+    cluster
+        .wait_for_applied(FIRST_APPENDED, WAIT)
+        .await
+        .unwrap();
     assert!(!append.is_finished(), "the answer was swallowed");
     cluster.stop(leader).await;
     let new_leader = cluster.wait_for_leader(WAIT).await.unwrap();
@@ -456,13 +486,16 @@ async fn retry_after_unknown_fate_and_failover_gets_the_original_offset() {
     assert_eq!(
         ack,
         AppendAck {
-            offset: 1,
+            offset: FIRST_APPENDED,
             duplicate: true
         }
     );
-    cluster.wait_for_applied(1, WAIT).await.unwrap();
+    cluster
+        .wait_for_applied(FIRST_APPENDED, WAIT)
+        .await
+        .unwrap();
     for replica in cluster.running() {
-        let entries = read_all(replica).await;
+        let entries = read_from(replica, FIRST_APPENDED).await;
         assert_eq!(entries.len(), 1, "replica {}", replica.id());
         assert_eq!(entries[0].frame.body, b"exactly once");
     }
@@ -603,7 +636,8 @@ async fn batched_appends_of_shared_producers_survive_a_leader_kill_exactly_once(
     cluster.wait_for_applied(last, WAIT).await.unwrap();
     let survivor = cluster.running().next().unwrap();
     let mut pairs = HashSet::new();
-    for entry in read_all(survivor).await {
+    // From the first appended offset: the level raise at offset 1 has no producer pair.
+    for entry in read_from(survivor, FIRST_APPENDED).await {
         let pair = entry.producer.expect("appended with a producer pair");
         assert!(
             pairs.insert((pair.producer, pair.seq)),
@@ -692,11 +726,18 @@ async fn subscription_below_the_retained_range_resets_then_continues() {
             .unwrap();
     }
     let covered = client.snapshot().await.unwrap();
-    assert_eq!(covered, 300, "the leader's snapshot covers everything");
+    assert_eq!(
+        covered,
+        nth_appended(300),
+        "the leader's snapshot covers everything"
+    );
     // Snapshots are per replica; the subscription may read from any of them.
-    cluster.wait_for_applied(300, WAIT).await.unwrap();
+    cluster
+        .wait_for_applied(nth_appended(300), WAIT)
+        .await
+        .unwrap();
     for replica in cluster.running() {
-        assert_eq!(replica.snapshot().await.unwrap(), 300);
+        assert_eq!(replica.snapshot().await.unwrap(), nth_appended(300));
     }
     eventually("every replica purged its log", || {
         cluster
@@ -731,9 +772,12 @@ async fn subscription_below_the_retained_range_resets_then_continues() {
             .unwrap();
     }
     let mut delivered = Vec::new();
-    collect_until(&mut stream, 310, &mut delivered).await;
+    collect_until(&mut stream, nth_appended(310), &mut delivered).await;
     let offsets: Vec<u64> = delivered.iter().map(|e| e.offset).collect();
-    assert_eq!(offsets, (reset_offset + 1..=310).collect::<Vec<_>>());
+    assert_eq!(
+        offsets,
+        (reset_offset + 1..=nth_appended(310)).collect::<Vec<_>>()
+    );
     assert_eq!(delivered.last().unwrap().frame.body, b"cmd 309");
     cluster.shutdown().await;
 }
@@ -741,7 +785,8 @@ async fn subscription_below_the_retained_range_resets_then_continues() {
 /// Goal: a container's filter delivers its own commands and broadcasts, in order, and nothing
 /// else; a long poll waiting for one wakes when it commits.
 /// Steps: append commands for containers a and b, the coordinator and everyone; a subscription
-/// for a sees exactly the ones for a and everyone; a fetch for a parked past the end returns the
+/// for a sees exactly the ones for a and everyone (the first being the new cluster's level
+/// raise at offset 1, which is for everyone); a fetch for a parked past the end returns the
 /// next command for a as soon as it is appended, skipping b's in between.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn container_filter_and_long_poll() {
@@ -759,7 +804,8 @@ async fn container_filter_and_long_poll() {
         Target::Coordinator,
         Target::All,
     ];
-    let mut expected = Vec::new();
+    // Offset 1 is the new cluster's level raise (`raft::founding`), a broadcast.
+    let mut expected = vec![1];
     for i in 0..40u64 {
         let target = targets[(i % 4) as usize].clone();
         let ack = client
@@ -786,7 +832,7 @@ async fn container_filter_and_long_poll() {
                 .fetch(FetchRequest {
                     max_wait_ms: 20_000,
                     filter: Filter::Container(a),
-                    ..FetchRequest::from(41)
+                    ..FetchRequest::from(nth_appended(40) + 1)
                 })
                 .await
         }
@@ -879,14 +925,18 @@ async fn typed_errors_and_garbage_on_the_client_port() {
             .unwrap(),
         Err(ApiError::Invalid(_))
     ));
-    to_leader
-        .append(
-            ctx(),
-            proposal(Some((5, 100)), Target::Container(bad_id), 8),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    // From vocabulary level 3 a producer the replicas do not remember starts at a low
+    // sequence (else it is taken for a forgotten one): producer 5 starts at 1, then jumps.
+    for seq in [1, 100] {
+        to_leader
+            .append(
+                ctx(),
+                proposal(Some((5, seq)), Target::Container(bad_id.clone()), 8),
+            )
+            .await
+            .unwrap()
+            .unwrap();
+    }
     assert_eq!(
         to_leader
             .append(ctx(), proposal(Some((5, 10)), Target::All, 8))
@@ -1154,7 +1204,8 @@ async fn a_subscriber_that_stops_reading_slows_no_one_and_pins_bounded_memory() 
             .await
             .expect("appends go on beside the stalled reader");
     }
-    for expected in 1..=400u64 {
+    // The new cluster's level raise (offset 1), the 300 and the 100.
+    for expected in 1..=nth_appended(400) {
         let item = tokio::time::timeout(WAIT, stream.next())
             .await
             .expect("the subscriber is not held up by the stalled one")
@@ -1178,7 +1229,8 @@ async fn a_subscriber_that_stops_reading_slows_no_one_and_pins_bounded_memory() 
 /// Goal: from vocabulary level 3, the retry of an append whose producer the replicas have
 /// forgotten is answered with the typed `ProducerForgotten` through the client library, at
 /// once rather than retried until `GaveUp`, and nothing is appended a second time.
-/// Steps: one replica at level 3; a client's producer appends 40 commands (its sequences pass
+/// Steps: one replica at the level a new cluster is founded at (`LEVEL_MAX`, at least 3); a
+/// client's producer appends 40 commands (its sequences pass
 /// those a producer begins with); its 40th retried now is a duplicate; `PRODUCERS_MAX` other
 /// producers append once each (through the replica's own handle, batched by its proposer),
 /// which makes the replicas forget the client's producer; the 40th is retried again.
@@ -1188,17 +1240,6 @@ async fn a_forgotten_producers_retry_gets_a_typed_error_not_a_second_append() {
     let cluster = LocalCluster::start(dir.path(), 1, |_| {}).await.unwrap();
     cluster.wait_for_leader(WAIT).await.unwrap();
     let handle = cluster.replica(1).clone_handle();
-    for level in 2..=3 {
-        let raise = Command::SetVocabularyLevel(ctrlog::log::SetVocabularyLevel { level });
-        handle
-            .append(Proposal {
-                producer: None,
-                target: raise.target().unwrap(),
-                frame: raise.into_frame(),
-            })
-            .await
-            .unwrap();
-    }
     let client = ControlClient::connect(&cluster.client_addrs())
         .await
         .unwrap();
@@ -1212,6 +1253,10 @@ async fn a_forgotten_producers_retry_gets_a_typed_error_not_a_second_append() {
         );
     }
     let original = last.unwrap().offset;
+    assert!(
+        handle.read_state(|s| s.level()) >= LEVEL_FORGOTTEN_PRODUCERS_REFUSED,
+        "a new cluster refuses forgotten producers"
+    );
     let retry = Proposal {
         producer: Some(ProducerSeq {
             producer: client.producer_id(),
@@ -1366,7 +1411,7 @@ async fn silent_and_trickling_connections_are_closed() {
         .append(Command::custom(1, 1, b"after".to_vec()))
         .await
         .expect("a closed idle connection is dialled again");
-    assert!(ack.offset > 1);
+    assert!(ack.offset > FIRST_APPENDED, "after the first append");
     cluster.shutdown().await;
 }
 

@@ -50,21 +50,12 @@ async fn harness(
     );
     write_inputs(&inputs, 0..partitions);
     std::fs::write(&lag, "0").unwrap();
-    let cluster = LocalCluster::start_secure(&dir.path().join("replicas"), 3, |_| {})
-        .await
-        .unwrap();
+    let cluster = LocalCluster::start_secure(&dir.path().join("replicas"), 3, |config| {
+        config.initial_vocabulary_level = Some(level)
+    })
+    .await
+    .unwrap();
     cluster.wait_for_leader(WAIT).await.unwrap();
-    if level > 1 {
-        let client = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
-            .await
-            .unwrap();
-        for level in 2..=level {
-            client
-                .append(Command::SetVocabularyLevel(SetVocabularyLevel { level }))
-                .await
-                .unwrap();
-        }
-    }
     let options = SimOptions {
         heartbeat_interval: Duration::from_millis(100),
         lease: Duration::from_millis(1000),
@@ -101,12 +92,13 @@ async fn harness(
 
 async fn start(partitions: u32) -> Harness {
     let mut launcher = None;
-    let (job, inputs, lag, reports, dir) = harness(partitions, 1, |seeds, options| {
-        let l = Arc::new(InProcessLauncher::new(seeds, options));
-        launcher = Some(l.clone());
-        l
-    })
-    .await;
+    let (job, inputs, lag, reports, dir) =
+        harness(partitions, vocabulary::LEVEL_MAX, |seeds, options| {
+            let l = Arc::new(InProcessLauncher::new(seeds, options));
+            launcher = Some(l.clone());
+            l
+        })
+        .await;
     Harness {
         job,
         launcher: launcher.unwrap(),

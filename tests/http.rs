@@ -5,7 +5,9 @@ mod common;
 
 use common::{http_get as get, metric_sample as sample, WAIT};
 use ctrlog::client::ControlClient;
-use ctrlog::log::{Command, ContainerId, DesiredContainersV1, RegisterContainer, Target};
+use ctrlog::log::{
+    Command, ContainerId, DesiredContainers, DesiredContainersV1, RegisterContainer, Target,
+};
 use ctrlog::tools::cluster::ProcessCluster;
 use ctrlog::tools::{poll_until, LocalCluster, POLL_INTERVAL};
 use serde_json::Value;
@@ -85,14 +87,19 @@ async fn metrics_probes_and_the_status_page_follow_the_cluster() {
     assert_eq!(status["job"]["containers"][0]["id"], "c1");
     assert_eq!(status["job"]["containers"][0]["location"], "host-a");
     let tail = status["tail"].as_array().unwrap();
-    assert_eq!(tail.len(), 11);
+    assert_eq!(
+        tail.len(),
+        12,
+        "the 11 appends after the new cluster's level raise"
+    );
     assert_eq!(tail.last().unwrap()["offset"], last);
 
     // No controller has recorded a desired count: an autoscaler must see no value, not 0.
     assert_eq!(sample(&metrics, "ctrlog_desired_containers"), None);
     client
-        .append(Command::DesiredContainersV1(DesiredContainersV1 {
+        .append(Command::DesiredContainers(DesiredContainers {
             count: 3,
+            reason: "an autoscaler's gauge".into(),
         }))
         .await
         .unwrap();
@@ -358,8 +365,9 @@ async fn a_replica_on_another_clusters_directory_is_refused_naming_both_clusters
         .await
         .unwrap();
     let ack = client
-        .append(Command::DesiredContainersV1(DesiredContainersV1 {
+        .append(Command::DesiredContainers(DesiredContainers {
             count: 2,
+            reason: "a commit the stray must not take part in".into(),
         }))
         .await
         .unwrap();
@@ -385,7 +393,9 @@ async fn a_replica_on_another_clusters_directory_is_refused_naming_both_clusters
 /// build before cluster ids left them; restarted, it commits with none; the raise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_without_an_id_gets_one_from_the_level_raise_on_every_replica() {
-    let mut cluster = ProcessCluster::start_with_http(common::replica_exe(), 3, &[])
+    // Founded at level 1, as every build before cluster ids founded its clusters.
+    let at_level_1 = ["--initial-vocabulary-level".to_string(), "1".to_string()];
+    let mut cluster = ProcessCluster::start_with_http(common::replica_exe(), 3, &at_level_1)
         .await
         .unwrap();
     poll_until(
@@ -488,8 +498,9 @@ async fn every_metric_the_alerts_and_the_dashboard_query_is_exported() {
         .await
         .unwrap();
     let ack = client
-        .append(Command::DesiredContainersV1(DesiredContainersV1 {
+        .append(Command::DesiredContainers(DesiredContainers {
             count: 1,
+            reason: "the desired-containers gauge".into(),
         }))
         .await
         .unwrap();

@@ -196,9 +196,11 @@ async fn a_container_session_is_assigned_acks_and_is_fenced_after_expiry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_vocabulary_gate_and_an_old_reader_on_a_real_log() {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::start_secure(dir.path(), 3, |_| {})
-        .await
-        .unwrap();
+    let cluster = LocalCluster::start_secure(dir.path(), 3, |config| {
+        config.initial_vocabulary_level = Some(1)
+    })
+    .await
+    .unwrap();
     cluster.wait_for_leader(WAIT).await.unwrap();
     let client = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
         .await
@@ -467,6 +469,9 @@ async fn names_and_text_beyond_their_limits_are_refused_before_the_log() {
         matches!(&long_container, Err(ClientError::Api(ApiError::Invalid(why))) if why.contains(&long_id)),
         "{long_container:?}"
     );
+    // Every append above was refused before the log, so the new cluster's level raise (offset
+    // 1) may still be on its way to replica 1.
+    cluster.wait_for_applied(1, WAIT).await.unwrap();
     let applied = cluster.replica(1).applied_offset();
     let ack = client
         .append(register("x".repeat(TEXT_BYTES_MAX)))

@@ -17,7 +17,7 @@ const CI_SEEDS: u64 = 4;
 /// (the final record too), in its stored snapshot, in sled's data file (which sled refuses
 /// once), in writes the disk lost, and under sectors that fail reads (once while it runs);
 /// and whose disk fails writes while it runs (the replica stops and is restarted).
-const ROTTING_SEEDS: [(u64, u64); 2] = [(58, 3), (86, 3)];
+const ROTTING_SEEDS: [(u64, u64); 2] = [(85, 3), (93, 3)];
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| {
@@ -116,12 +116,12 @@ fn replay() {
 
 /// The simulation has teeth: a store that acknowledges appends before they are durable (a crash
 /// loses its last entries) is caught, as lost acknowledged appends or diverged replicas. Many
-/// schedules mask one replica's lost tail behind the other two; seeds 3 and 1 crash the
-/// replicas so that it shows (11 of seeds 1–24 do in a debug build since a replica that led
-/// when it stopped stands a timeout later; seed 7, picked before, no longer does).
+/// schedules mask one replica's lost tail behind the other two; seeds 2 and 5 crash the
+/// replicas so that it shows (8 of seeds 1–24 do in a debug build since a new log's first
+/// entry is its founding level raise; seeds 3 and 1, picked before, no longer do).
 #[test]
 fn a_store_that_acknowledges_before_it_is_durable_is_caught() {
-    for seed in [3, 1] {
+    for seed in [2, 5] {
         let mut config = SimConfig::new(seed, 3);
         config.store_acknowledges_early = true;
         let violations = run(&config).violations;
@@ -137,11 +137,12 @@ fn a_store_that_acknowledges_before_it_is_durable_is_caught() {
 /// container answered again and was refused (the product's simulated container then quit).
 /// Resets now read at least as far as the subscribing client's own acknowledged appends (read
 /// your writes). The fault schedules changed when the simulation moved to the real storage,
-/// when containers got leases and when replicas got ctrlog's election timer; seed 5 still
-/// resets a container's subscription.
+/// when containers got leases, when replicas got ctrlog's election timer and when a new log's
+/// first entry became its founding level raise; seed 12 resets containers' subscriptions four
+/// times (14 of seeds 1–24 reset at least one).
 #[test]
 fn a_reset_from_a_lagging_replica_does_not_make_a_container_answer_twice() {
-    let report = run(&SimConfig::new(5, 3));
+    let report = run(&SimConfig::new(12, 3));
     assert!(
         report.container_resets > 0,
         "the seed still resets containers"

@@ -516,3 +516,80 @@ async fn replicas_upgrade_under_clients_of_both_builds() {
 async fn clients_upgrade_before_the_replicas() {
     rolling_upgrade(Order::ClientsFirst).await;
 }
+
+/// Goal: a new cluster with a founding member on v0.1.0 is founded at the highest level
+/// v0.1.0 knows (2), never at this build's, so the old member keeps applying the log; a raise
+/// beyond it is refused while the member runs v0.1.0. 3d7237e founded every cluster at level
+/// 1. Steps: replicas 1 and 2 on this build, 3 on v0.1.0 (restarted if it leads the new log,
+/// as a v0.1.0 leader founds nothing); the level; offset 1 is the raise; the v0.1.0 replica
+/// applies it and the first append; a raise to 3 is refused naming level 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_cluster_with_a_v010_member_is_founded_at_the_level_v010_knows() {
+    let mut cluster = ProcessCluster::start_mixed(this_build(), 3, &[], [(2, v010_binary())])
+        .await
+        .unwrap();
+    if cluster.leader_index().await.unwrap() == 2 {
+        cluster.kill(2);
+        cluster.restart(2).unwrap();
+    }
+    let client = ControlClient::connect(&cluster.client_addrs())
+        .await
+        .unwrap();
+    poll_until(
+        "the new cluster's level raise",
+        WAIT,
+        POLL_INTERVAL,
+        || async {
+            let level = (client.leader_status().await)
+                .map_err(|e| e.to_string())?
+                .vocabulary_level;
+            match level {
+                2 => Ok(()),
+                other => Err(format!("level {other}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let first = client
+        .append(Command::custom(1, 1, b"first".to_vec()))
+        .await
+        .unwrap();
+    assert_eq!(first.offset, 2, "the raise took offset 1");
+    let mut log = client.subscribe(1, Filter::Everything);
+    match tokio::time::timeout(WAIT, log.next()).await {
+        Ok(Some(Ok(SubscriptionItem::Entry(entry)))) => assert_eq!(
+            (entry.offset, entry.command()),
+            (
+                1,
+                Command::SetVocabularyLevel(SetVocabularyLevel { level: 2 })
+            )
+        ),
+        other => panic!("offset 1: {other:?}"),
+    }
+    let old_member = cluster.client_addrs()[2].clone();
+    poll_until(
+        "the v0.1.0 member to apply",
+        WAIT,
+        POLL_INTERVAL,
+        || async {
+            let applied = status_of(&old_member)
+                .await
+                .map_err(|e| e.to_string())?
+                .applied_offset;
+            match applied >= first.offset {
+                true => Ok(()),
+                false => Err(format!("applied {applied}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    match raise_to_3(&client).await {
+        Err(ClientError::Api(ctrlog::client::ApiError::Refused(Rejection::LevelUnsupported {
+            requested: 3,
+            supported: 2,
+        }))) => {}
+        other => panic!("expected LevelUnsupported, got {other:?}"),
+    }
+}

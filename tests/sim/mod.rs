@@ -416,6 +416,7 @@ impl Sim {
             raft,
             command_bytes_max: defaults.client_port.command_bytes_max,
             fetch_answer_bytes_max: defaults.client_port.answer_bytes_max(),
+            level_of_new_log: defaults.level_of_new_log(),
             secret_config_keys: defaults.client_port.secret_config_keys,
         };
         let network = SimNetwork {

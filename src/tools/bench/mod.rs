@@ -19,7 +19,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use crate::client::{ClientOptions, ControlClient, SubscriptionItem};
-use crate::log::{Command, Filter, Target};
+use crate::log::{Command, Filter, Target, CUSTOM_KIND_MIN};
 use crate::tools::cluster::wait::poll_until;
 use crate::tools::cluster::ProcessCluster;
 
@@ -549,6 +549,9 @@ pub async fn fanout(
                     let Some(Ok(SubscriptionItem::Entry(entry))) = stream.next().await else {
                         break;
                     };
+                    if entry.frame.kind != CUSTOM_KIND_MIN + BENCH_KIND {
+                        continue; // the job's, or a new cluster's level raise
+                    }
                     let index =
                         u64::from_be_bytes(entry.frame.body[..8].try_into().unwrap_or_default());
                     if let Some(at) = sent.get(index as usize) {

@@ -17,7 +17,8 @@ use crate::tools::certs;
 /// ([`add_replica`](Self::add_replica)) wait to be made members.
 pub struct ProcessCluster {
     exe: PathBuf,
-    /// The replicas that run another binary than `exe` since [`replace`](Self::replace).
+    /// The replicas that run another binary than `exe`: from the start
+    /// ([`start_mixed`](Self::start_mixed)), or since [`replace`](Self::replace).
     replaced: std::collections::HashMap<usize, PathBuf>,
     dir: tempfile::TempDir,
     members: String,
@@ -73,6 +74,8 @@ struct Launch {
     on_spawn: Option<SpawnHook>,
     /// The settings every replica reads (TOML), for a secure cluster; `None` for plain TCP.
     secure_config: Option<String>,
+    /// Replicas (0-based) that run another executable than the cluster's.
+    executables: std::collections::HashMap<usize, PathBuf>,
 }
 
 /// A replica process about to start, as a [`SpawnHook`] sees it.
@@ -176,6 +179,21 @@ impl ProcessCluster {
         ProcessCluster::launch(exe, size, extra, http).await
     }
 
+    /// Starts `size` replicas of the `ctrlog` binary at `exe`, but replica `i` (0-based) of
+    /// each `(i, other)` runs `other`: a cluster founded by members on different builds.
+    pub async fn start_mixed(
+        exe: PathBuf,
+        size: u64,
+        extra: &[String],
+        others: impl IntoIterator<Item = (usize, PathBuf)>,
+    ) -> anyhow::Result<ProcessCluster> {
+        let mixed = Launch {
+            executables: others.into_iter().collect(),
+            ..Launch::default()
+        };
+        ProcessCluster::launch(exe, size, extra, mixed).await
+    }
+
     /// Starts `size` replicas of the `ctrlog` binary at `exe` as a deployment runs them: TLS
     /// on both ports with certificates of a CA made here (`node-1` to
     /// `node-`[`SECURE_NODE_IDS_MAX`]), authentication by certificate or token for each of
@@ -228,6 +246,7 @@ impl ProcessCluster {
             http,
             on_spawn,
             secure_config,
+            executables,
         } = how;
         let mut addrs = Vec::new();
         let mut http_addrs = Vec::new();
@@ -260,7 +279,7 @@ impl ProcessCluster {
             .transpose()?;
         let mut cluster = ProcessCluster {
             exe,
-            replaced: Default::default(),
+            replaced: executables,
             dir,
             members,
             initial: size as usize,

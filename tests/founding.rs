@@ -1,0 +1,167 @@
+//! A new cluster's vocabulary level (`raft::founding`), on `ctrlog serve` processes: founded
+//! at the highest level its members' builds know, with the raise as its first command, kept
+//! through a power loss of every replica, and bounded by a founding member that never answers.
+
+mod common;
+
+use std::time::Duration;
+
+use common::WAIT;
+use ctrlog::client::{ApiError, ClientError, ControlClient, SubscriptionItem};
+use ctrlog::jobs::PRODUCER_WINDOW;
+use ctrlog::log::vocabulary::{LEVEL_KNOWN_TO_EVERY_RELEASE, LEVEL_MAX};
+use ctrlog::log::{Command, Filter, Level, LogEntry, ProducerSeq, Proposal, SetVocabularyLevel};
+use ctrlog::raft::founding::PATIENCE;
+use ctrlog::tools::cluster::ProcessCluster;
+use ctrlog::tools::{poll_until, POLL_INTERVAL};
+use futures::StreamExt;
+
+/// The entries from offset 1 through `last`, read from the cluster.
+async fn log_through(client: &ControlClient, last: u64) -> Vec<LogEntry> {
+    let mut stream = client.subscribe(1, Filter::Everything);
+    let mut entries = Vec::new();
+    while entries.last().is_none_or(|e: &LogEntry| e.offset < last) {
+        match tokio::time::timeout(WAIT, stream.next()).await {
+            Ok(Some(Ok(SubscriptionItem::Entry(entry)))) => entries.push(entry),
+            other => panic!("reading the log through {last}: {other:?}"),
+        }
+    }
+    entries
+}
+
+fn raise_to(level: Level) -> Command {
+    Command::SetVocabularyLevel(SetVocabularyLevel { level })
+}
+
+fn custom(payload: &str) -> Command {
+    Command::custom(1, 1, payload.as_bytes().to_vec())
+}
+
+/// Goal: a cluster of this build is founded at the highest vocabulary level it knows, so what
+/// the levels bring is on from its first command (here the refusal of an append from a
+/// producer the replicas do not remember, from level 3), and the raise is the log's first
+/// entry, which every reader sees. A power loss of every replica right after keeps it, and
+/// nobody raises again. 3d7237e founded every cluster at level 1 and gave offset 1 to the
+/// first append. Steps: three replicas with the default configuration; the first append;
+/// offset 1; the level; a forgotten producer's append; every replica killed at once and
+/// restarted, the old leader first; another append and the whole log read again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_cluster_is_founded_at_the_highest_level_its_build_knows() {
+    let mut cluster = ProcessCluster::start_with(common::replica_exe(), 3, &[])
+        .await
+        .unwrap();
+    let client = ControlClient::connect(&cluster.client_addrs())
+        .await
+        .unwrap();
+    let first = client.append(custom("first")).await.unwrap();
+    assert_eq!(
+        first.offset, 2,
+        "the first append comes after the level raise"
+    );
+    let log = log_through(&client, first.offset).await;
+    assert_eq!((log[0].offset, log[0].command()), (1, raise_to(LEVEL_MAX)));
+    assert_eq!(
+        client.leader_status().await.unwrap().vocabulary_level,
+        LEVEL_MAX
+    );
+
+    let retry = custom("a retry of an append the replicas forgot");
+    let forgotten = Proposal {
+        producer: Some(ProducerSeq {
+            producer: 77,
+            seq: PRODUCER_WINDOW + 1,
+        }),
+        target: retry.default_target(),
+        frame: retry.into_frame(),
+    };
+    match client.append_proposal(forgotten).await {
+        Err(ClientError::Api(ApiError::ProducerForgotten { producer: 77, .. })) => {}
+        other => panic!("expected ProducerForgotten (level 3 and up), got {other:?}"),
+    }
+
+    let leader = cluster.leader_index().await.unwrap();
+    for i in 0..3 {
+        cluster.kill(i);
+    }
+    cluster.restart(leader).unwrap();
+    for i in (0..3).filter(|i| *i != leader) {
+        cluster.restart(i).unwrap();
+    }
+    let client = ControlClient::connect(&cluster.client_addrs())
+        .await
+        .unwrap();
+    let after = client.append(custom("after the power loss")).await.unwrap();
+    assert_eq!(after.offset, first.offset + 1);
+    let log = log_through(&client, after.offset).await;
+    let raises: Vec<_> = (log.iter())
+        .filter(|e| matches!(e.command(), Command::SetVocabularyLevel(_)))
+        .map(|e| e.offset)
+        .collect();
+    assert_eq!(raises, [1], "raised once, at the founding");
+    assert_eq!(
+        client.leader_status().await.unwrap().vocabulary_level,
+        LEVEL_MAX
+    );
+}
+
+/// Goal: a founding member that never says which levels it knows (not started, or cut off)
+/// holds the founding for `PATIENCE` at most; the cluster is then founded at the level every
+/// build knows, so the member, whatever its build, can apply the log once it comes, and the
+/// operator raises the level once it runs. 3d7237e founded at level 1 and never raised.
+/// Steps: replica 3 is a process that never listens; the first append waits for the founding
+/// and gets offset 2; offset 1 raises to level 2, and the leader says why; replica 3 starts
+/// on this build and catches up; `ctrlog vocabulary raise` to the highest level passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_founding_member_that_never_answers_bounds_the_level_after_the_patience() {
+    let dir = tempfile::tempdir().unwrap();
+    let silent = dir.path().join("never-listens");
+    std::fs::write(&silent, "#!/bin/sh\nexec sleep 600\n").unwrap();
+    std::fs::set_permissions(&silent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let exe = common::replica_exe();
+    let mut cluster = ProcessCluster::start_mixed(exe.clone(), 3, &[], [(2, silent)])
+        .await
+        .unwrap();
+    let client = ControlClient::connect(&cluster.client_addrs())
+        .await
+        .unwrap();
+    let first = client.append(custom("first")).await.unwrap();
+    assert_eq!(first.offset, 2, "the first append waited for the founding");
+    let log = log_through(&client, first.offset).await;
+    assert_eq!(
+        (log[0].offset, log[0].command()),
+        (1, raise_to(LEVEL_KNOWN_TO_EVERY_RELEASE))
+    );
+    let leader = cluster.leader_index().await.unwrap();
+    let said = format!(
+        "replica 3 did not say which vocabulary levels it knows within {}s",
+        PATIENCE.as_secs()
+    );
+    let log_lines = cluster.log_tail(leader, 400);
+    assert!(log_lines.contains(&said), "{log_lines}");
+
+    cluster
+        .replace(2, exe, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let third = cluster.client_addrs()[2].clone();
+    poll_until("replica 3 to catch up", WAIT, POLL_INTERVAL, || async {
+        let status = (ControlClient::connect(std::slice::from_ref(&third)).await)
+            .map_err(|e| e.to_string())?
+            .status()
+            .await
+            .map_err(|e| e.to_string())?;
+        match status.applied_offset >= first.offset {
+            true => Ok(()),
+            false => Err(format!("applied {}", status.applied_offset)),
+        }
+    })
+    .await
+    .unwrap();
+    ctrlog::tools::admin::raise_level(&client, LEVEL_MAX)
+        .await
+        .unwrap();
+    assert_eq!(
+        client.leader_status().await.unwrap().vocabulary_level,
+        LEVEL_MAX
+    );
+}
