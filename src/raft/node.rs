@@ -104,7 +104,7 @@ pub struct NodeConfig {
     /// `ConfigChange::first_secret_key`).
     pub secret_config_keys: Vec<String>,
     /// The vocabulary level this node raises a log that holds no command yet to, should it
-    /// lead it ([`founding`](super::founding)); `LEVEL_INITIAL` raises nothing.
+    /// lead it ([`founding`]); `LEVEL_INITIAL` raises nothing.
     pub level_of_new_log: Level,
 }
 
