@@ -254,6 +254,12 @@ impl Node {
         lease::leads(&metrics, self.inner.id, &self.inner.lease)
     }
 
+    /// Whether this replica's Raft core names itself leader: it then takes writes, even before
+    /// [`is_leader`](Self::is_leader) holds.
+    fn raft_names_itself_leader(&self) -> bool {
+        self.inner.raft.metrics().borrow().current_leader == Some(self.inner.id)
+    }
+
     /// Whether this replica believes it leads but has not heard from a quorum for longer than
     /// an election timeout (check-quorum: openraft does not step down by itself). Such a
     /// replica answers appends and fetches at once with a retriable error.
@@ -310,9 +316,11 @@ impl Node {
                 Box::pin(self.check_members_know_level(c.level)).await?;
             }
         }
-        if !self.inner.founding.is_over() && self.is_leader() {
+        if !self.inner.founding.is_over() && self.raft_names_itself_leader() {
             // A new log's first command is its level raise ([`founding`]), so that a
-            // cluster's first commands are decided at the level it was founded for.
+            // cluster's first commands are decided at the level it was founded for. Raft's
+            // own view, not `is_leader`: a leader that has not yet applied its term's first
+            // entry already takes writes, and an append let through then took offset 1.
             self.inner.founding.wait(FOUNDING_WAIT_MAX).await;
         }
         self.propose(proposal).await
