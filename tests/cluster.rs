@@ -454,8 +454,8 @@ fn members(cluster: &LocalCluster, id: u64) -> (BTreeSet<u64>, BTreeSet<u64>) {
 /// computed the voter set without the id, which a learner was never in, and changed nothing).
 /// Steps: a learner 4 that nobody runs is added (openraft's `add_learner`, as a `members add`
 /// that never finished leaves it); `remove_member(4)` removes it from the membership. Then
-/// `add_member` of an unreachable replica fails within its first-contact bound and leaves
-/// nothing behind.
+/// `add_member` of an unreachable replica fails within its first-contact bound (asked which
+/// levels it knows, as the log is at level 4) and leaves nothing behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removing_a_learner_removes_it_and_an_unreachable_member_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -477,8 +477,14 @@ async fn removing_a_learner_removes_it_and_an_unreachable_member_leaves_nothing(
         "the learner is gone"
     );
 
+    // An append waits for the founding raise, so the log records level 4 and the replica is
+    // first asked which levels it knows: unreachable, it is refused within the same bound.
+    append_many(&cluster, 1, 1).await;
     match handle.add_member(5, unreachable_member()).await {
-        Err(ApiError::Rejected(why)) => assert!(why.contains("removed"), "{why}"),
+        Err(ApiError::Rejected(why)) => assert!(
+            why.contains("did not say which vocabulary levels it knows"),
+            "{why}"
+        ),
         other => panic!("expected Rejected, got {other:?}"),
     }
     assert_eq!(
