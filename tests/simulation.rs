@@ -8,16 +8,23 @@
 
 mod sim;
 
+use ctrlog::log::vocabulary::LEVEL_MAX;
 use sim::{run, SimConfig, DEPOSED_AND_LEADING_AGAIN};
 
 /// Seeds per cluster size in CI: a few minutes in all on two cores.
 const CI_SEEDS: u64 = 4;
 
+/// The most seeds a test that looks for a schedule with some property runs before it fails.
+const SEEDS_SCANNED_MAX: u64 = 24;
+
 /// Runs of the rotting disk in CI whose rotting replica crashes and finds damage: in its WAL
 /// (the final record too), in its stored snapshot, in sled's data file (which sled refuses
 /// once), in writes the disk lost, and under sectors that fail reads (once while it runs);
-/// and whose disk fails writes while it runs (the replica stops and is restarted).
-const ROTTING_SEEDS: [(u64, u64); 2] = [(85, 3), (93, 3)];
+/// and whose disk fails writes while it runs (the replica stops and is restarted). A read
+/// failing while the replica runs is the rarest: 1 of seeds 50–99 (67) at the founding's hold
+/// on appends, which moved every schedule; scan `CTRLOG_SIM_ROT=1 CTRLOG_SIM_SEED_BASE=50
+/// CTRLOG_SIM_SEEDS=50` again when they move.
+const ROTTING_SEEDS: [(u64, u64); 3] = [(52, 3), (55, 3), (67, 3)];
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| {
@@ -42,7 +49,7 @@ fn run_seeds(replicas: u64) {
             .copied()
             .unwrap_or(0);
         println!(
-            "seed {seed} ({replicas} replicas): {} acked, {} committed, faults {:?}, {} terms, {} resets ({} of containers), {} snapshots, {} task starts, {} lease lapses, {:.1} s simulated, digest {:016x}",
+            "seed {seed} ({replicas} replicas): {} acked, {} committed, faults {:?}, {} terms, {} resets ({} of containers), {} snapshots, {} task starts, {} lease lapses, level {}, {:.1} s simulated, digest {:016x}",
             report.acked,
             report.committed,
             report.faults,
@@ -52,15 +59,28 @@ fn run_seeds(replicas: u64) {
             report.snapshots,
             report.task_starts,
             report.lease_lapses,
+            report.level,
             report.simulated.as_secs_f64(),
             report.digest,
         );
-        if !report.violations.is_empty() {
+        let mut violations = report.violations;
+        // A new log's first command is its founding raise to the highest level (this build
+        // is every member's), and nothing else in a run changes the level: a run left below
+        // it had a command reach the log first (10 of seeds 1–38 with 3 replicas did, while
+        // appends were held only by a replica Raft named leader).
+        if report.level < LEVEL_MAX {
+            violations.push(format!(
+                "the run ended at vocabulary level {}, not {LEVEL_MAX}: a command reached the \
+                 new log before its founding raise",
+                report.level
+            ));
+        }
+        if !violations.is_empty() {
             eprintln!(
                 "seed {seed} FAILED; replay with: {}",
                 config.replay_command()
             );
-            for violation in &report.violations {
+            for violation in &violations {
                 eprintln!("  {violation}");
             }
             failed.push(seed);
@@ -69,6 +89,7 @@ fn run_seeds(replicas: u64) {
     println!(
         "{power_loss_hits} power losses in the window over {seeds} seeds ({replicas} replicas)"
     );
+
     assert!(failed.is_empty(), "failing seeds: {failed:?}");
     assert!(
         power_loss_hits > 0,
@@ -116,38 +137,49 @@ fn replay() {
 
 /// The simulation has teeth: a store that acknowledges appends before they are durable (a crash
 /// loses its last entries) is caught, as lost acknowledged appends or diverged replicas. Many
-/// schedules mask one replica's lost tail behind the other two; seeds 2 and 5 crash the
-/// replicas so that it shows (8 of seeds 1–24 do in a debug build since a new log's first
-/// entry is its founding level raise; seeds 3 and 1, picked before, no longer do).
+/// schedules mask one replica's lost tail behind the other two, so the test runs seeds from 1
+/// until two catch it, within [`SEEDS_SCANNED_MAX`]. It scans rather than naming seeds: every
+/// change to what a run does (a new log's founding raise, the founding's hold on appends)
+/// moves every fault schedule, and named seeds stopped catching it each time. About one seed
+/// in three catches it (8 of seeds 1–24 in a debug build, at the founding raise).
 #[test]
 fn a_store_that_acknowledges_before_it_is_durable_is_caught() {
-    for seed in [2, 5] {
-        let mut config = SimConfig::new(seed, 3);
-        config.store_acknowledges_early = true;
-        let violations = run(&config).violations;
-        assert!(
-            !violations.is_empty(),
-            "seed {seed} did not catch an early-acknowledging store"
-        );
-    }
+    let caught: Vec<u64> = (1..=SEEDS_SCANNED_MAX)
+        .filter(|&seed| {
+            let mut config = SimConfig::new(seed, 3);
+            config.store_acknowledges_early = true;
+            !run(&config).violations.is_empty()
+        })
+        .take(2)
+        .collect();
+    assert_eq!(
+        caught.len(),
+        2,
+        "seeds 1–{SEEDS_SCANNED_MAX} caught an early-acknowledging store only at {caught:?}"
+    );
 }
 
 /// Regression, found by seed 1192 of the in-memory simulation: a container's subscription was
 /// reset from a lagging replica whose state predated the container's own `TaskStarted`, so the
 /// container answered again and was refused (the product's simulated container then quit).
 /// Resets now read at least as far as the subscribing client's own acknowledged appends (read
-/// your writes). The fault schedules changed when the simulation moved to the real storage,
-/// when containers got leases, when replicas got ctrlog's election timer and when a new log's
-/// first entry became its founding level raise; seed 12 resets containers' subscriptions four
-/// times (14 of seeds 1–24 reset at least one).
+/// your writes). Runs seeds from 1 until one resets a container's subscription, within
+/// [`SEEDS_SCANNED_MAX`] (14 of seeds 1–24 did at the founding raise), each without a
+/// violation.
 #[test]
 fn a_reset_from_a_lagging_replica_does_not_make_a_container_answer_twice() {
-    let report = run(&SimConfig::new(12, 3));
-    assert!(
-        report.container_resets > 0,
-        "the seed still resets containers"
-    );
-    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    for seed in 1..=SEEDS_SCANNED_MAX {
+        let report = run(&SimConfig::new(seed, 3));
+        assert!(
+            report.violations.is_empty(),
+            "seed {seed}: {:#?}",
+            report.violations
+        );
+        if report.container_resets > 0 {
+            return;
+        }
+    }
+    panic!("no seed of 1–{SEEDS_SCANNED_MAX} reset a container's subscription");
 }
 
 /// Regression, found by seed 4 once the simulation ran the real storage: a follower restarted

@@ -65,7 +65,7 @@ const MEMBER_LEVEL_ANSWER_MAX: Duration = Duration::from_secs(5);
 /// How long a replica being added that did not say which levels it knows is left before it
 /// is asked again.
 const MEMBER_LEVEL_RETRY: Duration = Duration::from_millis(200);
-/// The longest an append to a new log's leader waits for the founding raise: beyond the
+/// The longest an append to a new log waits for the founding raise: beyond the
 /// founding's patience with silent members and one round of their answers, so that it is
 /// only ever cut short by a founding that is stuck.
 const FOUNDING_WAIT_MAX: Duration = Duration::from_secs(30);
@@ -254,10 +254,11 @@ impl Node {
         lease::leads(&metrics, self.inner.id, &self.inner.lease)
     }
 
-    /// Whether this replica's Raft core names itself leader: it then takes writes, even before
-    /// [`is_leader`](Self::is_leader) holds.
-    fn raft_names_itself_leader(&self) -> bool {
-        self.inner.raft.metrics().borrow().current_leader == Some(self.inner.id)
+    /// Whether this replica's Raft core names another replica leader: it then refuses writes
+    /// itself, naming that leader.
+    fn raft_names_another_leader(&self) -> bool {
+        let leader = self.inner.raft.metrics().borrow().current_leader;
+        leader.is_some_and(|leader| leader != self.inner.id)
     }
 
     /// Whether this replica believes it leads but has not heard from a quorum for longer than
@@ -316,12 +317,13 @@ impl Node {
                 Box::pin(self.check_members_know_level(c.level)).await?;
             }
         }
-        if !self.inner.founding.is_over() && self.raft_names_itself_leader() {
+        if !self.inner.founding.is_over() {
             // A new log's first command is its level raise ([`founding`]), so that a
-            // cluster's first commands are decided at the level it was founded for. Raft's
-            // own view, not `is_leader`: a leader that has not yet applied its term's first
-            // entry already takes writes, and an append let through then took offset 1.
-            self.inner.founding.wait(FOUNDING_WAIT_MAX).await;
+            // cluster's first commands are decided at the level it was founded for.
+            let founding = &self.inner.founding;
+            founding
+                .hold(|| self.raft_names_another_leader(), FOUNDING_WAIT_MAX)
+                .await;
         }
         self.propose(proposal).await
     }

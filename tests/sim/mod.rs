@@ -50,7 +50,7 @@ use ctrlog::controller::{
 use ctrlog::jobs::plan::{GroupByPartition, ScalingPolicy};
 use ctrlog::jobs::{JobState, ReportedLag, Session, TaskPhase};
 use ctrlog::log::{
-    Command, ContainerId, Epoch, Filter, Input, LogEntry, Offset, ProducerSeq, Proposal,
+    Command, ContainerId, Epoch, Filter, Input, Level, LogEntry, Offset, ProducerSeq, Proposal,
     RegisterContainer, Target, TaskId, TaskStarted, TaskStopped,
 };
 use ctrlog::raft::elector::{ElectionTimer, ElectionTiming};
@@ -182,6 +182,10 @@ pub struct SimReport {
     pub lease_lapses: usize,
     /// Forged requests the lying peer sent that a replica refused.
     pub lies_refused: usize,
+    /// The vocabulary level the running replicas' JobStates hold at the end: the new log's
+    /// founding raise (`raft::founding`), as nothing else in a run changes the level. Below
+    /// `LEVEL_MAX` when a command reached the log before the raise.
+    pub level: Level,
     pub simulated: Duration,
     /// A fingerprint of the run: the canonical log, the leaders per term and the faults.
     pub digest: u64,
@@ -1768,6 +1772,12 @@ impl Sim {
                 ("repairs from nothing", record.repairs_from_nothing),
             ]);
         }
+        report.level = running
+            .iter()
+            .filter_map(|(id, _, _)| self.node(*id))
+            .map(|node| node.job_state().level())
+            .min()
+            .unwrap_or_default();
         for (_, raft, _) in running {
             let _ = raft.shutdown().await;
         }
