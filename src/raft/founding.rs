@@ -88,7 +88,7 @@ impl Founding {
     /// won, and took offset 1. The seeded simulation left the cluster at level 1 that way in
     /// 10 of seeds 1–38 (3 replicas); holding here, in none of seeds 1–153.
     ///
-    /// It looks every [`HOLD_LOOKS_EVERY`] rather than watching Raft's metrics, for the same
+    /// It looks every `HOLD_LOOKS_EVERY` rather than watching Raft's metrics, for the same
     /// reason as [`Founding`] is a token: a `watch` wakes its waiters in a random order.
     pub async fn hold(&self, another_leads: impl Fn() -> bool, at_most: Duration) {
         let deadline = Instant::now() + at_most;
