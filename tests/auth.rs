@@ -66,6 +66,10 @@ impl Setup {
         .await
         .unwrap();
         cluster.wait_for_leader(WAIT).await.unwrap();
+        if level.is_none_or(|level| level > ctrlog::log::vocabulary::LEVEL_INITIAL) {
+            // Offset 1, the founding raise: the tests count what is applied after it.
+            cluster.wait_for_applied(1, WAIT).await.unwrap();
+        }
         Setup {
             pki,
             cluster,
