@@ -28,6 +28,17 @@ pub struct Proposal {
 }
 
 impl Proposal {
+    /// `command` to the target it takes when none is named ([`Command::default_target`]),
+    /// with no producer pair: what a replica appends of its own (the controller's commands,
+    /// a new log's founding raise).
+    pub fn of_command(command: Command) -> Proposal {
+        Proposal {
+            producer: None,
+            target: command.default_target(),
+            frame: command.into_frame(),
+        }
+    }
+
     /// The bytes this proposal adds to a batch, for the proposer's size bound.
     pub fn encoded_len(&self) -> usize {
         // Option tag (1) + producer id and seq (16) + target + frame.

@@ -126,8 +126,8 @@ struct NodeInner {
     levels: Arc<dyn MemberLevels>,
     /// The voter this leader is handing over to (0: none): appends are sent there meanwhile.
     handing_over_to: std::sync::atomic::AtomicU64,
-    /// Over once this node's founding raise is ([`founding`]): until then, appends to it as
-    /// leader wait for it.
+    /// Over once this node's founding raise is ([`founding`]): until then, appends are held
+    /// for it (`Founding::hold`).
     founding: founding::Founding,
 }
 
@@ -1017,11 +1017,6 @@ impl founding::NewLog for Node {
     }
 
     async fn propose(&self, command: Command) -> Result<AppendAck, ApiError> {
-        let proposal = Proposal {
-            producer: None,
-            target: command.default_target(),
-            frame: command.into_frame(),
-        };
-        Node::propose(self, proposal).await
+        Node::propose(self, Proposal::of_command(command)).await
     }
 }

@@ -914,14 +914,7 @@ mod tests {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
             payload: EntryPayload::Normal(std::sync::Arc::new(Batch {
                 appended_at_ms: 0,
-                proposals: commands
-                    .into_iter()
-                    .map(|command| Proposal {
-                        producer: None,
-                        target: command.default_target(),
-                        frame: command.into_frame(),
-                    })
-                    .collect(),
+                proposals: commands.into_iter().map(Proposal::of_command).collect(),
             })),
         }
     }

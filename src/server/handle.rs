@@ -336,15 +336,6 @@ impl ControlPlane for ReplicaHandle {
     }
 
     async fn append(&self, command: Command) -> Result<AppendAck, ApiError> {
-        let target = command.default_target();
-        ReplicaHandle::append(
-            self,
-            Proposal {
-                producer: None,
-                target,
-                frame: command.into_frame(),
-            },
-        )
-        .await
+        ReplicaHandle::append(self, Proposal::of_command(command)).await
     }
 }
