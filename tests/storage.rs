@@ -514,7 +514,7 @@ async fn a_sled_refusing_its_files_is_set_aside_and_the_replica_starts_over() {
 async fn sled_reading_its_conf_as_another_versions_is_a_refusal_too() {
     let dir = tempfile::tempdir().unwrap();
     stopped_replica(dir.path()).await;
-    wal_faults::invert_byte(&meta_dir(dir.path()).join("conf"), 0).unwrap();
+    ctrlog::raft::files::faults::invert_byte(&meta_dir(dir.path()).join("conf"), 0).unwrap();
     let storage = open_storage_with(dir.path(), Flushing::GroupCommit, 4 << 10).unwrap();
     let repair = (storage.log.repairing().unwrap()).expect("a repair is under way");
     assert_eq!(repair.held.index, 220, "{repair}");
@@ -675,7 +675,7 @@ async fn check_reports_every_fault_the_injectors_make() {
         ),
         (
             "sled's files refused",
-            |d| wal_faults::invert_byte(&meta_dir(d).join("conf"), 0).unwrap(),
+            |d| ctrlog::raft::files::faults::invert_byte(&meta_dir(d).join("conf"), 0).unwrap(),
             FaultKind::SledRefused,
         ),
         (

@@ -17,7 +17,10 @@ use common::{
 };
 use ctrlog::client::{ClientOptions, ControlClient};
 use ctrlog::log::{Command, Target};
-use ctrlog::raft::storage::{log_dir, meta_dir};
+use ctrlog::raft::check::check_data_dir;
+use ctrlog::raft::fault::FaultKind;
+use ctrlog::raft::storage::{log_dir, meta_dir, open_storage};
+use ctrlog::raft::wal::faults as wal_faults;
 use ctrlog::raft::write_faults::{faults, Operation};
 use ctrlog::tools::cluster::ProcessCluster;
 use ctrlog::tools::LocalCluster;
@@ -183,6 +186,76 @@ async fn a_failing_device_on_a_followers_snapshot_write_stops_it_and_it_catches_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_on_the_leaders_wal_fdatasync_stops_it_and_it_catches_up() {
     replica_fails_then_heals(Site::WalSync, libc::ENOSPC, NO_SPACE, true).await;
+}
+
+/// Goal: a failed `fdatasync` is remembered by the next process, which cuts what that sync
+/// alone covered before any sync of its own could vouch for it. On a real device error Linux
+/// keeps the unwritten pages in the page cache, marked clean, so the restarted replica reads
+/// them back valid and a new `fdatasync` succeeds without writing them ("fsyncgate"); the
+/// injector here fails the sync without running it, which leaves the same bytes behind.
+///
+/// Steps: three replicas, 20 appends; every `fdatasync` of a follower's WAL fails with `EIO`;
+/// 20 more appends stop it, with records past its synced mark. `ctrlog check` on the stopped
+/// replica names them as a fault. The device is healed; the replica's storage is opened as a
+/// start opens it: its log ends at the mark, and the mark is where it was. Then the replica
+/// restarts, catches up, and nothing acknowledged is lost. Before the record existed, the
+/// open's own sync raised the mark over those records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_wal_fdatasync_is_remembered_and_what_it_alone_covered_is_cut_at_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let options = ClientOptions::new().request_timeout(Duration::from_secs(2));
+    let client = ControlClient::connect_with(&cluster.client_addrs(), options)
+        .await
+        .unwrap();
+    let mut acked = append(&client, 20).await;
+    let follower = cluster.follower_of(leader);
+    cluster.wait_for_applied(20, WAIT).await.unwrap();
+    let data_dir = cluster.config(follower).data_dir.clone();
+    let log = log_dir(&data_dir);
+    faults::fail_under(&log, Operation::Sync, libc::EIO);
+    acked.extend(append(&client, 20).await);
+    eventually("the follower to stop on the failed sync", || {
+        stopped_on(&cluster, follower)
+    })
+    .await;
+    cluster.stop(follower).await;
+    faults::heal_under(&log);
+
+    let vouched = wal_faults::synced_mark(&log)
+        .unwrap()
+        .expect("a mark below the failure");
+    let written = ctrlog::raft::wal::check(&log).unwrap().next_index - 1;
+    assert!(
+        written > vouched,
+        "the failed sync covered records past the mark ({vouched}), up to {written}"
+    );
+    let report = check_data_dir(&data_dir).unwrap();
+    let fault = (report.faults.iter())
+        .find(|f| f.kind == FaultKind::FailedSync)
+        .unwrap_or_else(|| panic!("check names the failed sync: {:?}", report.faults));
+    let named = format!("entries {} to {written}", vouched + 1);
+    assert!(fault.detail.contains(&named), "{}", fault.detail);
+
+    let storage = open_storage(&data_dir).unwrap();
+    assert_eq!(
+        storage.log.last_log_id().map(|id| id.index),
+        Some(vouched),
+        "the start cut every record only the failed sync covered, before syncing"
+    );
+    assert_eq!(wal_faults::synced_mark(&log).unwrap(), Some(vouched));
+    assert_eq!(storage.found_at_open, vec![FaultKind::FailedSync]);
+    let closed = storage.closed;
+    drop((storage.log, storage.state_machine));
+    closed.wait().await;
+    let report = check_data_dir(&data_dir).unwrap();
+    assert!(report.faults.is_empty(), "{:?}", report.faults);
+
+    cluster.restart(follower).await.unwrap();
+    acked.extend(append(&client, 10).await);
+    assert_nothing_lost(&cluster, max(&acked)).await;
+    cluster.shutdown().await;
 }
 
 /// A tmpfs of `bytes` mounted at `at` for the life of the guard (the tests run as root, as

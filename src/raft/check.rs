@@ -26,9 +26,9 @@ use super::state_machine::verify_stored_snapshot;
 use super::storage::{
     damaged_folders, format_of, log_dir, meta_dir, sleds_set_aside_in, FORMAT_FILE,
 };
-use super::two_copies::{self, CopiesFound, REPAIR, VOTE};
+use super::two_copies::{self, CopiesFound, FAILED_SYNC, REPAIR, VOTE};
 use super::types::Vote;
-use super::wal::{self, DAMAGED_DIR};
+use super::wal::{self, FailedSync, DAMAGED_DIR};
 
 /// What the check found.
 #[derive(Debug, Default, serde::Serialize)]
@@ -78,7 +78,12 @@ pub fn check_data_dir(data_dir: &Path) -> io::Result<Report> {
     let first_index = check_log(&log, &mut report)?;
     let vote = two_copies::check::<Vote>(&log, &VOTE)?;
     let repair = two_copies::check::<Repair>(&log, &REPAIR)?;
-    for (record, found) in [(&VOTE, vote), (&REPAIR, repair)] {
+    let failed_sync = two_copies::check::<Option<FailedSync>>(&log, &FAILED_SYNC)?;
+    for (record, found) in [
+        (&VOTE, vote),
+        (&REPAIR, repair),
+        (&FAILED_SYNC, failed_sync),
+    ] {
         report_copies(&log.join(record.file_name), found, &mut report);
     }
     check_sled(data_dir, first_index, &mut report)?;
@@ -152,6 +157,19 @@ fn check_log(log: &Path, report: &mut Report) -> io::Result<Option<u64>> {
                 damage.first
             ),
         );
+    }
+    match &found.failed_sync {
+        Some((failed, Some((from, to)))) => report.fault(
+            FaultKind::FailedSync,
+            Path::new(&failed.file),
+            format!(
+                "{failed}; entries {from} to {to} were covered by that fdatasync alone and may                  be only in the page cache: the next start cuts them before it syncs anything,                  and the peers send them again"
+            ),
+        ),
+        Some((failed, None)) => report.notes.push(format!(
+            "{failed}; the log holds nothing past what was vouched for"
+        )),
+        None => {}
     }
     if let Some((segment, byte)) = &found.torn_tail {
         report.notes.push(format!(

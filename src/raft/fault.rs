@@ -19,6 +19,8 @@ pub enum FaultKind {
     UnreadableSector,
     /// The synced mark fails its checksum.
     SyncedMarkDamaged,
+    /// An `fdatasync` of the log failed, and the log holds records only it covered.
+    FailedSync,
     /// One copy of `log/vote` or `log/repair` fails its checks.
     RecordCopyDamaged,
     /// Both copies of `log/vote` or `log/repair` fail their checks.
@@ -32,12 +34,13 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 10] = [
+    pub const ALL: [FaultKind; 11] = [
         FaultKind::Format,
         FaultKind::LogDamaged,
         FaultKind::LostSyncedRecords,
         FaultKind::UnreadableSector,
         FaultKind::SyncedMarkDamaged,
+        FaultKind::FailedSync,
         FaultKind::RecordCopyDamaged,
         FaultKind::RecordLost,
         FaultKind::SledRefused,
@@ -53,6 +56,7 @@ impl FaultKind {
             FaultKind::LostSyncedRecords => "lost_synced_records",
             FaultKind::UnreadableSector => "unreadable_sector",
             FaultKind::SyncedMarkDamaged => "synced_mark_damaged",
+            FaultKind::FailedSync => "failed_sync",
             FaultKind::RecordCopyDamaged => "record_copy_damaged",
             FaultKind::RecordLost => "record_lost",
             FaultKind::SledRefused => "sled_refused",

@@ -47,7 +47,7 @@ use super::types::{
     AppendEntriesRequest, Entry, LogId, StorageError, StorageIOError, TypeConfig, Vote,
 };
 use super::wal::{
-    BadRecord, Damage, RecordsToVerify, SegmentFile, SyncedMark, Wal, RECORD_BYTES_MAX,
+    BadRecord, Damage, FailedSync, RecordsToVerify, SegmentFile, SyncedMark, Wal, RECORD_BYTES_MAX,
 };
 use crate::log::{decode, encode};
 use crate::wire::protocol::Repairing;
@@ -93,8 +93,11 @@ fn vote_leader(vote: Option<Vote>) -> CommittedLeaderId<NodeId> {
 }
 
 impl Repair {
-    /// The repair that `damage` calls for; `vote` is the durable vote, whose leader stands in
-    /// for the last entry's when no valid record after the damage says it.
+    /// The repair that `damage` calls for. The last entry's id is the last valid record's
+    /// after the damage, else the synced mark's (which knows the id of the final record it
+    /// covered), and only when neither says it the durable `vote`'s leader stands in for it: a
+    /// replica that stood unanswered holds a vote of a later term than its last entry, and
+    /// that bound would have it refuse a candidate whose log is exactly the one it held.
     fn of(damage: &Damage, vote: Option<Vote>) -> Repair {
         let last_index = damage.end_at_least - 1;
         let decoded = damage
@@ -103,7 +106,9 @@ impl Repair {
             .and_then(|bytes| decode::<Entry>(bytes, RECORD_BYTES_MAX as u64).ok())
             .map(|entry| entry.log_id)
             .filter(|id| id.index >= last_index);
-        let held = decoded.unwrap_or_else(|| LogId::new(vote_leader(vote), last_index));
+        let marked = damage.marked.filter(|id| id.index == last_index);
+        let held =
+            (decoded.or(marked)).unwrap_or_else(|| LogId::new(vote_leader(vote), last_index));
         Repair {
             first_damaged: damage.first,
             held,
@@ -187,6 +192,8 @@ struct Shared {
     repair: Mutex<TwoCopies<Option<Repair>>>,
     /// The damage this open found (and began repairing), for `ctrlog_storage_faults_total`.
     damage_found_at_open: Option<Damage>,
+    /// The failed `fdatasync` an earlier process recorded, which this open acted on.
+    failed_sync_found_at_open: Option<FailedSync>,
     /// The first failed `fdatasync`'s message, naming the segment (see [`mark_failed`]).
     first_sync_failure: Arc<OnceLock<String>>,
 }
@@ -242,23 +249,38 @@ fn mark_snapshotted(durable: &watch::Sender<Durable>, synced: Option<LogId>) {
 
 /// Raises `durable`'s mark to `synced`, the last entry of an `fdatasync` that returned, unless
 /// the log was truncated since that entry was written (after `written_after` truncations).
-/// The log's [`SyncedMark`] on disk is raised with it, under the same lock, so that no raise
-/// lands after a truncation that came later.
+/// The log's [`SyncedMark`] on disk is raised first, under the same lock, so that no raise
+/// lands after a truncation that came later. A raise of the mark that fails (its write, or
+/// a sync that failed first) fails the log as a failed `fdatasync` does, and the append is
+/// not acknowledged.
 fn mark_synced(
     durable: &watch::Sender<Durable>,
     mark: &SyncedMark,
     synced: LogId,
     written_after: u64,
-) {
+) -> Result<(), SyncFailed> {
+    let mut failed = None;
     durable.send_if_modified(|d| {
-        let raised =
-            d.failed.is_none() && d.truncations == written_after && !d.covers(Some(synced));
-        if raised {
-            d.synced = Some(synced);
-            mark.raise(synced.index);
+        let raise = d.failed.is_none() && d.truncations == written_after && !d.covers(Some(synced));
+        if !raise {
+            return false;
         }
-        raised
+        match mark.raise(synced) {
+            Ok(()) => {
+                d.synced = Some(synced);
+                true
+            }
+            Err(error) => {
+                d.failed.get_or_insert(error.kind());
+                failed = Some(SyncFailed {
+                    kind: error.kind(),
+                    message: error.to_string(),
+                });
+                true
+            }
+        }
     });
+    failed.map_or(Ok(()), Err)
 }
 
 /// Records that an `fdatasync` of the log failed (`failure`): from now on the mark is never
@@ -376,19 +398,41 @@ impl LogStore {
             );
             Ok(())
         };
-        let (wal, damage_found_at_open) = Wal::open_repairing(
+        let (mut wal, damage_found_at_open) = Wal::open_repairing(
             dir,
             last_purged.map(|l| l.index),
             segment_bytes_max,
             record_repair,
         )?;
+        let failed_sync_found_at_open = wal.failed_sync();
+        if let Some(failed) = &failed_sync_found_at_open {
+            // Before any sync: one would vouch for records that only the failed one covered.
+            let cut_from = failed.vouched_end.max(wal.first_index());
+            if failed.beyond_acknowledged && cut_from < wal.next_index() {
+                let held = last_log_id(&wal, last_purged)?
+                    .expect("a log with records past the cut has a last entry");
+                let needed = Repair {
+                    first_damaged: cut_from,
+                    held,
+                    segment: failed.file.clone(),
+                    byte: 0,
+                }
+                .merged(unfinished(&repair));
+                repair.save(&Some(needed.clone()))?;
+                tracing::error!(
+                    %needed,
+                    "the records a start failed to sync may have been acknowledged; this replica                      neither votes nor stands until the leader has sent them again"
+                );
+            }
+            wal.cut_after_failed_sync()?;
+        }
         // A crash of the process (not of the machine) can leave written but unsynced entries
         // in the page cache, which the log would now count as durable: sync them first.
-        wal.active_file().sync()?;
+        wal.active_file().sync_at_open()?;
         let last_log_id = last_log_id(&wal, last_purged)?;
         let mark = wal.synced_mark();
         if let Some(last) = last_log_id {
-            mark.raise(last.index);
+            mark.raise(last)?;
         }
         let vote = no_older_than_the_log(vote, last_log_id);
         if let Some(vote) = vote.filter(|v| Some(v) != vote_file.value()) {
@@ -433,6 +477,7 @@ impl LogStore {
                 recent: RecentEntries::default(),
                 repair: Mutex::new(repair),
                 damage_found_at_open,
+                failed_sync_found_at_open,
                 first_sync_failure,
             }),
         })
@@ -441,6 +486,12 @@ impl LogStore {
     /// The damage this open of the log found, if any: the repair it began.
     pub fn damage_found_at_open(&self) -> Option<&Damage> {
         self.shared.damage_found_at_open.as_ref()
+    }
+
+    /// The failed `fdatasync` an earlier process recorded, if this open found one and cut what
+    /// only it covered.
+    pub fn failed_sync_found_at_open(&self) -> Option<&FailedSync> {
+        self.shared.failed_sync_found_at_open.as_ref()
     }
 
     /// The repair still under way, if the log was found damaged (see [`Repair`]); `None` once
@@ -690,14 +741,15 @@ impl LogStore {
         last: LogId,
         written_after: u64,
     ) -> Result<(), SyncFailed> {
-        let synced = sync_file(file, &self.shared.durable);
-        match &synced {
-            Ok(()) => mark_synced(&self.shared.durable, &self.shared.mark, last, written_after),
-            Err(failure) => mark_failed(
+        let synced = sync_file(file, &self.shared.durable).and_then(|()| {
+            mark_synced(&self.shared.durable, &self.shared.mark, last, written_after)
+        });
+        if let Err(failure) = &synced {
+            mark_failed(
                 &self.shared.durable,
                 failure,
                 &self.shared.first_sync_failure,
-            ),
+            );
         }
         synced
     }
@@ -799,7 +851,7 @@ impl LogStore {
             &self.shared.mark,
             entry.log_id,
             truncations,
-        );
+        )?;
         Ok(())
     }
 }
@@ -1256,16 +1308,12 @@ impl Syncer {
                                     result
                                 }
                             };
-                        match &result {
-                            Ok(()) => mark_synced(
-                                &thread_durable,
-                                &mark,
-                                request.written.last,
-                                request.written.truncations,
-                            ),
-                            Err(failure) => {
-                                mark_failed(&thread_durable, failure, &thread_first_failure)
-                            }
+                        let result = result.and_then(|()| {
+                            let written = &request.written;
+                            mark_synced(&thread_durable, &mark, written.last, written.truncations)
+                        });
+                        if let Err(failure) = &result {
+                            mark_failed(&thread_durable, failure, &thread_first_failure)
                         }
                         stages.observe(Stage::log_sync, request.written.at.elapsed());
                         if let Some(callback) = request.callback {
@@ -1342,7 +1390,7 @@ mod tests {
             "{}",
             retried.message
         );
-        mark_synced(&durable, &mark, entry, 0);
+        assert!(mark_synced(&durable, &mark, entry, 0).is_err());
         assert_eq!(durable.borrow().synced, None, "nothing is vouched for");
         assert_eq!(
             super::super::wal::faults::synced_mark(dir.path()).unwrap(),

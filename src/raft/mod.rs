@@ -34,6 +34,7 @@ pub mod bad_sectors;
 pub mod check;
 pub mod elector;
 pub mod fault;
+pub mod files;
 pub mod founding;
 pub mod lease;
 pub mod log_matching;

@@ -32,10 +32,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::fault::FaultKind;
+use super::files::{create_durably, sync_dir};
 use super::log_store::{Flushing, LogStore, SEGMENT_BYTES_MAX};
 use super::meta_store::{Closed, MetaStore, SledRefused};
 use super::state_machine::{set_aside_damaged_snapshot, DamagedSnapshot, StateMachineStore};
-use super::wal::{create_durably, new_damaged_folder, sync_dir, DAMAGED_DIR};
+use super::wal::{new_damaged_folder, DAMAGED_DIR};
 use super::write_faults;
 use crate::wire::ClusterId;
 use crate::NodeId;
@@ -489,6 +490,9 @@ pub fn open_storage_with(
     let mut found_at_open = Vec::new();
     if log.damage_found_at_open().is_some() {
         found_at_open.push(FaultKind::LogDamaged);
+    }
+    if log.failed_sync_found_at_open().is_some() {
+        found_at_open.push(FaultKind::FailedSync);
     }
     let state_machine = match sled_set_aside {
         // Without sled's snapshot (and purge point) the log cannot be applied: start over.

@@ -1,5 +1,6 @@
 //! A small record kept where a rollback shows: two checksummed copies in a file of its own.
-//! The log keeps two such records: the vote ([`VOTE`]) and the repair under way ([`REPAIR`]).
+//! The log keeps three such records: the vote ([`VOTE`]), the repair under way ([`REPAIR`]) and
+//! a failed `fdatasync` ([`FAILED_SYNC`]).
 //!
 //! Why not only sled: Raft's safety rests on a replica never granting two votes in one term,
 //! so the vote must never come back older than it was made durable; and a damaged replica
@@ -31,7 +32,7 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::wal::create_durably;
+use super::files::create_durably;
 use super::write_faults::{attempt, Operation};
 use crate::log::{decode, encode};
 
@@ -53,6 +54,13 @@ pub const VOTE: Record = Record {
 pub const REPAIR: Record = Record {
     file_name: "repair",
     both_damaged: "this replica cannot know whether its log is whole, and must not vote with it",
+};
+
+/// A failed `fdatasync` of the log (see `wal::FailedSync`).
+pub const FAILED_SYNC: Record = Record {
+    file_name: "failed-sync",
+    both_damaged: "this replica cannot know whether an fdatasync of its log failed, and so \
+                   which of its records are on disk",
 };
 
 /// Where each copy starts: a block of its own.
@@ -149,6 +157,25 @@ pub fn check<T: DeserializeOwned>(dir: &Path, record: &Record) -> io::Result<Cop
         [false, false] => CopiesFound::BothDamaged,
         _ => CopiesFound::OneDamaged,
     })
+}
+
+/// The value `record`'s file in `dir` holds (the valid copy saved last), read without changing
+/// anything: `None` without a file or with both copies damaged, which [`check`] tells apart.
+pub fn read_only<T: DeserializeOwned>(dir: &Path, record: &Record) -> io::Result<Option<T>> {
+    let file = match File::open(dir.join(record.file_name)) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let copies = [
+        read_copy::<T>(&file, COPY_AT[0])?,
+        read_copy::<T>(&file, COPY_AT[1])?,
+    ];
+    Ok(copies
+        .into_iter()
+        .flatten()
+        .max_by_key(|(sequence, _)| *sequence)
+        .map(|(_, value)| value))
 }
 
 impl<T: Serialize + DeserializeOwned + Clone + PartialEq> TwoCopies<T> {
@@ -259,7 +286,7 @@ pub mod faults {
     use std::path::Path;
 
     use super::{Record, COPY_AT};
-    use crate::raft::wal::faults::invert_byte;
+    use crate::raft::files::faults::invert_byte;
 
     /// Flips byte `at` (modulo the copy's length) of copy `copy` (0 or 1) of `record`'s file
     /// in the log directory `dir`, if there is one; returns whether there was.

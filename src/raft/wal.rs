@@ -51,9 +51,14 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use openraft::CommittedLeaderId;
 
 use super::bad_sectors::{self, Salvaged};
+use super::files::sync_dir;
+use super::two_copies::{self, TwoCopies, FAILED_SYNC};
+use super::types::LogId;
 use super::write_faults::{attempt, Operation};
 
 /// Bytes of a record header: payload length and checksum.
@@ -69,8 +74,12 @@ const SEGMENT_SUFFIX: &str = "wal";
 /// so builds that do not know it (v0.1.0 among them) pass over it.
 const SYNCED_MARK_FILE: &str = "synced";
 
-/// Bytes of the synced mark's file: one past the marked index (0: none), and its CRC32.
+/// Bytes of the synced mark's index: one past the marked index (0: none), and its CRC32.
 const SYNCED_MARK_BYTES: usize = 12;
+
+/// Bytes of the synced mark's file with the marked entry's id: the index, then whether the id
+/// is known, its term and node, and a CRC32 of everything before it.
+const SYNCED_MARK_WITH_ID_BYTES: usize = SYNCED_MARK_BYTES + 1 + 16 + 4;
 
 /// Where one record sits in its segment.
 #[derive(Clone, Copy, Debug)]
@@ -84,12 +93,21 @@ struct RecordPos {
 pub struct SegmentFile {
     file: File,
     path: PathBuf,
+    /// The log's mark, through which every `fdatasync` of the log runs ([`SyncedMark::sync`]).
+    mark: Arc<SyncedMark>,
 }
 
 impl SegmentFile {
-    /// `fdatasync`s the segment; the error names it (`write_faults`).
+    /// `fdatasync`s the segment, unless one of the log failed before; a failure is recorded for
+    /// the next process ([`SyncedMark::sync`]). The error names the segment.
     pub fn sync(&self) -> io::Result<()> {
-        attempt(&self.path, Operation::Sync, || self.file.sync_data())
+        self.mark.sync(&self.path, false, || self.file.sync_data())
+    }
+
+    /// The same for the syncs a start runs over what an earlier process wrote, which may have
+    /// been acknowledged though the mark does not cover it (a power loss took its last raises).
+    pub fn sync_at_open(&self) -> io::Result<()> {
+        self.mark.sync(&self.path, true, || self.file.sync_data())
     }
 
     /// Writes `bytes` at `offset`; the error names the segment.
@@ -129,14 +147,67 @@ impl Segment {
 enum MarkFound {
     /// No mark: a new log, or one a build before the mark wrote.
     Missing,
-    /// The last index an `fdatasync` covered (`None`: none yet).
-    Holds(Option<u64>),
+    /// The last index an `fdatasync` covered (`None`: none yet), and that entry's full id
+    /// when the mark knows it (`None` for a mark written by a build before the id, or right
+    /// after a truncation).
+    Holds(Option<u64>, Option<LogId>),
     /// A mark that fails its checksum, which counts as none.
     Damaged,
 }
 
-/// The last index an `fdatasync` of the log covered, kept in its own small file: what tells
-/// an acknowledged final record that rotted from a torn final write (module docs).
+/// An `fdatasync` of the log that failed, recorded where the next process reads it (the
+/// two-copy file [`FAILED_SYNC`](super::two_copies::FAILED_SYNC)) before the replica stops.
+///
+/// Why: on a device error Linux keeps the pages it could not write in the page cache, marked
+/// clean, and reports the error once. A restarted replica reads those records back valid, and
+/// an `fdatasync` of its own succeeds without writing them (PostgreSQL's "fsyncgate"). So what
+/// the failed sync covered is cut at the next open ([`Wal::cut_after_failed_sync`]), before
+/// any sync of the new process could vouch for it; the peers send it again.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FailedSync {
+    /// One past the last index the synced mark vouched for when the sync failed: every record
+    /// from here on may have reached only the page cache.
+    pub vouched_end: u64,
+    /// Whether records from `vouched_end` on may have been acknowledged: true only for the
+    /// sync a start runs over what an earlier process wrote, which a mark that a power loss
+    /// left behind does not cover. A running replica acknowledges only what the mark covers.
+    pub beyond_acknowledged: bool,
+    /// The file whose sync failed, and the error, for the operator.
+    pub file: String,
+    pub error: String,
+}
+
+impl std::fmt::Display for FailedSync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "an fdatasync of {} failed ({}) with the log vouched for below index {}",
+            self.file, self.error, self.vouched_end
+        )
+    }
+}
+
+/// What the mark's file holds, and how the log's syncs have fared, under one lock so that no
+/// raise lands after a failure or a truncation that came first.
+struct MarkState {
+    /// One past the index the file holds (0: none): what the log vouches for.
+    end: u64,
+    /// The first failed `fdatasync` (or write of the mark) of this process: from then on
+    /// nothing is synced or raised.
+    failed: Option<String>,
+    /// Where a failure is recorded for the next process; created at open, so that recording
+    /// needs no new block of a failing disk.
+    record: TwoCopies<Option<FailedSync>>,
+    /// The failure an earlier process recorded, until [`Wal::cut_after_failed_sync`] acts on
+    /// it.
+    found_at_open: Option<FailedSync>,
+}
+
+/// The last index an `fdatasync` of the log covered, and that entry's id, kept in its own
+/// small file: what tells an acknowledged final record that rotted from a torn final write
+/// (module docs), and what a repair of a rotted final record knows it held. It also keeps the
+/// log's rule for failed syncs ([`FailedSync`]): every `fdatasync` of the log goes through
+/// [`SyncedMark::sync`].
 ///
 /// Why it costs no second `fdatasync`: it is raised with a plain write after each one, which a
 /// killed process does not lose (the page cache survives it). A power loss may take the last
@@ -144,14 +215,22 @@ enum MarkFound {
 /// tail, as it was before the mark: that needs two faults at once, and it is the window
 /// ARCHITECTURE.md states. The mark never claims too much: it is raised only after an
 /// `fdatasync`, and lowered durably by a truncation before anything is written again. A mark
-/// that fails its checksum is no mark.
+/// that fails its checksum is no mark. A raise that cannot be written stops the log as a
+/// failed `fdatasync` does: a mark left low would make rot in the synced records above it
+/// look like a torn tail.
+///
+/// Layout: `[end: u64 LE][crc32 of end]` (what builds before the id read), then `[1][term:
+/// u64 LE][node: u64 LE][crc32 of all before]` when the id is known (a 0 byte when not).
 pub struct SyncedMark {
     file: File,
+    path: PathBuf,
+    state: Mutex<MarkState>,
 }
 
 impl SyncedMark {
-    /// Opens the mark in the log's directory `dir`; returns it and the index it holds.
-    fn open(dir: &Path) -> io::Result<(SyncedMark, Option<u64>)> {
+    /// Opens the mark and the failed-sync record in the log's directory `dir`; returns it,
+    /// the index it holds and that entry's id, if known.
+    fn open(dir: &Path) -> io::Result<(SyncedMark, Option<u64>, Option<LogId>)> {
         let path = dir.join(SYNCED_MARK_FILE);
         let file = OpenOptions::new()
             .read(true)
@@ -159,37 +238,81 @@ impl SyncedMark {
             .create(true)
             .truncate(false)
             .open(&path)?;
-        let marked = match Self::read(&file)? {
-            MarkFound::Holds(marked) => marked,
-            MarkFound::Missing => None,
+        let (marked, id) = match Self::read(&file)? {
+            MarkFound::Holds(marked, id) => (marked, id),
+            MarkFound::Missing => (None, None),
             MarkFound::Damaged => {
                 tracing::warn!(
                     file = %path.display(),
                     "the synced mark fails its checksum and is ignored: until it is written \
                      again, rot in the log's final record looks like a torn write"
                 );
-                None
+                (None, None)
             }
         };
-        Ok((SyncedMark { file }, marked))
+        let mut record = TwoCopies::<Option<FailedSync>>::open(dir, &FAILED_SYNC)?;
+        let found_at_open = record.value().cloned().flatten();
+        if record.value().is_none() {
+            record.save(&None)?;
+        }
+        if let Some(failed) = &found_at_open {
+            tracing::error!(
+                %failed,
+                "an earlier process of this replica saw an fdatasync of its log fail: the \
+                 records it covered may be only in the page cache, and are cut before anything \
+                 is synced"
+            );
+        }
+        let state = MarkState {
+            end: marked.map_or(0, |index| index + 1),
+            failed: None,
+            record,
+            found_at_open,
+        };
+        let mark = SyncedMark {
+            file,
+            path,
+            state: Mutex::new(state),
+        };
+        Ok((mark, marked, id))
     }
 
     /// What the mark in `file` holds.
     fn read(file: &File) -> io::Result<MarkFound> {
-        let mut bytes = [0u8; SYNCED_MARK_BYTES];
-        match file.read_exact_at(&mut bytes, 0) {
-            Ok(()) => {
-                let (end, crc) = bytes.split_at(8);
-                if crc32fast::hash(end).to_le_bytes() == crc {
-                    let end = u64::from_le_bytes(end.try_into().unwrap());
-                    return Ok(MarkFound::Holds(end.checked_sub(1)));
+        let mut bytes = [0u8; SYNCED_MARK_WITH_ID_BYTES];
+        let read = match file.read_exact_at(&mut bytes, 0) {
+            Ok(()) => SYNCED_MARK_WITH_ID_BYTES,
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                match file.read_exact_at(&mut bytes[..SYNCED_MARK_BYTES], 0) {
+                    Ok(()) => SYNCED_MARK_BYTES,
+                    // New, or made by a build before the mark.
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                        return Ok(MarkFound::Missing)
+                    }
+                    Err(e) => return Err(e),
                 }
-                Ok(MarkFound::Damaged)
             }
-            // New, or made by a build before the mark.
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(MarkFound::Missing),
-            Err(e) => Err(e),
+            Err(e) => return Err(e),
+        };
+        let (end, crc) = bytes[..SYNCED_MARK_BYTES].split_at(8);
+        if crc32fast::hash(end).to_le_bytes() != crc {
+            return Ok(MarkFound::Damaged);
         }
+        let last = u64::from_le_bytes(end.try_into().unwrap()).checked_sub(1);
+        let with_id = &bytes[..read];
+        let id = match (last, with_id.get(SYNCED_MARK_BYTES)) {
+            (Some(index), Some(1)) => {
+                let (covered, crc) = with_id.split_at(SYNCED_MARK_WITH_ID_BYTES - 4);
+                let u64_at =
+                    |at: usize| u64::from_le_bytes(covered[at..at + 8].try_into().unwrap());
+                (crc32fast::hash(covered).to_le_bytes() == crc).then(|| {
+                    let leader = CommittedLeaderId::new(u64_at(13), u64_at(21));
+                    LogId::new(leader, index)
+                })
+            }
+            _ => None,
+        };
+        Ok(MarkFound::Holds(last, id))
     }
 
     /// What the mark in the log's directory `dir` holds, read without changing anything.
@@ -201,27 +324,125 @@ impl SyncedMark {
         }
     }
 
-    fn write(&self, last: Option<u64>) -> io::Result<()> {
-        let end = last.map_or(0, |index| index + 1).to_le_bytes();
-        let mut bytes = [0u8; SYNCED_MARK_BYTES];
+    /// Writes the mark: one past `last`'s index, and its id when `known`.
+    fn write(&self, last: Option<LogId>, known: bool) -> io::Result<()> {
+        let end = last.map_or(0, |id| id.index + 1).to_le_bytes();
+        let mut bytes = [0u8; SYNCED_MARK_WITH_ID_BYTES];
         bytes[..8].copy_from_slice(&end);
-        bytes[8..].copy_from_slice(&crc32fast::hash(&end).to_le_bytes());
-        self.file.write_all_at(&bytes, 0)
+        bytes[8..12].copy_from_slice(&crc32fast::hash(&end).to_le_bytes());
+        if let Some(id) = last.filter(|_| known) {
+            bytes[12] = 1;
+            bytes[13..21].copy_from_slice(&id.leader_id.term.to_le_bytes());
+            bytes[21..29].copy_from_slice(&id.leader_id.node_id.to_le_bytes());
+            let crc = crc32fast::hash(&bytes[..29]);
+            bytes[29..].copy_from_slice(&crc.to_le_bytes());
+        }
+        attempt(&self.path, Operation::Write, || {
+            self.file.write_all_at(&bytes, 0)
+        })
     }
 
-    /// Marks every record up to `index` as covered by an `fdatasync` that has completed. The
-    /// caller orders raises after the truncations they follow (`log_store::mark_synced`). A
-    /// failed write leaves the mark lower, which is safe: it is reported and not retried.
-    pub fn raise(&self, index: u64) {
-        if let Err(e) = self.write(Some(index)) {
-            tracing::warn!(index, error = %e, "the synced mark could not be raised");
+    fn state(&self) -> MutexGuard<'_, MarkState> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The error every sync and raise answers once one failed.
+    fn failed_before(first: &str) -> io::Error {
+        io::Error::other(format!(
+            "an fdatasync of the log failed before ({first}), so nothing written since can be \
+             vouched for"
+        ))
+    }
+
+    /// Marks every record up to `synced` as covered by an `fdatasync` that has completed. The
+    /// caller orders raises after the truncations they follow (`log_store::mark_synced`).
+    /// Refused once a sync failed; a failed write of the mark is recorded as a failed sync,
+    /// and both stop the log.
+    pub fn raise(&self, synced: LogId) -> io::Result<()> {
+        let mut state = self.state();
+        if let Some(first) = &state.failed {
+            return Err(Self::failed_before(first));
+        }
+        match self.write(Some(synced), true) {
+            Ok(()) => {
+                state.end = state.end.max(synced.index + 1);
+                Ok(())
+            }
+            Err(error) => {
+                self.fail(&mut state, &self.path, &error, false);
+                Err(error)
+            }
+        }
+    }
+
+    /// Runs `sync`, an `fdatasync` of the log's file at `path`, unless one failed before: then
+    /// nothing written since can be vouched for, and another `fdatasync` that succeeds would
+    /// say it is on disk when the page cache may have dropped it. A failure is recorded for the
+    /// next process ([`FailedSync`]); `beyond_acknowledged` says whether what it covered may
+    /// have been acknowledged. The error names the file.
+    pub fn sync(
+        &self,
+        path: &Path,
+        beyond_acknowledged: bool,
+        sync: impl FnOnce() -> io::Result<()>,
+    ) -> io::Result<()> {
+        if let Some(first) = &self.state().failed {
+            return Err(Self::failed_before(first));
+        }
+        attempt(path, Operation::Sync, sync).inspect_err(|error| {
+            self.fail(&mut *self.state(), path, error, beyond_acknowledged);
+        })
+    }
+
+    /// Records the first failure of this process, durably if the disk lets it. The record's
+    /// copies are written before each is synced, so that even when the disk refuses the
+    /// syncs, the next process of the same boot reads the failure from the page cache; after a
+    /// reboot, the cache that "fsyncgate" is about is gone.
+    fn fail(
+        &self,
+        state: &mut MarkState,
+        path: &Path,
+        error: &io::Error,
+        beyond_acknowledged: bool,
+    ) {
+        if state.failed.is_some() {
+            return;
+        }
+        state.failed = Some(error.to_string());
+        let failed = FailedSync {
+            vouched_end: state.end,
+            beyond_acknowledged,
+            file: path.display().to_string(),
+            error: error.to_string(),
+        };
+        match state.record.save(&Some(failed.clone())) {
+            Ok(()) => tracing::error!(
+                %failed,
+                "recorded: the next start cuts the records past what the log vouched for"
+            ),
+            Err(record_error) => tracing::error!(
+                %failed,
+                error = %record_error,
+                "the failed fdatasync could not be recorded durably: do not restart this \
+                 replica before `ctrlog check` shows its log, and move its records from index \
+                 {} on aside if the device lost them",
+                failed.vouched_end
+            ),
         }
     }
 
     /// Sets the mark to `last` durably: after a truncation, before anything is written again.
+    /// The id is not known there (the WAL does not read its entries), so the mark holds the
+    /// index alone until the next raise.
     fn set_durably(&self, last: Option<u64>) -> io::Result<()> {
-        self.write(last)?;
-        self.file.sync_data()
+        let mut state = self.state();
+        let last = last.map(|index| LogId::new(CommittedLeaderId::default(), index));
+        self.write(last, false)?;
+        attempt(&self.path, Operation::Sync, || self.file.sync_data())?;
+        state.end = last.map_or(0, |id| id.index + 1);
+        Ok(())
     }
 }
 
@@ -238,40 +459,6 @@ pub struct Wal {
 
 fn segment_path(dir: &Path, first_index: u64) -> PathBuf {
     dir.join(format!("{first_index:020}.{SEGMENT_SUFFIX}"))
-}
-
-/// `fsync`s the directory `dir`, so that the files created, renamed or removed in it stay so;
-/// the error names it.
-pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    attempt(dir, Operation::Sync, || File::open(dir)?.sync_all())
-}
-
-/// Creates the file `name` in `dir` whole or not at all: `write` fills it under a temporary
-/// name (`name.tmp`), which is synced and renamed into place, and the directory is synced, so
-/// that a crash leaves the old file (or none) or the new one, never a part. Returns the new
-/// file, open for reading and writing.
-pub fn create_durably(
-    dir: &Path,
-    name: &str,
-    write: impl FnOnce(&File) -> io::Result<()>,
-) -> io::Result<File> {
-    let temporary = dir.join(format!("{name}.tmp"));
-    let file = attempt(&temporary, Operation::Write, || {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&temporary)?;
-        write(&file)?;
-        Ok(file)
-    })?;
-    attempt(&temporary, Operation::Sync, || file.sync_all())?;
-    attempt(&temporary, Operation::Write, || {
-        std::fs::rename(&temporary, dir.join(name))
-    })?;
-    sync_dir(dir)?;
-    Ok(file)
 }
 
 fn corrupt(message: String) -> io::Error {
@@ -345,6 +532,9 @@ pub struct Damage {
     /// One past the last index the log is known to have held by the segments alone: the next
     /// segment's name, the valid records of later segments, or the damaged record itself.
     pub end_at_least: u64,
+    /// The id of the last entry the synced mark covered, when it knows it: the one source
+    /// of a damaged final record's id.
+    pub marked: Option<LogId>,
 }
 
 impl std::fmt::Display for Damage {
@@ -361,7 +551,12 @@ impl std::fmt::Display for Damage {
 
 /// The damage that starts in `scanned[at]`: where, and what the rest of the log and the
 /// synced mark (`synced_end`: one past the index it holds) say it held.
-fn describe_damage(scanned: &[ScannedSegment], at: usize, synced_end: u64) -> io::Result<Damage> {
+fn describe_damage(
+    scanned: &[ScannedSegment],
+    at: usize,
+    synced_end: u64,
+    marked: Option<LogId>,
+) -> io::Result<Damage> {
     let damaged = &scanned[at];
     let first = damaged.first_index + damaged.records.len() as u64;
     let end_at_least = scanned[at + 1..]
@@ -393,6 +588,7 @@ fn describe_damage(scanned: &[ScannedSegment], at: usize, synced_end: u64) -> io
         byte: damaged.valid_len,
         last_record,
         end_at_least,
+        marked,
     })
 }
 
@@ -555,15 +751,19 @@ pub struct WalCheck {
     pub torn_tail: Option<(PathBuf, u64)>,
     /// Sectors that fail reads (EIO): a segment and where its first one starts.
     pub unreadable: Vec<(PathBuf, u64)>,
+    /// A failed `fdatasync` that the process before recorded, and the records past what it
+    /// vouched for, which the next start cuts (`None` when there are none): indexes from and
+    /// to, included.
+    pub failed_sync: Option<(FailedSync, Option<(u64, u64)>)>,
 }
 
 /// Reads the log in `dir` as [`Wal::open_repairing`] would, verifying every record, and
 /// reports what it finds without changing anything: for `ctrlog check` on a stopped replica.
 pub fn check(dir: &Path) -> io::Result<WalCheck> {
-    let (synced_mark, mark_damaged) = match SyncedMark::read_only(dir)? {
-        MarkFound::Holds(marked) => (marked, false),
-        MarkFound::Missing => (None, false),
-        MarkFound::Damaged => (None, true),
+    let (synced_mark, marked_id, mark_damaged) = match SyncedMark::read_only(dir)? {
+        MarkFound::Holds(marked, id) => (marked, id, false),
+        MarkFound::Missing => (None, None, false),
+        MarkFound::Damaged => (None, None, true),
     };
     let synced_end = synced_mark.map_or(0, |index| index + 1);
     let Scan {
@@ -571,9 +771,20 @@ pub fn check(dir: &Path) -> io::Result<WalCheck> {
         damaged_at,
     } = scan(dir, synced_end)?;
     let damage = match damaged_at {
-        Some(at) => Some(describe_damage(&scanned, at, synced_end)?),
+        Some(at) => Some(describe_damage(&scanned, at, synced_end, marked_id)?),
         None => None,
     };
+    let next_index = scanned
+        .last()
+        .map_or(0, |s| s.first_index + s.records.len() as u64);
+    let failed_sync = two_copies::read_only::<Option<FailedSync>>(dir, &FAILED_SYNC)?
+        .flatten()
+        .map(|failed| {
+            let first = scanned.first().map_or(0, |s| s.first_index);
+            let from = failed.vouched_end.max(first);
+            let past = (from < next_index).then(|| (from, next_index - 1));
+            (failed, past)
+        });
     let lost_synced_records = damaged_at.is_some_and(|at| !scanned[at].damaged);
     let torn_tail = match (damaged_at, scanned.last()) {
         (None, Some(last)) if last.damaged => Some((last.path.clone(), last.valid_len)),
@@ -582,9 +793,7 @@ pub fn check(dir: &Path) -> io::Result<WalCheck> {
     Ok(WalCheck {
         segments: scanned.len(),
         first_index: scanned.first().map(|s| s.first_index),
-        next_index: scanned
-            .last()
-            .map_or(0, |s| s.first_index + s.records.len() as u64),
+        next_index,
         synced_mark,
         mark_damaged,
         damage,
@@ -593,6 +802,7 @@ pub fn check(dir: &Path) -> io::Result<WalCheck> {
         unreadable: (scanned.iter())
             .filter_map(|s| Some((s.path.clone(), s.unreadable_from?)))
             .collect(),
+        failed_sync,
     })
 }
 
@@ -755,7 +965,8 @@ impl Wal {
         before_cut: impl FnOnce(&Damage) -> io::Result<()>,
     ) -> io::Result<(Wal, Option<Damage>)> {
         std::fs::create_dir_all(dir)?;
-        let (mark, marked) = SyncedMark::open(dir)?;
+        let (mark, marked, marked_id) = SyncedMark::open(dir)?;
+        let mark = Arc::new(mark);
         let synced_end = marked.map_or(0, |index| index + 1);
         let Scan {
             mut scanned,
@@ -773,7 +984,7 @@ impl Wal {
         }
         let damage = match damaged_at {
             Some(at) => {
-                let damage = describe_damage(&scanned, at, synced_end)?;
+                let damage = describe_damage(&scanned, at, synced_end, marked_id)?;
                 tracing::error!(
                     segment = %damage.segment.display(),
                     byte = damage.byte,
@@ -796,7 +1007,7 @@ impl Wal {
         let first_index = purged_upto.map_or(0, |p| p + 1);
         let mut wal = Wal {
             dir: dir.to_path_buf(),
-            mark: Arc::new(mark),
+            mark: mark.clone(),
             segments: BTreeMap::new(),
             first_index,
             segment_bytes_max,
@@ -806,26 +1017,28 @@ impl Wal {
                 .read(true)
                 .write(true)
                 .open(&segment.path)?;
+            let file = SegmentFile {
+                file,
+                path: segment.path,
+                mark: mark.clone(),
+            };
             if segment.damaged {
                 if damage.is_none() {
                     tracing::warn!(
-                        segment = %segment.path.display(),
+                        segment = %file.path.display(),
                         kept_bytes = segment.valid_len,
                         "cutting a torn tail left by a crash"
                     );
                 }
-                file.set_len(segment.valid_len)?;
-                bad_sectors::forget_from(&segment.path, segment.valid_len);
-                file.sync_data()?;
+                file.file.set_len(segment.valid_len)?;
+                bad_sectors::forget_from(&file.path, segment.valid_len);
+                file.sync_at_open()?;
             }
             wal.segments.insert(
                 segment.first_index,
                 Segment {
                     first_index: segment.first_index,
-                    file: Arc::new(SegmentFile {
-                        file,
-                        path: segment.path,
-                    }),
+                    file: Arc::new(file),
                     records: segment.records,
                     len: segment.valid_len,
                 },
@@ -864,6 +1077,36 @@ impl Wal {
     /// The log's [`SyncedMark`], for whoever `fdatasync`s it.
     pub fn synced_mark(&self) -> Arc<SyncedMark> {
         self.mark.clone()
+    }
+
+    /// The failed `fdatasync` an earlier process recorded, until
+    /// [`cut_after_failed_sync`](Self::cut_after_failed_sync) acts on it.
+    pub fn failed_sync(&self) -> Option<FailedSync> {
+        self.mark.state().found_at_open.clone()
+    }
+
+    /// Acts on the failed `fdatasync` an earlier process recorded ([`FailedSync`]), before the
+    /// log is synced for anything else: cuts every record from the index the mark vouched
+    /// for then on, durably, and then forgets the failure. Records below it were on disk
+    /// before the failure; those from it on the peers send again, written anew, so that
+    /// only a sync of their new writes vouches for them. Does nothing without a failure.
+    /// The caller records a repair first when what is cut may have been acknowledged.
+    pub fn cut_after_failed_sync(&mut self) -> io::Result<()> {
+        let Some(failed) = self.failed_sync() else {
+            return Ok(());
+        };
+        if failed.vouched_end < self.next_index() {
+            tracing::warn!(
+                from = failed.vouched_end.max(self.first_index),
+                to = self.next_index() - 1,
+                "cutting the records that only the failed fdatasync covered"
+            );
+            self.truncate_from(failed.vouched_end)?;
+        }
+        let mut state = self.mark.state();
+        state.record.save(&None)?;
+        state.found_at_open = None;
+        Ok(())
     }
 
     /// The first index that is present (and not purged).
@@ -933,7 +1176,11 @@ impl Wal {
             first_index,
             Segment {
                 first_index,
-                file: Arc::new(SegmentFile { file, path }),
+                file: Arc::new(SegmentFile {
+                    file,
+                    path,
+                    mark: self.mark.clone(),
+                }),
                 records: Vec::new(),
                 len: 0,
             },
@@ -1187,6 +1434,8 @@ pub mod faults {
     use std::io;
     use std::path::{Path, PathBuf};
 
+    use crate::raft::files::faults::invert_byte;
+
     use super::{
         MarkFound, RecordPos, SyncedMark, Wal, RECORD_HEADER_BYTES, SEGMENT_SUFFIX,
         SYNCED_MARK_FILE,
@@ -1301,19 +1550,17 @@ pub mod faults {
     /// The index the log's synced mark holds, read as a stopped replica left it.
     pub fn synced_mark(dir: &Path) -> io::Result<Option<u64>> {
         Ok(match SyncedMark::read_only(dir)? {
-            MarkFound::Holds(marked) => marked,
+            MarkFound::Holds(marked, _) => marked,
             MarkFound::Missing | MarkFound::Damaged => None,
         })
     }
 
-    /// Inverts the byte at `offset` of the file at `path`: one flipped byte, as a rotting disk
-    /// leaves it.
-    pub fn invert_byte(path: &Path, offset: u64) -> io::Result<()> {
-        use std::os::unix::fs::FileExt;
-        let file = OpenOptions::new().read(true).write(true).open(path)?;
-        let mut byte = [0u8];
-        file.read_exact_at(&mut byte, offset)?;
-        file.write_all_at(&[!byte[0]], offset)
+    /// The id of the entry the log's synced mark holds, when the mark knows it.
+    pub fn synced_mark_id(dir: &Path) -> io::Result<Option<crate::raft::types::LogId>> {
+        Ok(match SyncedMark::read_only(dir)? {
+            MarkFound::Holds(_, id) => id,
+            MarkFound::Missing | MarkFound::Damaged => None,
+        })
     }
 
     /// Flips one byte of the synced mark's file, as a rotting disk would.
@@ -1441,6 +1688,11 @@ pub mod faults {
 mod tests {
     use super::*;
 
+    /// An entry's id at `index`, of term 1.
+    fn entry_id(index: u64) -> crate::raft::types::LogId {
+        crate::raft::types::LogId::new(openraft::CommittedLeaderId::new(1, 1), index)
+    }
+
     fn payload(i: u64) -> Vec<u8> {
         format!("record-{i}").into_bytes()
     }
@@ -1483,7 +1735,7 @@ mod tests {
 
         let listed = wal.records_to_verify(0, 7, 1 << 20).unwrap();
         let record = listed.records[3];
-        faults::invert_byte(listed.file.path(), record.pos + 9).unwrap();
+        crate::raft::files::faults::invert_byte(listed.file.path(), record.pos + 9).unwrap();
         let rotten = listed.verify().unwrap().expect("rot");
         assert_eq!(
             (rotten.index, rotten.byte, rotten.unreadable),
@@ -1492,7 +1744,7 @@ mod tests {
         assert!(wal.confirm_bad(&listed, &rotten));
 
         let sector_of_record_1 = listed.records[1].pos;
-        faults::invert_byte(listed.file.path(), record.pos + 9).unwrap();
+        crate::raft::files::faults::invert_byte(listed.file.path(), record.pos + 9).unwrap();
         bad_sectors::faults::make_unreadable(listed.file.path(), sector_of_record_1);
         let unreadable = listed.verify().unwrap().expect("a bad sector");
         assert_eq!(
@@ -1886,7 +2138,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let mut wal = Wal::open(dir.path(), None, 64).unwrap();
             fill(&mut wal, 1, LAST);
-            wal.synced_mark().raise(LAST);
+            wal.synced_mark().raise(entry_id(LAST)).unwrap();
             let record = damage_record(dir.path(), &wal, LAST, damage);
             drop(wal);
             assert_eq!(faults::synced_mark(dir.path()).unwrap(), Some(LAST));
@@ -1915,7 +2167,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut wal = Wal::open(dir.path(), None, 1 << 20).unwrap();
         fill(&mut wal, 1, 10);
-        wal.synced_mark().raise(10);
+        wal.synced_mark().raise(entry_id(10)).unwrap();
         let lost_from = wal.segments[&1].records[7].pos;
         drop(wal);
         let file = OpenOptions::new()
@@ -1937,7 +2189,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut wal = Wal::open(dir.path(), None, 1 << 20).unwrap();
         fill(&mut wal, 1, 10);
-        wal.synced_mark().raise(10);
+        wal.synced_mark().raise(entry_id(10)).unwrap();
         wal.truncate_from(6).unwrap();
         assert_eq!(faults::synced_mark(dir.path()).unwrap(), Some(5));
         fill(&mut wal, 6, 8);
@@ -1945,7 +2197,7 @@ mod tests {
         drop(wal);
         let wal = Wal::open(dir.path(), None, 1 << 20).expect("a torn tail past the mark");
         assert_eq!(wal.next_index(), 8);
-        wal.synced_mark().raise(7);
+        wal.synced_mark().raise(entry_id(7)).unwrap();
         damage_record(dir.path(), &wal, 7, DAMAGE[0].1);
         drop(wal);
         faults::flip_byte_of_synced_mark(dir.path()).unwrap();

@@ -67,7 +67,7 @@ pub async fn save(client: &ControlClient, path: &Path) -> anyhow::Result<Backup>
         .with_context(|| format!("{} names no file", path.display()))?
         .to_string_lossy()
         .into_owned();
-    crate::raft::wal::create_durably(folder, &name, |mut out| {
+    crate::raft::files::create_durably(folder, &name, |mut out| {
         std::io::Write::write_all(&mut out, &file)
     })
     .with_context(|| format!("writing {}", path.display()))?;
