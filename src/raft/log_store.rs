@@ -1362,6 +1362,40 @@ mod tests {
     use super::*;
     use crate::raft::write_faults::{faults, Operation};
 
+    /// Goal: a replica whose final record rotted, after it stood for election unanswered (its
+    /// vote's term above its last entry's), repairs toward the log it really held: the synced
+    /// mark names the final entry's id, so the repair does not outrank a candidate whose log
+    /// is exactly that one. Before, the vote's term stood in for the entry's.
+    #[test]
+    fn a_rotted_final_record_is_repaired_toward_the_id_the_synced_mark_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log_dir, meta_dir) = (dir.path().join("log"), dir.path().join("meta"));
+        let open = || {
+            let meta = Arc::new(MetaStore::open(&meta_dir).unwrap());
+            LogStore::open_with(&log_dir, meta, 1 << 20, Flushing::Inline).unwrap()
+        };
+        let held = LogId::new(CommittedLeaderId::new(2, 1), 5);
+        let store = open();
+        for index in 1..=held.index {
+            let log_id = LogId::new(held.leader_id, index);
+            let entry = Entry {
+                log_id,
+                payload: EntryPayload::Blank,
+            };
+            store.append_durable(&entry).unwrap();
+        }
+        // It stood alone in term 7: no entry of that term was ever written.
+        store.save_vote_durable(&Vote::new(7, 3)).unwrap();
+        drop(store);
+        let flipped = super::super::wal::faults::flip_final_synced_byte(&log_dir, 3).unwrap();
+        assert!(flipped.is_some(), "the final record is flipped");
+
+        let store = open();
+        let repair = store.repairing().unwrap().expect("a repair under way");
+        assert_eq!(repair.held, held, "the repair knows the entry the log held");
+        assert_eq!(repair.first_damaged, held.index);
+    }
+
     /// Goal: once an `fdatasync` of the log failed, none is attempted again and the durable
     /// mark never rises, though the device answers again: the page cache may have dropped
     /// what the failed one was asked to write, and a second one would not say so.
@@ -1390,7 +1424,23 @@ mod tests {
             "{}",
             retried.message
         );
-        assert!(mark_synced(&durable, &mark, entry, 0).is_err());
+        mark_synced(&durable, &mark, entry, 0).unwrap();
+        assert!(
+            mark.raise(entry).is_err(),
+            "the mark refuses a raise after a failure"
+        );
+        let recorded = crate::raft::two_copies::read_only::<Option<super::super::wal::FailedSync>>(
+            dir.path(),
+            &crate::raft::two_copies::FAILED_SYNC,
+        );
+        let recorded = recorded
+            .unwrap()
+            .flatten()
+            .expect("the failure is recorded");
+        assert_eq!(
+            recorded.vouched_end, 0,
+            "nothing was vouched for: {recorded}"
+        );
         assert_eq!(durable.borrow().synced, None, "nothing is vouched for");
         assert_eq!(
             super::super::wal::faults::synced_mark(dir.path()).unwrap(),
