@@ -506,6 +506,35 @@ async fn a_sled_refusing_its_files_is_set_aside_and_the_replica_starts_over() {
     );
 }
 
+/// Goal: on the first start over a v0.1.0 directory, whose vote lives only in sled, sled
+/// refusing its files is not answered by setting them aside: that would forget the vote, and
+/// the replica could vote twice in one term. The start refuses, names why and what to do,
+/// and changes nothing, so every later start refuses too until an operator acts. Before, the
+/// replica started with the last entry's term standing in for its vote.
+#[tokio::test]
+async fn sled_refused_on_a_v0_1_0_directory_whose_vote_only_it_held_refuses_the_start() {
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v0.1.0/single-replica");
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(&fixture, dir.path());
+    ctrlog::raft::files::faults::invert_byte(&meta_dir(dir.path()).join("conf"), 0).unwrap();
+    for start in 0..2 {
+        let refused = open_storage(dir.path())
+            .err()
+            .expect("the start is refused");
+        let message = refused.to_string();
+        assert!(
+            message.contains("vote only in sled") && message.contains("members remove"),
+            "start {start}: {message}"
+        );
+        assert!(
+            meta_dir(dir.path()).join("conf").exists(),
+            "nothing is set aside"
+        );
+        assert!(!log_dir(dir.path()).join("damaged").exists());
+    }
+}
+
 /// Regression: sled answers one inverted byte of its `conf` with `Unsupported` ("created
 /// using a sled version earlier than 0.29"), which the start took for an error and did not
 /// start on. It is a refusal like any other: sled's files are set aside, and the replica

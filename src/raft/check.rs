@@ -163,7 +163,9 @@ fn check_log(log: &Path, report: &mut Report) -> io::Result<Option<u64>> {
             FaultKind::FailedSync,
             Path::new(&failed.file),
             format!(
-                "{failed}; entries {from} to {to} were covered by that fdatasync alone and may                  be only in the page cache: the next start cuts them before it syncs anything,                  and the peers send them again"
+                "{failed}; entries {from} to {to} were covered by that fdatasync alone and may \
+                 be only in the page cache: the next start cuts them before it syncs anything, \
+                 and the peers send them again"
             ),
         ),
         Some((failed, None)) => report.notes.push(format!(

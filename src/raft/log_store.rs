@@ -421,7 +421,8 @@ impl LogStore {
                 repair.save(&Some(needed.clone()))?;
                 tracing::error!(
                     %needed,
-                    "the records a start failed to sync may have been acknowledged; this replica                      neither votes nor stands until the leader has sent them again"
+                    "the records a start failed to sync may have been acknowledged; this replica \
+                     neither votes nor stands until the leader has sent them again"
                 );
             }
             wal.cut_after_failed_sync()?;

@@ -36,7 +36,9 @@ use super::files::{create_durably, sync_dir};
 use super::log_store::{Flushing, LogStore, SEGMENT_BYTES_MAX};
 use super::meta_store::{Closed, MetaStore, SledRefused};
 use super::state_machine::{set_aside_damaged_snapshot, DamagedSnapshot, StateMachineStore};
-use super::wal::{new_damaged_folder, DAMAGED_DIR};
+use super::two_copies::{self, CopiesFound, VOTE};
+use super::types::Vote;
+use super::wal::{new_damaged_folder, DAMAGED_DIR, SYNCED_MARK_FILE};
 use super::write_faults;
 use crate::wire::ClusterId;
 use crate::NodeId;
@@ -411,7 +413,22 @@ fn open_meta(data_dir: &Path) -> io::Result<(MetaStore, Option<PathBuf>)> {
             None => return Err(error),
         },
     };
-    let kept = new_damaged_folder(&log_dir(data_dir))?;
+    let log = log_dir(data_dir);
+    if vote_known_only_to_sled(&log)? {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{}: sled refuses its files ({refused}), and this directory keeps its vote only \
+                 in sled (v0.1.0's layout: no {}): setting sled aside would forget what this \
+                 replica voted, and it could vote twice in one term. Nothing was changed. \
+                 Remove it from the cluster (`ctrlog members remove --id N`) and add it back \
+                 with an empty data directory",
+                dir.display(),
+                log.join(VOTE.file_name).display(),
+            ),
+        ));
+    }
+    let kept = new_damaged_folder(&log)?;
     std::fs::rename(&dir, kept.join(SLED_SET_ASIDE))?;
     sync_dir(&kept)?;
     sync_dir(data_dir)?;
@@ -422,6 +439,17 @@ fn open_meta(data_dir: &Path) -> io::Result<(MetaStore, Option<PathBuf>)> {
          the leader's snapshot"
     );
     Ok((MetaStore::open(&dir)?, Some(kept)))
+}
+
+/// Whether the replica's vote is kept in sled alone, as v0.1.0 kept it (and every build before
+/// the vote file): the log directory `log` has no vote file, and no build that keeps one has
+/// opened it. Such a build leaves the synced mark behind at its first open (the mark came
+/// after the vote file), and writes the vote file whenever a vote is known, so without the
+/// mark a missing vote file says nothing about what the replica voted.
+fn vote_known_only_to_sled(log: &Path) -> io::Result<bool> {
+    let vote_file = two_copies::check::<Vote>(log, &VOTE)?;
+    let opened_by_a_vote_file_build = log.join(SYNCED_MARK_FILE).exists();
+    Ok(vote_file == CopiesFound::Missing && log.is_dir() && !opened_by_a_vote_file_build)
 }
 
 /// The name sled's refused files take in their `log/damaged/` folder.

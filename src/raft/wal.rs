@@ -72,7 +72,7 @@ const SEGMENT_SUFFIX: &str = "wal";
 
 /// The file in the log's directory that holds the [`SyncedMark`]. It has no `.wal` suffix,
 /// so builds that do not know it (v0.1.0 among them) pass over it.
-const SYNCED_MARK_FILE: &str = "synced";
+pub const SYNCED_MARK_FILE: &str = "synced";
 
 /// Bytes of the synced mark's index: one past the marked index (0: none), and its CRC32.
 const SYNCED_MARK_BYTES: usize = 12;
