@@ -50,14 +50,16 @@ fn storage(c: &mut Criterion) {
             wal.active_file().sync().unwrap();
         })
     });
-    // What each flush adds since the synced mark: one 12-byte write, never synced.
+    // What each flush adds since the synced mark: one 33-byte write (the index and its entry's
+    // id), never synced.
     let mark = wal.synced_mark();
     let mut marked = wal.next_index() - 1;
     group.throughput(Throughput::Elements(1));
     group.bench_function("raise_the_synced_mark", |b| {
         b.iter(|| {
             marked += 1;
-            mark.raise(marked)
+            let id = LogId::new(CommittedLeaderId::new(1, 1), marked);
+            mark.raise(id).unwrap()
         })
     });
     let index = wal.next_index() - 1;

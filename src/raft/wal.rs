@@ -392,7 +392,7 @@ impl SyncedMark {
             return Err(Self::failed_before(first));
         }
         attempt(path, Operation::Sync, sync).inspect_err(|error| {
-            self.fail(&mut *self.state(), path, error, beyond_acknowledged);
+            self.fail(&mut self.state(), path, error, beyond_acknowledged);
         })
     }
 
