@@ -496,6 +496,134 @@ async fn removing_a_learner_removes_it_and_an_unreachable_member_leaves_nothing(
     cluster.shutdown().await;
 }
 
+/// Whether `answer` is the `NotLeader` a leader handing over to `to` gives: naming `to` and
+/// where it takes clients, as an append's.
+fn names_the_target<T: std::fmt::Debug>(
+    answer: &Result<T, ApiError>,
+    to: &Member,
+    id: u64,
+) -> bool {
+    matches!(
+        answer,
+        Err(ApiError::NotLeader { leader_id: Some(leader), leader_client_addr: Some(addr) })
+            if *leader == id && *addr == to.client_addr
+    )
+}
+
+/// Goal: a leader handing over sends nothing more to Raft, membership changes included. Their
+/// acknowledgements renewed its quorum lease after the target was told that the voters'
+/// leases lapse (issue 58, item 3: 923b218 fenced appends only, and a change during a
+/// handover was committed). Steps: three replicas and a fourth, started but not a member; the
+/// leader begins a handover to a follower (`quiesce_for_handover`, as `members
+/// transfer-leader` does); adding replica 4 and removing the other follower are answered
+/// `NotLeader` naming the target, as an append and a read index are, and the membership is
+/// unchanged; once the handover ends, replica 4 is added and removed again through a client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_handing_over_refuses_membership_changes_until_the_handover_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    // Past the founding raise, so the leader has committed an entry of its term. Replica 4,
+    // not a member, knows no leader: started only once the members agree on one.
+    append_many(&cluster, 1, 1).await;
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let joining = cluster.start_new(4, |_| {}).await.unwrap().member();
+    let to = cluster.follower_of(leader);
+    let other = (1..=3).find(|id| ![leader, to].contains(id)).unwrap();
+    let target = cluster.replica(to).member();
+    let handle = cluster.replica(leader).clone_handle();
+
+    handle.node().quiesce_for_handover(to, WAIT).await.unwrap();
+    let added = handle.add_member(4, joining.clone()).await;
+    assert!(names_the_target(&added, &target, to), "{added:?}");
+    let removed = handle.remove_member(other).await;
+    assert!(names_the_target(&removed, &target, to), "{removed:?}");
+    let appended = handle.append(command(2, 32)).await;
+    assert!(names_the_target(&appended, &target, to), "{appended:?}");
+    let read = handle.read_index().await;
+    assert!(names_the_target(&read, &target, to), "{read:?}");
+    assert_eq!(
+        members(&cluster, leader),
+        (BTreeSet::from([1, 2, 3]), BTreeSet::new()),
+        "nothing was changed during the handover"
+    );
+    handle.node().end_handover();
+
+    let client = ControlClient::connect(&cluster.client_addrs())
+        .await
+        .unwrap();
+    client.add_member(4, joining).await.unwrap();
+    client.remove_member(4).await.unwrap();
+    // Committed when `remove_member` returns; each replica applies it a moment later.
+    eventually("every member to see replica 4 removed", || {
+        (1..=3)
+            .all(|id| members(&cluster, id) == (BTreeSet::from([1, 2, 3]), BTreeSet::new()))
+            .then_some(())
+    })
+    .await;
+    cluster.shutdown().await;
+}
+
+/// Goal: a handover does not begin while a membership change is under way, whose next write
+/// to Raft would reach the voters after the target was told to stand; it is refused, with
+/// nothing begun, as retriable. Steps: the leader adds a replica that nobody runs (which holds
+/// the change for its first-contact bound); a handover asked meanwhile, with less patience
+/// than that, is answered `Unavailable` saying a membership change is under way (asked again
+/// while the change has not yet begun, or was refused by a handover that began first); the
+/// leader is then not handing over and takes appends; the change ends refused, leaving
+/// nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_is_refused_while_a_membership_change_is_under_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+    // At level 4, an added replica is first asked which levels it knows, and one that nobody
+    // runs holds the change until `LEARNER_FIRST_CONTACT_MAX`.
+    append_many(&cluster, 1, 1).await;
+    let leader = cluster.wait_for_leader(WAIT).await.unwrap();
+    let to = cluster.follower_of(leader);
+    let handle = cluster.replica(leader).clone_handle();
+    let add = || {
+        let handle = handle.clone();
+        tokio::spawn(async move { handle.add_member(5, unreachable_member()).await })
+    };
+    let mut change = add();
+    let started = std::time::Instant::now();
+    let why = loop {
+        assert!(started.elapsed() < WAIT, "no handover was refused");
+        let node = handle.node();
+        match node
+            .quiesce_for_handover(to, Duration::from_millis(300))
+            .await
+        {
+            Err(ApiError::Unavailable(why)) if why.contains("membership change") => break why,
+            // Begun before the change took the lock: it may have refused the change.
+            Ok(()) => {
+                node.end_handover();
+                if change.is_finished() {
+                    let refused = change.await.unwrap();
+                    assert!(
+                        matches!(refused, Err(ApiError::NotLeader { .. })),
+                        "{refused:?}"
+                    );
+                    change = add();
+                }
+            }
+            other => panic!("expected Unavailable or Ok, got {other:?}"),
+        }
+    };
+    assert!(why.contains("is under way"), "{why}");
+    assert_eq!(handle.node().handing_over_to(), None, "nothing was begun");
+    let appended = handle.append(command(2, 32)).await;
+    assert!(appended.is_ok(), "{appended:?}");
+    let ended = change.await.unwrap();
+    assert!(matches!(ended, Err(ApiError::Rejected(_))), "{ended:?}");
+    assert_eq!(
+        members(&cluster, leader),
+        (BTreeSet::from([1, 2, 3]), BTreeSet::new()),
+        "nothing left behind"
+    );
+    cluster.shutdown().await;
+}
+
 /// Regression (a replica that does not lead judged a heartbeat against its own applied state
 /// first, so one that had not yet applied a container's registration answered `Fenced`,
 /// which ends the container's session for good, where it had to answer `NotLeader`). Steps:

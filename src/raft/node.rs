@@ -124,7 +124,9 @@ struct NodeInner {
     /// Held through each membership change, so that changes run one at a time here.
     membership_changes: tokio::sync::Mutex<()>,
     levels: Arc<dyn MemberLevels>,
-    /// The voter this leader is handing over to (0: none): appends are sent there meanwhile.
+    /// The voter this leader is handing over to (0: none): appends, membership changes and
+    /// read indexes are sent there meanwhile ([`Node::refuse_while_handing_over`]). Set only
+    /// while `membership_changes` is held.
     handing_over_to: std::sync::atomic::AtomicU64,
     /// Over once this node's founding raise is ([`founding`]): until then, appends are held
     /// for it (`Founding::hold`).
@@ -334,13 +336,7 @@ impl Node {
         if self.leads_without_quorum() {
             return Err(not_leader(None, None));
         }
-        if let Some(to) = self.handing_over_to() {
-            let metrics = self.metrics();
-            return Err(not_leader(
-                Some(to),
-                metrics.membership_config.membership().get_node(&to),
-            ));
-        }
+        self.refuse_while_handing_over()?;
         let producer = proposal.producer;
         // An append waiting for a leader that loses its quorum meanwhile is answered then: its
         // fate is unknown, and the client retries it (with its producer pair) elsewhere.
@@ -543,18 +539,59 @@ impl Node {
         }
     }
 
-    /// Makes this leader fall silent for a handover to the voter `to`: appends are answered
-    /// `NotLeader` naming `to`, heartbeats stop, and it waits (up to `catch_up_max`) until
-    /// `to` holds and the leader has committed its last entry, then for the message carrying
-    /// that commit to leave. Then no voter hears it again, and their leases lapse an
+    /// `NotLeader` naming the voter this leader hands over to (and where it takes clients),
+    /// while it does: nothing this replica asks of Raft may reach the voters once a handover
+    /// began, as their acknowledgements would renew this leader's quorum lease while the
+    /// target stands on the lease it was told had lapsed.
+    ///
+    /// Every path of ctrlog that writes to Raft asks here first: appends, the founding raise
+    /// and the controller's commands ([`propose`](Self::propose), the one path to the
+    /// proposer's `client_write`), membership changes ([`add_member`](Self::add_member),
+    /// [`remove_member`](Self::remove_member): `add_learner` and `change_membership`), and
+    /// the heartbeats of a read index ([`read_index`](Self::read_index)). Raft's `initialize`
+    /// (`server::Replica::initialize`) does not: it acts only on a replica that holds no
+    /// state, which leads nothing to hand over.
+    fn refuse_while_handing_over(&self) -> Result<(), ApiError> {
+        match self.handing_over_to() {
+            None => Ok(()),
+            Some(to) => {
+                let metrics = self.inner.raft.metrics();
+                let metrics = metrics.borrow();
+                Err(not_leader(
+                    Some(to),
+                    metrics.membership_config.membership().get_node(&to),
+                ))
+            }
+        }
+    }
+
+    /// Makes this leader fall silent for a handover to the voter `to`: appends, membership
+    /// changes and read indexes are answered `NotLeader` naming `to`
+    /// ([`refuse_while_handing_over`](Self::refuse_while_handing_over)), heartbeats stop, and
+    /// it waits (up to `catch_up_max`) until `to` holds and the leader has committed its last
+    /// entry, then for the message carrying that commit to leave. Then no voter hears it again, and their leases lapse an
     /// `election_timeout_max` later. [`end_handover`](Self::end_handover) undoes it, whether
     /// the handover succeeded or not. `NotLeader` on a follower; `Rejected` for a `to` that is
-    /// not another voter.
+    /// not another voter; `Unavailable`, with nothing begun, while a membership change runs
+    /// past `catch_up_max` (its writes would reach the voters after the handover).
     pub async fn quiesce_for_handover(
         &self,
         to: NodeId,
         catch_up_max: Duration,
     ) -> Result<(), ApiError> {
+        let deadline = tokio::time::Instant::now() + catch_up_max;
+        // A membership change holds this lock through all its writes to Raft, and looks for a
+        // handover once it holds it: so none is under way once the handover is set, and none
+        // begins until it ends. Taken before the voters are looked at, which a change under
+        // way may change.
+        let changes = self.inner.membership_changes.lock();
+        let Ok(serialised) = tokio::time::timeout_at(deadline, changes).await else {
+            return Err(ApiError::Unavailable(format!(
+                "a membership change is under way on replica {} and did not end within \
+                 {catch_up_max:?}; no handover was begun (try again once it is over)",
+                self.id()
+            )));
+        };
         let mut metrics = self.raft().metrics();
         {
             let m = metrics.borrow();
@@ -571,8 +608,8 @@ impl Node {
         self.inner
             .handing_over_to
             .store(to, std::sync::atomic::Ordering::Release);
+        drop(serialised);
         self.raft().runtime_config().heartbeat(false);
-        let deadline = tokio::time::Instant::now() + catch_up_max;
         loop {
             let settled = {
                 let m = metrics.borrow_and_update();
@@ -601,8 +638,9 @@ impl Node {
         Ok(())
     }
 
-    /// Ends a handover ([`quiesce_for_handover`](Self::quiesce_for_handover)): appends are
-    /// taken again, and heartbeats resume should this replica still lead.
+    /// Ends a handover ([`quiesce_for_handover`](Self::quiesce_for_handover)): appends and
+    /// membership changes are taken again, and heartbeats resume should this replica still
+    /// lead.
     pub fn end_handover(&self) {
         self.raft().runtime_config().heartbeat(true);
         self.inner
@@ -616,9 +654,13 @@ impl Node {
     /// offset then. A `state` with that `min_offset`, at any replica, holds every write
     /// acknowledged before the call. Unlike [`state`](Self::state) at the leader, which
     /// trusts the leader lease (a bound on clock drift), it trusts no clock. `NotLeader` on a
-    /// follower; `Unavailable` when no quorum confirms.
+    /// follower, and naming the target on a leader handing over, which sends nothing more to
+    /// the voters; `Unavailable` when no quorum confirms.
     pub async fn read_index(&self) -> Result<Offset, ApiError> {
         use openraft::error::CheckIsLeaderError;
+        // Its round of heartbeats would tell the voters that this leader still leads, after
+        // the target was told that their leases lapse.
+        self.refuse_while_handing_over()?;
         match self.raft().ensure_linearizable().await {
             Ok(_) => Ok(self.applied().borrow().last_offset),
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward))) => {
@@ -778,6 +820,9 @@ impl Node {
     /// each other.
     pub async fn add_member(&self, id: NodeId, member: Member) -> Result<(), ApiError> {
         let _serialised = self.inner.membership_changes.lock().await;
+        // Looked at under the lock, which a handover takes to begin: none begins until this
+        // change, and all its writes to Raft, are over.
+        self.refuse_while_handing_over()?;
         self.membership_committed().await?;
         self.check_member_level(id, &member).await?;
         let raft = &self.inner.raft;
@@ -949,6 +994,8 @@ impl Node {
     /// learner. Serialised with the other membership changes at this replica.
     pub async fn remove_member(&self, id: NodeId) -> Result<(), ApiError> {
         let _serialised = self.inner.membership_changes.lock().await;
+        // Under the lock, as in `add_member`.
+        self.refuse_while_handing_over()?;
         self.membership_committed().await?;
         let membership = self.metrics().membership_config.membership().clone();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
