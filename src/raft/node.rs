@@ -128,6 +128,12 @@ struct NodeInner {
     /// read indexes are sent there meanwhile ([`Node::refuse_while_handing_over`]). Set only
     /// while `membership_changes` is held.
     handing_over_to: std::sync::atomic::AtomicU64,
+    /// Appends that passed the handover's fence in [`Node::propose`] and are not answered
+    /// yet: one may still be in the proposer's queue, on its way to Raft, when a handover
+    /// begins, so the handover waits for none to be left ([`Unanswered`]).
+    proposals_unanswered: std::sync::atomic::AtomicUsize,
+    /// Told whenever `proposals_unanswered` falls to zero.
+    proposals_answered: tokio::sync::Notify,
     /// Over once this node's founding raise is ([`founding`]): until then, appends are held
     /// for it (`Founding::hold`).
     founding: founding::Founding,
@@ -196,6 +202,8 @@ impl Node {
                 membership_changes: tokio::sync::Mutex::new(()),
                 levels,
                 handing_over_to: std::sync::atomic::AtomicU64::new(0),
+                proposals_unanswered: std::sync::atomic::AtomicUsize::new(0),
+                proposals_answered: tokio::sync::Notify::new(),
                 founding,
             }),
         };
@@ -333,6 +341,9 @@ impl Node {
     /// Proposes a command that passed the checks of [`append`](Self::append), unless this
     /// node leads without a quorum or is handing over.
     async fn propose(&self, proposal: Proposal) -> Result<AppendAck, ApiError> {
+        // Counted before the fence is looked at, so that a handover that begins now either
+        // is seen here or waits for this append ([`Unanswered`]).
+        let _unanswered = Unanswered::count(&self.inner);
         if self.leads_without_quorum() {
             return Err(not_leader(None, None));
         }
@@ -529,10 +540,13 @@ impl Node {
     ///
     /// [`quiesce_for_handover`]: Self::quiesce_for_handover
     pub fn handing_over_to(&self) -> Option<NodeId> {
+        // Sequentially consistent, as the count of unanswered appends it is read beside
+        // ([`Unanswered`]): either an append sees the handover, or the handover sees the
+        // append.
         match self
             .inner
             .handing_over_to
-            .load(std::sync::atomic::Ordering::Acquire)
+            .load(std::sync::atomic::Ordering::SeqCst)
         {
             0 => None,
             to => Some(to),
@@ -568,8 +582,9 @@ impl Node {
     /// Makes this leader fall silent for a handover to the voter `to`: appends, membership
     /// changes and read indexes are answered `NotLeader` naming `to`
     /// ([`refuse_while_handing_over`](Self::refuse_while_handing_over)), heartbeats stop, and
-    /// it waits (up to `catch_up_max`) until `to` holds and the leader has committed its last
-    /// entry, then for the message carrying that commit to leave. Then no voter hears it again, and their leases lapse an
+    /// it waits (up to `catch_up_max`) until every append already taken is answered, `to`
+    /// holds and the leader has committed its last entry, then for the message carrying that
+    /// commit to leave. Then no voter hears it again, and their leases lapse an
     /// `election_timeout_max` later. [`end_handover`](Self::end_handover) undoes it, whether
     /// the handover succeeded or not. `NotLeader` on a follower; `Rejected` for a `to` that is
     /// not another voter; `Unavailable`, with nothing begun, while a membership change runs
@@ -607,10 +622,15 @@ impl Node {
         }
         self.inner
             .handing_over_to
-            .store(to, std::sync::atomic::Ordering::Release);
+            .store(to, std::sync::atomic::Ordering::SeqCst);
         drop(serialised);
         self.raft().runtime_config().heartbeat(false);
         loop {
+            // Registered before the count is read, so that the last append's answer cannot
+            // pass unseen between the two.
+            let answered = self.inner.proposals_answered.notified();
+            tokio::pin!(answered);
+            answered.as_mut().enable();
             let settled = {
                 let m = metrics.borrow_and_update();
                 let held = (m.replication.as_ref())
@@ -620,13 +640,20 @@ impl Node {
                 let committed = m.last_applied.map(|l| l.index);
                 last.is_some() && held == last && committed == last
             };
-            if settled {
+            let unanswered =
+                (self.inner.proposals_unanswered).load(std::sync::atomic::Ordering::SeqCst);
+            if settled && unanswered == 0 {
                 break;
             }
-            match tokio::time::timeout_at(deadline, metrics.changed()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => return Err(ApiError::ShuttingDown),
-                Err(_) => {
+            tokio::select! {
+                biased;
+                changed = metrics.changed() => {
+                    if changed.is_err() {
+                        return Err(ApiError::ShuttingDown);
+                    }
+                }
+                () = &mut answered => {}
+                () = tokio::time::sleep_until(deadline) => {
                     return Err(ApiError::Unavailable(format!(
                         "replica {to} did not catch up within {catch_up_max:?}"
                     )))
@@ -645,7 +672,7 @@ impl Node {
         self.raft().runtime_config().heartbeat(true);
         self.inner
             .handing_over_to
-            .store(0, std::sync::atomic::Ordering::Release);
+            .store(0, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The read index for a linearizable read: confirms with a quorum of voters that this
@@ -1046,6 +1073,34 @@ impl Node {
             ))),
         };
         stored
+    }
+}
+
+/// One append counted in `proposals_unanswered` from before [`Node::propose`] looks at the
+/// handover's fence until it is answered, so that [`Node::quiesce_for_handover`] waits for
+/// every append that passed the fence: taken just before a handover began, one may still be
+/// in the proposer's queue when the leader's last entry looks committed, and reach Raft
+/// after the target was told to stand.
+///
+/// The count ends when the caller's future does: an append whose caller gave up on it (a
+/// client's deadline, a dropped connection) leaves its proposal in the proposer's queue
+/// uncounted. Only the proposer could count those, by its queue.
+struct Unanswered<'a>(&'a NodeInner);
+
+impl<'a> Unanswered<'a> {
+    fn count(inner: &'a NodeInner) -> Unanswered<'a> {
+        (inner.proposals_unanswered).fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Unanswered(inner)
+    }
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        let before =
+            (self.0.proposals_unanswered).fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        if before == 1 {
+            self.0.proposals_answered.notify_waiters();
+        }
     }
 }
 
