@@ -425,18 +425,6 @@ async fn a_zero_filled_wal_tail_is_cut_and_the_replica_catches_up() {
     cluster.shutdown().await;
 }
 
-/// An address pair nobody listens at (ports just released).
-fn unreachable_member() -> Member {
-    let free = || {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().to_string()
-    };
-    Member {
-        peer_addr: free(),
-        client_addr: free(),
-    }
-}
-
 /// The ids of the voters and of the learners in replica `id`'s membership.
 fn members(cluster: &LocalCluster, id: u64) -> (BTreeSet<u64>, BTreeSet<u64>) {
     let metrics = cluster.replica(id).metrics();

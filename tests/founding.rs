@@ -1,9 +1,11 @@
 //! A new cluster's vocabulary level (`raft::founding`), on `ctrlog serve` processes: founded
 //! at the highest level its members' builds know, with the raise as its first command, kept
 //! through a power loss of every replica, and bounded by a founding member that never answers.
+//! In this process: a founding member alone refuses appends rather than hold them.
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::WAIT;
@@ -12,6 +14,7 @@ use ctrlog::jobs::PRODUCER_WINDOW;
 use ctrlog::log::vocabulary::{LEVEL_KNOWN_TO_EVERY_RELEASE, LEVEL_MAX};
 use ctrlog::log::{Command, Filter, Level, LogEntry, ProducerSeq, Proposal, SetVocabularyLevel};
 use ctrlog::raft::founding::PATIENCE;
+use ctrlog::server::{Replica, ReplicaConfig};
 use ctrlog::tools::cluster::ProcessCluster;
 use ctrlog::tools::{poll_until, POLL_INTERVAL};
 use futures::StreamExt;
@@ -164,4 +167,40 @@ async fn a_founding_member_that_never_answers_bounds_the_level_after_the_patienc
         client.leader_status().await.unwrap().vocabulary_level,
         LEVEL_MAX
     );
+}
+
+/// Goal: a founding member that knows no leader of the new log (its fellow founders not
+/// started, or cut off) refuses an append `Unavailable` once it has known none for an
+/// election timeout, so that a client moves on to another replica instead of waiting out its
+/// whole try there. 923b218 held the append for 30 s, then refused it `NotLeader` naming no
+/// leader (issue 58, item 4: a client took 40 s and exit 3 with the founder down). Steps:
+/// replica 1 of a founding set of three starts in this process and initialises the cluster,
+/// with replicas 2 and 3 at addresses nobody listens at; an append to it is answered
+/// `Unavailable` saying it knows no leader of the new log, and nothing is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_founding_member_alone_refuses_appends_once_it_knows_no_leader_for_an_election_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = ReplicaConfig {
+        id: 1,
+        data_dir: dir.path().join("replica-1"),
+        ..ReplicaConfig::default()
+    };
+    let replica = Replica::start(config).await.unwrap();
+    let members = BTreeMap::from([
+        (1, replica.member()),
+        (2, common::unreachable_member()),
+        (3, common::unreachable_member()),
+    ]);
+    replica.initialize(members).await.unwrap();
+    let handle = replica.clone_handle();
+    // Bounded only so that a hold that never ends fails the test rather than hangs it.
+    let appended = tokio::time::timeout(WAIT, handle.append(Proposal::of_command(custom("first"))));
+    match appended.await {
+        Ok(Err(ApiError::Unavailable(why))) => {
+            assert!(why.contains("known no leader of the new log"), "{why}")
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert_eq!(handle.status().applied_offset, 0, "nothing was appended");
+    replica.shutdown().await;
 }

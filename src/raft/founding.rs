@@ -10,7 +10,9 @@
 //! the level is decided outside it. It takes offset 1, as etcd's first revision is its own.
 //! Until the raise is over, appends wait for it ([`Founding::hold`]), so that the cluster's
 //! first commands are decided at the level it was founded for; only a replica that knows
-//! another leader lets them through at once, for its Raft to refuse with that leader's name.
+//! another leader lets them through at once, for its Raft to refuse with that leader's name,
+//! and one that has known no leader for an election timeout refuses them `Unavailable`, so
+//! that the client asks another replica.
 //!
 //! A member that does not say which levels it knows (not started yet, or cut off) is waited
 //! for up to [`PATIENCE`]; after that it is taken to know [`LEVEL_KNOWN_TO_EVERY_RELEASE`],
@@ -59,6 +61,18 @@ pub trait NewLog: Send + Sync + 'static {
         -> impl Future<Output = Result<AppendAck, ApiError>> + Send;
 }
 
+/// Whom a replica's Raft names leader, as [`Founding::hold`] asks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Leader {
+    /// This replica (which may not hold its lease yet: the raise is then on its way).
+    This,
+    /// Another replica: its Raft refuses an append itself, naming that leader.
+    Another,
+    /// None: the replica stands for election, or hears no leader (cut off, or the other
+    /// founding members are not started).
+    Unknown,
+}
+
 /// Whether a node's founding raise is over: it is once the task that makes it ends, for
 /// whatever reason, as the task holds the guard that says so when dropped ([`pending`]).
 ///
@@ -80,25 +94,54 @@ impl Founding {
     }
 
     /// Holds an append to a new log until the founding raise is over, or for `at_most`,
-    /// unless `another_leads` says that Raft names another replica leader: Raft then refuses
-    /// the append itself, with that leader's name.
+    /// unless `leader` says that Raft names another replica leader: Raft then refuses the
+    /// append itself, with that leader's name. `Ok` once the append may go on to Raft.
     ///
     /// Held also while this replica stands for election or knows no leader, not only while it
     /// leads: an append let through while it stood reached its Raft core after the core had
     /// won, and took offset 1. The seeded simulation left the cluster at level 1 that way in
     /// 10 of seeds 1–38 (3 replicas); holding here, in none of 1,837 runs (RELIABILITY.md).
     ///
+    /// But not for long while it knows no leader: once it has known none for `leaderless_max`
+    /// (an election timeout) without a break while the append waits, the append is refused
+    /// `Unavailable`, which a client retries at another replica. A replica cut off, or whose
+    /// fellow founders are not started, would otherwise keep it for `at_most`, the client's
+    /// whole deadline for the try. Refused, it is not let through, so the raise still takes
+    /// offset 1.
+    ///
     /// It looks every `HOLD_LOOKS_EVERY` rather than watching Raft's metrics, for the same
     /// reason as [`Founding`] is a token: a `watch` wakes its waiters in a random order.
-    pub async fn hold(&self, another_leads: impl Fn() -> bool, at_most: Duration) {
+    pub async fn hold(
+        &self,
+        leader: impl Fn() -> Leader,
+        leaderless_max: Duration,
+        at_most: Duration,
+    ) -> Result<(), ApiError> {
         let deadline = Instant::now() + at_most;
-        while !self.is_over() && !another_leads() {
-            let left = deadline.saturating_duration_since(Instant::now());
+        let mut leaderless_since = None;
+        while !self.is_over() {
+            let now = Instant::now();
+            match leader() {
+                Leader::Another => return Ok(()),
+                Leader::This => leaderless_since = None,
+                Leader::Unknown => {
+                    let leaderless = now - *leaderless_since.get_or_insert(now);
+                    if leaderless >= leaderless_max {
+                        return Err(ApiError::Unavailable(format!(
+                            "this replica has known no leader of the new log for \
+                             {leaderless:?} (cut off, or its fellow founding members not \
+                             started); ask another replica"
+                        )));
+                    }
+                }
+            }
+            let left = deadline.saturating_duration_since(now);
             if left.is_zero() {
-                return;
+                return Ok(());
             }
             let _ = tokio::time::timeout(HOLD_LOOKS_EVERY.min(left), self.0.cancelled()).await;
         }
+        Ok(())
     }
 }
 
@@ -216,47 +259,112 @@ async fn raise_once(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicU8, Ordering};
 
     use super::*;
 
+    /// The election timeout the tests hold appends with.
+    const LEADERLESS_MAX: Duration = Duration::from_millis(450);
+
+    /// A `leader` for [`Founding::hold`] that reads what a spawned task sets.
+    fn read(named: &Arc<AtomicU8>) -> impl Fn() -> Leader + '_ {
+        || match named.load(Ordering::SeqCst) {
+            0 => Leader::This,
+            1 => Leader::Another,
+            _ => Leader::Unknown,
+        }
+    }
+
+    /// Sets `named` to `to` after `after`.
+    fn names(named: &Arc<AtomicU8>, to: u8, after: Duration) {
+        let named = named.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            named.store(to, Ordering::SeqCst);
+        });
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_append_is_held_until_the_raise_is_over_or_another_replica_leads() {
-        // Held until the raise is over.
+        let held = |founding: &Founding, leader: Leader| {
+            let founding = Founding(founding.0.clone());
+            async move {
+                let began = Instant::now();
+                let answer =
+                    (founding.hold(|| leader, LEADERLESS_MAX, Duration::from_secs(30))).await;
+                (answer.is_ok(), began.elapsed())
+            }
+        };
+        // Held until the raise is over, while this replica leads.
         let (raise, founding) = pending();
-        let began = Instant::now();
         let over = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(300)).await;
             drop(raise);
         });
-        founding.hold(|| false, Duration::from_secs(30)).await;
-        assert_eq!(began.elapsed(), Duration::from_millis(300));
+        assert_eq!(
+            held(&founding, Leader::This).await,
+            (true, Duration::from_millis(300))
+        );
         over.await.unwrap();
 
         // Held until Raft names another leader, looked at every `HOLD_LOOKS_EVERY`.
         let (raise, founding) = pending();
-        let another_leads = Arc::new(AtomicBool::new(false));
-        let learns = another_leads.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(205)).await;
-            learns.store(true, Ordering::SeqCst);
-        });
+        let named = Arc::new(AtomicU8::new(0));
+        names(&named, 1, Duration::from_millis(205));
         let began = Instant::now();
-        founding
-            .hold(
-                || another_leads.load(Ordering::SeqCst),
-                Duration::from_secs(30),
-            )
-            .await;
+        let answer = founding.hold(read(&named), LEADERLESS_MAX, Duration::from_secs(30));
+        assert!(answer.await.is_ok());
         assert_eq!(began.elapsed(), Duration::from_millis(210));
 
         // Never longer than asked, and not at all once over.
-        let began = Instant::now();
-        founding.hold(|| false, Duration::from_secs(30)).await;
-        assert_eq!(began.elapsed(), Duration::from_secs(30));
+        assert_eq!(
+            held(&founding, Leader::This).await,
+            (true, Duration::from_secs(30))
+        );
         drop(raise);
+        assert_eq!(
+            held(&founding, Leader::Unknown).await,
+            (true, Duration::ZERO)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_append_to_a_replica_that_knows_no_leader_is_refused_after_an_election_timeout() {
+        // Refused once no leader was known for `LEADERLESS_MAX`, not after `at_most`.
+        let (_raise, founding) = pending();
         let began = Instant::now();
-        founding.hold(|| false, Duration::from_secs(30)).await;
-        assert_eq!(began.elapsed(), Duration::ZERO);
+        let answer = founding.hold(|| Leader::Unknown, LEADERLESS_MAX, Duration::from_secs(30));
+        match answer.await {
+            Err(ApiError::Unavailable(why)) => {
+                assert!(why.contains("known no leader of the new log"), "{why}")
+            }
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+        assert_eq!(began.elapsed(), LEADERLESS_MAX);
+
+        // Counted again from a look that found no leader after one that found a leader: no
+        // leader until 305 ms, this replica from then to 505 ms, none after; refused at the
+        // look of 960 ms, `LEADERLESS_MAX` after the one of 510 ms.
+        let named = Arc::new(AtomicU8::new(2));
+        names(&named, 0, Duration::from_millis(305));
+        names(&named, 2, Duration::from_millis(505));
+        let began = Instant::now();
+        let answer = founding.hold(read(&named), LEADERLESS_MAX, Duration::from_secs(30));
+        assert!(matches!(answer.await, Err(ApiError::Unavailable(_))));
+        assert_eq!(began.elapsed(), Duration::from_millis(960));
+
+        // A replica that stands (no leader) and wins before the bound keeps holding, until
+        // the raise is over.
+        let (raise, founding) = pending();
+        let named = Arc::new(AtomicU8::new(2));
+        names(&named, 0, Duration::from_millis(405));
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            drop(raise);
+        });
+        let began = Instant::now();
+        let answer = founding.hold(read(&named), LEADERLESS_MAX, Duration::from_secs(30));
+        assert!(answer.await.is_ok());
+        assert_eq!(began.elapsed(), Duration::from_secs(2));
     }
 }

@@ -65,9 +65,10 @@ const MEMBER_LEVEL_ANSWER_MAX: Duration = Duration::from_secs(5);
 /// How long a replica being added that did not say which levels it knows is left before it
 /// is asked again.
 const MEMBER_LEVEL_RETRY: Duration = Duration::from_millis(200);
-/// The longest an append to a new log waits for the founding raise: beyond the
-/// founding's patience with silent members and one round of their answers, so that it is
-/// only ever cut short by a founding that is stuck.
+/// The longest an append to a new log waits for the founding raise on a replica that leads
+/// it (one that knows no leader refuses it sooner, `Founding::hold`): beyond the founding's
+/// patience with silent members and one round of their answers, so that it is only ever cut
+/// short by a founding that is stuck.
 const FOUNDING_WAIT_MAX: Duration = Duration::from_secs(30);
 
 /// A learner this close to the leader's last entry counts as caught up. Under traffic the
@@ -135,7 +136,7 @@ struct NodeInner {
     /// Told whenever `proposals_unanswered` falls to zero.
     proposals_answered: tokio::sync::Notify,
     /// Over once this node's founding raise is ([`founding`]): until then, appends are held
-    /// for it (`Founding::hold`).
+    /// for it, or refused where no leader is known (`Founding::hold`).
     founding: founding::Founding,
 }
 
@@ -264,11 +265,14 @@ impl Node {
         lease::leads(&metrics, self.inner.id, &self.inner.lease)
     }
 
-    /// Whether this replica's Raft core names another replica leader: it then refuses writes
-    /// itself, naming that leader.
-    fn raft_names_another_leader(&self) -> bool {
-        let leader = self.inner.raft.metrics().borrow().current_leader;
-        leader.is_some_and(|leader| leader != self.inner.id)
+    /// Whom this replica's Raft core names leader, for the founding's hold: one that names
+    /// another refuses writes itself, naming that leader.
+    fn named_leader(&self) -> founding::Leader {
+        match self.inner.raft.metrics().borrow().current_leader {
+            Some(leader) if leader == self.inner.id => founding::Leader::This,
+            Some(_) => founding::Leader::Another,
+            None => founding::Leader::Unknown,
+        }
     }
 
     /// Whether this replica believes it leads but has not heard from a quorum for longer than
@@ -282,8 +286,9 @@ impl Node {
 
     /// Appends one command through the proposer; answered once committed and applied. Refused
     /// before it is proposed: a command over the size limit, a malformed one, a vocabulary
-    /// level this build or a member does not know, and any while this node leads without
-    /// a quorum.
+    /// level this build or a member does not know, any while this node leads without
+    /// a quorum, and any to a new log while this node has known no leader of it for an
+    /// election timeout (`Founding::hold`).
     pub async fn append(&self, proposal: Proposal) -> Result<AppendAck, ApiError> {
         let size = proposal.frame.body.len();
         if size > self.inner.command_bytes_max {
@@ -329,11 +334,15 @@ impl Node {
         }
         if !self.inner.founding.is_over() {
             // A new log's first command is its level raise ([`founding`]), so that a
-            // cluster's first commands are decided at the level it was founded for.
+            // cluster's first commands are decided at the level it was founded for. A replica
+            // that knows no leader for an election timeout refuses the append, retriable,
+            // rather than keep it for the client's whole try.
+            let leaderless_max =
+                Duration::from_millis(self.inner.raft.config().election_timeout_max);
             let founding = &self.inner.founding;
             founding
-                .hold(|| self.raft_names_another_leader(), FOUNDING_WAIT_MAX)
-                .await;
+                .hold(|| self.named_leader(), leaderless_max, FOUNDING_WAIT_MAX)
+                .await?;
         }
         self.propose(proposal).await
     }
@@ -580,11 +589,10 @@ impl Node {
     }
 
     /// Makes this leader fall silent for a handover to the voter `to`: appends, membership
-    /// changes and read indexes are answered `NotLeader` naming `to`
-    /// ([`refuse_while_handing_over`](Self::refuse_while_handing_over)), heartbeats stop, and
-    /// it waits (up to `catch_up_max`) until every append already taken is answered, `to`
-    /// holds and the leader has committed its last entry, then for the message carrying that
-    /// commit to leave. Then no voter hears it again, and their leases lapse an
+    /// changes and read indexes are answered `NotLeader` naming `to`, heartbeats stop, and it
+    /// waits (up to `catch_up_max`) until every append already taken is answered, `to` holds
+    /// and the leader has committed its last entry, then for the message carrying that commit
+    /// to leave. Then no voter hears it again, and their leases lapse an
     /// `election_timeout_max` later. [`end_handover`](Self::end_handover) undoes it, whether
     /// the handover succeeded or not. `NotLeader` on a follower; `Rejected` for a `to` that is
     /// not another voter; `Unavailable`, with nothing begun, while a membership change runs

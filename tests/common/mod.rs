@@ -6,7 +6,7 @@ pub mod proxy;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use ctrlog::client::{ApiError, AppendAck, ClientError, ControlClient, FetchRequest};
+use ctrlog::client::{ApiError, AppendAck, ClientError, ControlClient, FetchRequest, Member};
 use ctrlog::log::{Command, LogEntry, Proposal, Target};
 use ctrlog::server::ReplicaHandle;
 use ctrlog::tools::{poll_until, LocalCluster, POLL_INTERVAL};
@@ -30,6 +30,18 @@ pub async fn eventually<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> 
     })
     .await
     .unwrap_or_else(|timed_out| panic!("{timed_out}"))
+}
+
+/// An address pair nobody listens at (ports just released): a member not started.
+pub fn unreachable_member() -> Member {
+    let free = || {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().to_string()
+    };
+    Member {
+        peer_addr: free(),
+        client_addr: free(),
+    }
 }
 
 pub fn command(i: u64, size: usize) -> Proposal {
