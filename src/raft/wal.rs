@@ -156,7 +156,7 @@ enum MarkFound {
 }
 
 /// An `fdatasync` of the log that failed, recorded where the next process reads it (the
-/// two-copy file [`FAILED_SYNC`](super::two_copies::FAILED_SYNC)) before the replica stops.
+/// two-copy file [`FAILED_SYNC`]) before the replica stops.
 ///
 /// Why: on a device error Linux keeps the pages it could not write in the page cache, marked
 /// clean, and reports the error once. A restarted replica reads those records back valid, and
