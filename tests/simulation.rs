@@ -18,13 +18,14 @@ const CI_SEEDS: u64 = 4;
 const SEEDS_SCANNED_MAX: u64 = 24;
 
 /// Runs of the rotting disk in CI whose rotting replica crashes and finds damage: in its WAL
-/// (the final record too), in its stored snapshot, in sled's data file (which sled refuses
-/// once), in writes the disk lost, and under sectors that fail reads (once while it runs);
-/// and whose disk fails writes while it runs (the replica stops and is restarted). A read
-/// failing while the replica runs is the rarest: 1 of seeds 50–99 (67) at the founding's hold
-/// on appends, which moved every schedule; scan `CTRLOG_SIM_ROT=1 CTRLOG_SIM_SEED_BASE=50
-/// CTRLOG_SIM_SEEDS=50` again when they move.
-const ROTTING_SEEDS: [(u64, u64); 3] = [(52, 3), (55, 3), (67, 3)];
+/// (the final record too, once after it stood alone above its log), in its stored snapshot, in
+/// sled's data file (which sled refuses once), in writes the disk lost, and under sectors that
+/// fail reads (once while it runs); and whose disk fails writes while it runs (the replica
+/// stops and is restarted, once after a failed `fdatasync` whose records its restart cuts). A
+/// read failing while the replica runs is the rarest: 2 of seeds 50–99 (67, 74) since the
+/// failed-sync record and the crash after standing alone, which moved every schedule; scan
+/// `CTRLOG_SIM_ROT=1 CTRLOG_SIM_SEED_BASE=50 CTRLOG_SIM_SEEDS=50` again when they move.
+const ROTTING_SEEDS: [(u64, u64); 3] = [(58, 3), (66, 3), (67, 3)];
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| {
@@ -262,7 +263,12 @@ fn a_deposed_leader_caught_up_by_snapshot_leads_again_and_takes_appends() {
 /// "sleds set aside"); a read failing while it runs stops its Raft core, and its restart
 /// repairs the range (counted as "restarts after a failed read"); a disk that fills up or
 /// fails writes stops it at the first write or `fdatasync` that fails, and its restart once
-/// healed catches up (counted as "restarts after a failed write").
+/// healed catches up (counted as "restarts after a failed write"); a failed `fdatasync` is
+/// recorded, and the restart (its power kept, so the page cache still holds the records the
+/// failed sync covered) cuts them before any sync of its own. A replica that stood alone above
+/// its log and then found its final record rotted repairs toward the entry its synced mark
+/// names, not toward its vote's term. Before 45e04e8 that restart synced the kept records and
+/// vouched for them, and that repair refused every candidate holding exactly its log.
 /// On the build before it, WAL damage was cut as a torn tail and the replica voted with a log
 /// that had forgotten what it acknowledged, and a damaged snapshot kept the replica from
 /// starting; before the synced mark, rot in the final record was cut as a torn tail.
@@ -272,6 +278,7 @@ fn one_rotting_disk_loses_nothing_and_is_repaired_from_the_peers() {
     let (mut synced_writes_lost, mut sled_bytes_flipped, mut sleds_set_aside) = (0, 0, 0);
     let (mut sectors_failing_reads, mut restarts_after_a_failed_read) = (0, 0);
     let (mut disks_failing_writes, mut restarts_after_a_failed_write) = (0, 0);
+    let (mut failed_syncs_cut, mut final_records_below_a_higher_vote) = (0, 0);
     for (seed, replicas) in ROTTING_SEEDS {
         let mut config = SimConfig::new(seed, replicas);
         config.rot_one_disk = true;
@@ -290,6 +297,9 @@ fn one_rotting_disk_loses_nothing_and_is_repaired_from_the_peers() {
         restarts_after_a_failed_read += report.faults["restarts after a failed read"];
         disks_failing_writes += report.faults["disks failing writes"];
         restarts_after_a_failed_write += report.faults["restarts after a failed write"];
+        failed_syncs_cut += report.faults["failed syncs with records to cut"];
+        final_records_below_a_higher_vote +=
+            report.faults["final records flipped below a higher vote"];
         assert!(
             report.violations.is_empty(),
             "seed {seed} ({}): {:#?}",
@@ -317,5 +327,13 @@ fn one_rotting_disk_loses_nothing_and_is_repaired_from_the_peers() {
     assert!(
         restarts_after_a_failed_write > 0,
         "no seed's replica stopped on a failed write"
+    );
+    assert!(
+        failed_syncs_cut > 0,
+        "no seed restarted a replica over records only a failed fdatasync covered"
+    );
+    assert!(
+        final_records_below_a_higher_vote > 0,
+        "no seed rotted the final record of a replica that stood alone above its log"
     );
 }

@@ -250,6 +250,14 @@ struct Record {
     /// failing device), and its restarts once it stopped on one and the disk was healed.
     disks_failing_writes: u32,
     restarts_after_a_failed_write: u32,
+    /// The last index each replica that exited with its power kept had written.
+    written_at_exit: BTreeMap<NodeId, u64>,
+    /// Restarts that found a failed `fdatasync` recorded, and those of them whose files still
+    /// held records that only the failed sync had covered, which the open must cut.
+    failed_syncs_found_at_open: u32,
+    failed_syncs_with_records_to_cut: u32,
+    /// Final records that rotted on a replica whose vote's term was above the entry's.
+    final_records_flipped_below_a_higher_vote: u32,
     /// Writes to fail once the rotting replica runs again: what, and how.
     writes_to_fail_once_running: Option<FailingWrites>,
     repairs_begun: u32,
@@ -298,6 +306,15 @@ struct LogMatchingWatch {
 /// heard it, at the earliest), which is the window in which openraft 0.9 restored it as
 /// leader of its old term.
 const POWER_BACK_MS: std::ops::Range<u64> = 20..250;
+
+/// Whether a replica's stop took the machine's power with it ([`Sim::stop_replica`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Power {
+    /// A power loss: what was not synced is gone.
+    Lost,
+    /// Only the process exited: the page cache keeps every write.
+    Kept,
+}
 
 impl Sim {
     fn new(config: SimConfig) -> Arc<Sim> {
@@ -390,6 +407,7 @@ impl Sim {
         let storage = match self.disks[&id].open() {
             Ok(storage) => {
                 storage.log.serve_as(id);
+                self.check_the_cut_after_a_failed_sync(id, &storage);
                 if let Ok(Some(repair)) = storage.log.repairing() {
                     // Named without the temporary folder, whose random name would make two
                     // runs of one seed differ.
@@ -469,14 +487,35 @@ impl Sim {
         }
     }
 
+    /// Stops replica `id` as a power loss does: what it wrote after its last `fdatasync` is
+    /// lost, and the end of its last segment may be torn.
     async fn crash(&self, id: NodeId) {
+        self.stop_replica(id, Power::Lost).await
+    }
+
+    async fn stop_replica(&self, id: NodeId, power: Power) {
         if let Some((raft, storage)) = self.net.take_down(id) {
             // Its election and lease tasks stop with it.
             self.nodes.lock().unwrap().remove(&id);
-            self.fault(format!("crash {id}"));
+            self.fault(match power {
+                Power::Lost => format!("crash {id}"),
+                Power::Kept => format!("{id} exits"),
+            });
+            let (vote_term, written) = {
+                let metrics = raft.metrics().borrow().clone();
+                (metrics.vote.leader_id.term, metrics.last_log_index)
+            };
+            if let Some(written) = written.filter(|_| power == Power::Kept) {
+                self.record().written_at_exit.insert(id, written);
+            }
             let _ = raft.shutdown().await;
             let built = storage.snapshots_built();
-            let synced = storage.log.durable().borrow().synced.map(|l| l.index);
+            let synced = storage.log.durable().borrow().synced;
+            // It stood for election, or voted, in a term above its last durable entry's: a
+            // repair of that entry's rotted record must not take the vote's term for the
+            // entry's (the synced mark names the entry).
+            let stood_above_its_log = synced.is_some_and(|id| id.leader_id.term < vote_term);
+            let synced = synced.map(|l| l.index);
             drop((raft, storage));
             let disk = &self.disks[&id];
             disk.add_snapshots_built(built);
@@ -493,8 +532,10 @@ impl Sim {
                 1 => Tail::Garbage(rng.gen_range(1..5_000)),
                 _ => Tail::Clean,
             });
-            disk.lose_unsynced(synced);
-            disk.tear(tail);
+            if power == Power::Lost {
+                disk.lose_unsynced(synced);
+                disk.tear(tail);
+            }
             if self.config.store_acknowledges_early {
                 disk.lose_acknowledged_tail(3);
             }
@@ -512,7 +553,9 @@ impl Sim {
                     )
                 });
                 let in_snapshot = in_snapshot.then(|| disk.rot_snapshot(at)).flatten();
-                let in_final = in_final && in_snapshot.is_none();
+                // A replica that stood above its log always meets the case its repair must
+                // not get wrong: its final record rotted, whose term the vote does not give.
+                let in_final = (in_final || stood_above_its_log) && in_snapshot.is_none();
                 let records_lost = (lost_write && in_snapshot.is_none())
                     .then(|| disk.lose_synced_records((at % 3 + 1) as usize))
                     .flatten();
@@ -531,6 +574,8 @@ impl Sim {
                             self.fault(format!("flip byte {byte} of {id}'s {segment}"));
                             self.record().bytes_flipped += 1;
                             self.record().final_record_bytes_flipped += u32::from(in_final);
+                            self.record().final_records_flipped_below_a_higher_vote +=
+                                u32::from(in_final && stood_above_its_log);
                         }
                     }
                 }
@@ -593,6 +638,32 @@ impl Sim {
         }
     }
 
+    /// A restart that found a failed `fdatasync` recorded must have cut every record the failed
+    /// sync alone covered before any sync of its own: its synced mark stays below them.
+    fn check_the_cut_after_a_failed_sync(&self, id: NodeId, storage: &Storage) {
+        let written = self.record().written_at_exit.remove(&id);
+        let Some(failed) = storage.log.failed_sync_found_at_open() else {
+            return;
+        };
+        let synced_end = storage
+            .log
+            .durable()
+            .borrow()
+            .synced
+            .map_or(0, |l| l.index + 1);
+        self.fault(format!("{id} finds {failed}"));
+        let mut record = self.record();
+        record.failed_syncs_found_at_open += 1;
+        record.failed_syncs_with_records_to_cut +=
+            u32::from(written.is_some_and(|last| last >= failed.vouched_end));
+        if synced_end > failed.vouched_end {
+            record.anomalies.push(format!(
+                "replica {id} vouched for entries up to {} after {failed}",
+                synced_end - 1
+            ));
+        }
+    }
+
     /// Makes the sector of `id`'s WAL that holds byte `at` (over its segments) fail reads.
     fn fail_reads_of_a_sector(&self, id: NodeId, at: u64, when: &str) {
         if let Some((segment, byte)) = self.disks[&id].fail_reads_of_a_sector(at) {
@@ -616,13 +687,16 @@ impl Sim {
 
     /// What a replica's supervisor does for one that exited on a failed write (a full disk,
     /// a failing device), once its operator freed space or replaced the device: restarts it
-    /// on its directory, and it catches up from the peers.
+    /// on its directory, and it catches up from the peers. The machine kept its power, so the
+    /// page cache still holds what the process wrote, the records a failed `fdatasync` covered
+    /// among them (Linux keeps those pages, marked clean): its restart must cut those
+    /// ([`Sim::open_disk`] checks it).
     async fn restart_after_a_failed_write(self: Arc<Self>, id: NodeId) {
         self.fault(format!(
             "{id} stops on a failed write and is restarted once healed"
         ));
         self.record().restarts_after_a_failed_write += 1;
-        self.crash(id).await;
+        self.stop_replica(id, Power::Kept).await;
         self.pause(100..500).await;
         self.start_replica(id).await;
     }
@@ -1329,7 +1403,10 @@ impl Sim {
         }
         while self.started.elapsed() < self.config.duration {
             self.pause(300..1500).await;
-            let kind = self.net.random(|rng| rng.gen_range(0..8));
+            // The rotting disk's runs have one kind more (8), which the others never draw, so
+            // their schedules stay as they were.
+            let kinds = if self.config.rot_one_disk { 9 } else { 8 };
+            let kind = self.net.random(|rng| rng.gen_range(0..kinds));
             let down = (1..=n).filter(|id| !self.net.is_up(*id)).count();
             let leader = self.leader().map(|(id, _, _)| id);
             let hold = Duration::from_millis(self.net.random(|rng| rng.gen_range(300..3000)));
@@ -1414,11 +1491,48 @@ impl Sim {
                     tokio::time::sleep(hold).await;
                     self.net.set_delay(2);
                 }
+                8 if down < tolerated => {
+                    let victim = self.rotting.get().copied().filter(|id| leader != Some(*id));
+                    let victim = victim.unwrap_or_else(|| self.random_replica());
+                    let others: Vec<NodeId> = (1..=n).filter(|id| *id != victim).collect();
+                    *counts.entry("crashes after standing alone").or_default() += 1;
+                    self.fault(format!("cut {victim} off until it stands alone"));
+                    self.cut_both_ways(&[victim], &others);
+                    self.wait_until_it_stands_above_its_log(victim).await;
+                    self.crash(victim).await;
+                    self.restore_both_ways(&[victim], &others);
+                    let sim = self.clone();
+                    restarts.spawn_local(async move {
+                        tokio::time::sleep(hold).await;
+                        if !sim.net.is_up(victim) {
+                            sim.fault(format!("restart {victim}"));
+                            sim.start_replica(victim).await;
+                        }
+                    });
+                }
                 _ => {}
             }
         }
         restarts.join_all().await;
         self.power_loss(counts).await;
+    }
+
+    /// Waits (up to 5 s) until replica `id`'s vote is in a term above its last durable
+    /// entry's, as it is once it stood for election cut off from the others.
+    async fn wait_until_it_stands_above_its_log(&self, id: NodeId) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while tokio::time::Instant::now() < deadline {
+            let Some((_, raft, storage)) = self.net.running().into_iter().find(|r| r.0 == id)
+            else {
+                return;
+            };
+            let vote_term = raft.metrics().borrow().vote.leader_id.term;
+            let synced = storage.log.durable().borrow().synced;
+            if synced.is_some_and(|last| last.leader_id.term < vote_term) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Stops a follower until the leader has purged its log past the follower's end, starts
@@ -1767,6 +1881,18 @@ impl Sim {
                 (
                     "restarts after a failed write",
                     record.restarts_after_a_failed_write,
+                ),
+                (
+                    "failed syncs found at open",
+                    record.failed_syncs_found_at_open,
+                ),
+                (
+                    "failed syncs with records to cut",
+                    record.failed_syncs_with_records_to_cut,
+                ),
+                (
+                    "final records flipped below a higher vote",
+                    record.final_records_flipped_below_a_higher_vote,
                 ),
                 ("repairs begun", record.repairs_begun),
                 ("repairs from nothing", record.repairs_from_nothing),
