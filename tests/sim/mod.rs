@@ -502,7 +502,8 @@ impl Sim {
                 Power::Kept => format!("{id} exits"),
             });
             let (vote_term, written) = {
-                let metrics = raft.metrics().borrow().clone();
+                let metrics = raft.metrics();
+                let metrics = metrics.borrow();
                 (metrics.vote.leader_id.term, metrics.last_log_index)
             };
             if let Some(written) = written.filter(|_| power == Power::Kept) {
@@ -1431,14 +1432,7 @@ impl Sim {
                         })
                         .or_default() += 1;
                     self.crash(victim).await;
-                    let sim = self.clone();
-                    restarts.spawn_local(async move {
-                        tokio::time::sleep(hold).await;
-                        if !sim.net.is_up(victim) {
-                            sim.fault(format!("restart {victim}"));
-                            sim.start_replica(victim).await;
-                        }
-                    });
+                    self.restart_after(&mut restarts, victim, hold);
                 }
                 2 => {
                     let Some(leader) = leader else { continue };
@@ -1508,20 +1502,31 @@ impl Sim {
                     self.wait_until_it_stands_above_its_log(victim).await;
                     self.crash(victim).await;
                     self.restore_both_ways(&[victim], &others);
-                    let sim = self.clone();
-                    restarts.spawn_local(async move {
-                        tokio::time::sleep(hold).await;
-                        if !sim.net.is_up(victim) {
-                            sim.fault(format!("restart {victim}"));
-                            sim.start_replica(victim).await;
-                        }
-                    });
+                    self.restart_after(&mut restarts, victim, hold);
                 }
                 _ => {}
             }
         }
         restarts.join_all().await;
         self.power_loss(counts).await;
+    }
+
+    /// Restarts the crashed replica `id` after `hold`, beside the fault schedule, unless it
+    /// is up by then.
+    fn restart_after(
+        self: &Arc<Self>,
+        restarts: &mut tokio::task::JoinSet<()>,
+        id: NodeId,
+        hold: Duration,
+    ) {
+        let sim = self.clone();
+        restarts.spawn_local(async move {
+            tokio::time::sleep(hold).await;
+            if !sim.net.is_up(id) {
+                sim.fault(format!("restart {id}"));
+                sim.start_replica(id).await;
+            }
+        });
     }
 
     /// Waits (up to 5 s) until replica `id`'s vote is in a term above its last durable
