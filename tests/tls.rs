@@ -346,6 +346,149 @@ async fn a_node_outside_the_membership_is_refused_whatever_it_claims() {
     }
 }
 
+/// Goal (issue 59): a replica whose log knows no membership yet hears only the nodes it was
+/// started to: its fellow founding members, or the members it joins from (`--join-from`).
+/// Steps: founding members 2 and 3 run as deployed (TLS, tokens), the founder not yet. With
+/// node 4's certificate (the CA signed it, node 4 is no founder), each is sent a made-up
+/// cluster id, then a first membership {2, 3, 4} committed by node 4, then a snapshot naming
+/// it: every one is refused, and nothing is recorded. The founder starts and founds
+/// {1, 2, 3}. Then replica 4 is started to be added (`--join-from 1,2,3`); node 5's
+/// certificate sends it the same, refused too, and `members add 4` makes it a member that
+/// follows the cluster's leader. On 923b218 node 4's membership was taken, and 2 and 3 formed
+/// a cluster with node 4 that refused the founder for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_before_its_membership_hears_only_the_nodes_it_was_started_to() {
+    let mut cluster = ProcessCluster::start_secure_without_founder(common::replica_exe(), 3)
+        .await
+        .unwrap();
+    let pki = cluster.pki().unwrap().to_path_buf();
+    for founding_member in [2, 3] {
+        refuses_a_first_membership(&cluster, &pki, 4, founding_member).await;
+    }
+    cluster.restart(0).unwrap();
+    for id in 1..=3 {
+        eventually_status(&cluster, id, "the founding membership", |status| {
+            let members: Vec<u64> = status.members.iter().map(|m| m.id).collect();
+            status.leader_id.is_some() && members == [1, 2, 3]
+        })
+        .await;
+    }
+    let client = ControlClient::connect_with(&cluster.client_addrs(), cluster.client_options())
+        .await
+        .unwrap();
+    client
+        .append_to(Target::All, Command::custom(1, 1, b"founded".to_vec()))
+        .await
+        .unwrap();
+
+    let joiner = cluster.add_replica().unwrap();
+    let joiner_peer = cluster.member(joiner).peer_addr;
+    ctrlog::tools::poll_until(
+        "the joiner listening",
+        WAIT,
+        ctrlog::tools::POLL_INTERVAL,
+        || tokio::net::TcpStream::connect(joiner_peer.clone()),
+    )
+    .await
+    .unwrap();
+    refuses_a_first_membership(&cluster, &pki, 5, joiner as u64 + 1).await;
+    client
+        .add_member(joiner as u64 + 1, cluster.member(joiner))
+        .await
+        .unwrap();
+    let leader = client.leader_status().await.unwrap().id;
+    eventually_status(
+        &cluster,
+        joiner as u64 + 1,
+        "the joiner follows",
+        |status| status.leader_id == Some(leader) && status.members.iter().any(|m| m.id == 4),
+    )
+    .await;
+}
+
+/// Sends replica `target`, whose log knows no membership, what would make node `sender` (no
+/// node it may hear) a member of its first membership: a made-up cluster id, an append of a
+/// membership naming `sender` and the two founding members 2 and 3, committed by `sender`,
+/// and a snapshot whose membership names them. Each must be refused, leaving the replica
+/// without a membership.
+async fn refuses_a_first_membership(
+    cluster: &ProcessCluster,
+    pki: &Path,
+    sender: u64,
+    target: u64,
+) {
+    use ctrlog::raft::types::{AppendEntriesRequest, Entry, InstallSnapshotRequest};
+    use openraft::{Membership, SnapshotMeta, StoredMembership};
+
+    let peer_addr = &cluster.member(target as usize - 1).peer_addr;
+    let rpc = raw_peer(&ctrlog::tools::certs::replica_files(pki, sender), peer_addr).await;
+    let made_up = ctrlog::wire::ClusterId(0x5eed);
+    let introduced = (rpc.introduce(tarpc::context::current(), Some(made_up)))
+        .await
+        .expect("the replica answers");
+    assert!(
+        matches!(introduced, Err(ctrlog::client::ApiError::Rejected(_))),
+        "node {sender}'s introduction to replica {target} was answered {introduced:?}"
+    );
+    let voters = std::collections::BTreeSet::from([2, 3, sender]);
+    let members = voters
+        .iter()
+        .map(|id| (*id, cluster.member(2.min(*id as usize - 1))))
+        .collect::<std::collections::BTreeMap<_, _>>();
+    let membership = Membership::new(vec![voters], members);
+    let vote = openraft::Vote::new_committed(1, sender);
+    let first = openraft::LogId::new(openraft::CommittedLeaderId::new(1, sender), 1);
+    let appended = rpc
+        .append_entries(
+            tarpc::context::current(),
+            AppendEntriesRequest {
+                vote,
+                prev_log_id: None,
+                entries: vec![Entry {
+                    log_id: first,
+                    payload: openraft::EntryPayload::Membership(membership.clone()),
+                }],
+                leader_commit: Some(first),
+            },
+        )
+        .await
+        .expect("the replica answers");
+    assert!(
+        appended.is_err(),
+        "node {sender}'s first membership to replica {target} was answered {appended:?}"
+    );
+    let snapshot = rpc
+        .install_snapshot(
+            tarpc::context::current(),
+            InstallSnapshotRequest {
+                vote,
+                meta: SnapshotMeta {
+                    last_log_id: Some(first),
+                    last_membership: StoredMembership::new(Some(first), membership),
+                    snapshot_id: "forged".into(),
+                },
+                offset: 0,
+                data: vec![1],
+                done: true,
+            },
+        )
+        .await
+        .expect("the replica answers");
+    assert!(
+        snapshot.is_err(),
+        "node {sender}'s snapshot to replica {target} was answered {snapshot:?}"
+    );
+    let status = replica_client(cluster, target)
+        .await
+        .status()
+        .await
+        .unwrap();
+    assert!(
+        status.members.is_empty() && status.last_log_index.is_none(),
+        "replica {target} took node {sender}'s word: {status:?}"
+    );
+}
+
 /// What a forged append carries.
 const FORGED: &[u8] = b"written by a node outside the membership";
 

@@ -46,6 +46,7 @@ pub mod proposer;
 pub mod reader;
 mod recent;
 pub mod recover;
+pub mod refusals;
 pub mod scrub;
 pub mod stages;
 pub mod state_machine;

@@ -10,6 +10,7 @@
 //! long; a fresh connection works at once. An AppendEntries message is cut to
 //! [`APPEND_ENTRIES_BYTES_MAX`] so that it can be answered within openraft's short deadline.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,7 @@ use super::elector::ElectionTimer;
 use super::log_matching::{stop_on_divergence, Divergence};
 use super::log_store::{hold_to_durable, Durable, LogStore};
 use super::proposer::BATCH_BYTES_MAX;
+use super::refusals::Refusals;
 use super::stages::{CommitStages, Stage};
 use super::storage::{ClusterIdentity, Meeting};
 use super::types::*;
@@ -125,41 +127,69 @@ pub struct PeerAnswers {
     pub elections: Arc<ElectionTimer>,
     /// When each node outside the membership was last warned about.
     pub outsiders: Arc<RefusedOutsiders>,
+    /// Whom this replica hears while its log knows no membership.
+    pub first_contact: Arc<FirstContact>,
+}
+
+/// The nodes a replica whose log knows no membership yet takes Raft requests from. Any node
+/// certificate the CA signed would do otherwise: one that was never a member once sent two
+/// founding members, before the founder reached them, a first membership naming itself a
+/// voter, and they formed a cluster with it that refused the founder for good.
+#[derive(Clone, Debug, Default)]
+pub struct FirstContact {
+    /// The founding members (`initial_members`), this replica among them. The first
+    /// membership it takes must be exactly these voters: the one the founder initialises.
+    pub founders: BTreeSet<NodeId>,
+    /// The members that will add this replica (`join_from`).
+    pub joining_from: BTreeSet<NodeId>,
+}
+
+impl FirstContact {
+    /// Whether `node` may speak to this replica before its log knows a membership.
+    pub fn trusts(&self, node: NodeId) -> bool {
+        self.founders.contains(&node) || self.joining_from.contains(&node)
+    }
+
+    /// Refuses the first membership a founding member is sent unless it is the founding one;
+    /// `Ok` for a joining replica, whose first entries are the founders' membership (which
+    /// does not name it) when it catches up from the start of the log. A snapshot is not
+    /// checked: a joiner added after a purge is sent one whose membership predates it (the
+    /// entry adding it follows the snapshot), so only its sender's identity vouches for it.
+    fn check_first_membership(&self, entries: &[Entry]) -> Result<(), String> {
+        if self.founders.is_empty() {
+            return Ok(());
+        }
+        let first = entries.iter().find_map(|entry| match &entry.payload {
+            openraft::EntryPayload::Membership(membership) => Some((entry.log_id, membership)),
+            _ => None,
+        });
+        let Some((log_id, membership)) = first else {
+            return Ok(());
+        };
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let nodes: BTreeSet<NodeId> = membership.nodes().map(|(id, _)| *id).collect();
+        if voters == self.founders && nodes == self.founders {
+            return Ok(());
+        }
+        Err(format!(
+            "the first membership sent ({log_id}: voters {voters:?}, nodes {nodes:?}) is not \
+             the founding members {:?} this replica was started with",
+            self.founders
+        ))
+    }
 }
 
 /// How often a node outside the membership that keeps asking is warned about: a removed
 /// replica restarted on its old directory stands for election every few seconds, for good.
 const OUTSIDER_WARNING_INTERVAL: Duration = Duration::from_secs(60);
 
-/// The nodes outside the membership whose requests were refused, each warned about once a
+/// The nodes outside the membership whose requests were refused, each warned about once an
 /// `OUTSIDER_WARNING_INTERVAL` with how many were refused since, the rest at debug level.
-#[derive(Default)]
-pub struct RefusedOutsiders {
-    /// Per node: when it was last warned about, and the refusals since.
-    warned: std::sync::Mutex<std::collections::BTreeMap<NodeId, (tokio::time::Instant, u64)>>,
-}
+pub struct RefusedOutsiders(Refusals<NodeId>);
 
-impl RefusedOutsiders {
-    /// Counts a refusal of `node`; `Some(refusals since the last warning)` when it is time to
-    /// warn again.
-    fn refused(&self, node: NodeId) -> Option<u64> {
-        let now = tokio::time::Instant::now();
-        let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
-        match warned.get_mut(&node) {
-            Some((at, since)) if now.duration_since(*at) < OUTSIDER_WARNING_INTERVAL => {
-                *since += 1;
-                None
-            }
-            Some((at, since)) => {
-                let refused = *since + 1;
-                (*at, *since) = (now, 0);
-                Some(refused)
-            }
-            None => {
-                warned.insert(node, (now, 0));
-                Some(1)
-            }
-        }
+impl Default for RefusedOutsiders {
+    fn default() -> Self {
+        RefusedOutsiders(Refusals::every(OUTSIDER_WARNING_INTERVAL))
     }
 }
 
@@ -174,9 +204,8 @@ impl PeerAnswers {
     /// carries stands in for that: its vote, its log position and its entries are the
     /// sender's word, and any holder of a certificate the cluster's CA signed can claim
     /// them (a forged committed vote of a higher term from a non-member's certificate once
-    /// rewrote the log). The one exception is a replica that knows no membership yet: a new
-    /// replica waiting to be added, whose log counts for nothing until a member adds it (and
-    /// which stops if a leader later sends a different entry under a log id it holds).
+    /// rewrote the log). A replica that knows no membership yet hears only its
+    /// [`FirstContact`]: its fellow founding members, or the members it joins from.
     ///
     /// The price (ARCHITECTURE.md, "Who may speak on the peer port"): a replica that was down
     /// while a member was added neither votes for nor follows that member until a member its
@@ -197,13 +226,20 @@ impl PeerAnswers {
                 return Err(RaftError::Fatal(openraft::error::Fatal::Stopped));
             }
         }
-        let metrics = self.raft.metrics();
-        let metrics = metrics.borrow();
-        let membership = metrics.membership_config.membership();
-        let admitted = membership.nodes().next().is_none() || membership.get_node(&node).is_some();
-        if !admitted {
-            let members = membership.nodes().map(|(id, _)| *id).collect::<Vec<_>>();
-            match self.outsiders.refused(node) {
+        if !self.trusts(node) {
+            let members = self.members();
+            match self.outsiders.0.refused(node) {
+                Some(refused) if members.is_empty() => tracing::warn!(
+                    sender = node,
+                    %vote,
+                    founders = ?self.first_contact.founders,
+                    joining_from = ?self.first_contact.joining_from,
+                    refused,
+                    "refused Raft requests from a node this replica does not know: its log \
+                     knows no membership yet, and it hears only its founding members \
+                     (initial_members) or the members it joins from (join_from); said again \
+                     in a minute if it keeps asking"
+                ),
                 Some(refused) => tracing::warn!(
                     sender = node,
                     %vote,
@@ -220,6 +256,45 @@ impl PeerAnswers {
         Ok(())
     }
 
+    /// Whether `node` may speak to this replica: a member of the membership its log gives,
+    /// or, while it knows none, one of its [`FirstContact`].
+    pub fn trusts(&self, node: NodeId) -> bool {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        let membership = metrics.membership_config.membership();
+        let trusted = match membership.nodes().next() {
+            None => self.first_contact.trusts(node),
+            Some(_) => membership.get_node(&node).is_some(),
+        };
+        trusted
+    }
+
+    /// The nodes of the membership this replica's log gives (none before its first).
+    fn members(&self) -> Vec<NodeId> {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        let membership = metrics.membership_config.membership();
+        membership.nodes().map(|(id, _)| *id).collect()
+    }
+
+    /// Whether to refuse what would give this replica, while it knows no membership, a first
+    /// one it was not started to take (`check` says why).
+    fn refuses_first_membership(
+        &self,
+        check: impl FnOnce(&FirstContact) -> Result<(), String>,
+    ) -> bool {
+        if !self.members().is_empty() {
+            return false;
+        }
+        match check(&self.first_contact) {
+            Ok(()) => false,
+            Err(why) => {
+                tracing::warn!(%why, "refused a first membership");
+                true
+            }
+        }
+    }
+
     /// openraft's answer to an admitted AppendEntries, or the divergence it carried: this
     /// replica then stops, and the sender is answered that it did.
     pub async fn append_entries(
@@ -227,6 +302,9 @@ impl PeerAnswers {
         request: AppendEntriesRequest,
     ) -> Result<Result<AppendEntriesResponse, RaftError>, Divergence> {
         let sender = request.vote.leader_id().voted_for().unwrap_or_default();
+        if self.refuses_first_membership(|first| first.check_first_membership(&request.entries)) {
+            return Ok(Err(RaftError::Fatal(openraft::error::Fatal::Stopped)));
+        }
         stop_on_divergence(&self.raft, &self.log, sender, &request.entries)?;
         let answer = self.raft.append_entries(request).await;
         if let Ok(answer) = &answer {
@@ -839,6 +917,51 @@ mod tests {
     use super::*;
     use crate::log::{Batch, Command, Proposal, Target};
     use openraft::EntryPayload;
+
+    /// Goal: a founding member takes as its first membership only the founding one, and
+    /// only where it first appears: a membership with another voter, a learner more, or a
+    /// voter fewer is refused; entries without a membership, and a joining replica (which
+    /// catches up through the founders' membership, not naming it), pass.
+    #[test]
+    fn a_founding_member_takes_only_the_founding_membership_first() {
+        let membership = |voters: &[NodeId], learners: &[NodeId]| Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(0, 0), 0),
+            payload: EntryPayload::Membership(openraft::Membership::new(
+                vec![voters.iter().copied().collect()],
+                (voters.iter().chain(learners))
+                    .map(|id| (*id, Member::default()))
+                    .collect::<std::collections::BTreeMap<_, _>>(),
+            )),
+        };
+        let founding = FirstContact {
+            founders: [1, 2, 3].into(),
+            joining_from: BTreeSet::new(),
+        };
+        let commands = request_of(&[10, 10]).entries;
+        assert!(founding.check_first_membership(&commands).is_ok());
+        let founded = [membership(&[1, 2, 3], &[]), membership(&[1, 2, 4], &[])];
+        assert!(
+            founding.check_first_membership(&founded).is_ok(),
+            "only the first counts"
+        );
+        for other in [
+            membership(&[2, 3, 4], &[]),
+            membership(&[1, 2, 3], &[4]),
+            membership(&[1, 2], &[]),
+        ] {
+            let entries = [commands[0].clone(), other];
+            let refused = founding.check_first_membership(&entries).unwrap_err();
+            assert!(refused.contains("founding members"), "{refused}");
+        }
+        let joining = FirstContact {
+            founders: BTreeSet::new(),
+            joining_from: [1, 2, 3].into(),
+        };
+        assert!(joining
+            .check_first_membership(&[membership(&[1, 2, 3], &[])])
+            .is_ok());
+        assert!(joining.trusts(2) && !joining.trusts(4) && founding.trusts(3));
+    }
 
     /// An AppendEntries request of entries 1.. carrying commands of these sizes.
     fn request_of(sizes: &[usize]) -> AppendEntriesRequest {

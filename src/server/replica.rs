@@ -168,6 +168,7 @@ fn connection_budget(port: &ClientPortConfig) -> ConnectionBudget {
         answer_bytes: port.unwritten_answer_bytes_max,
         authenticate_timeout: Duration::from_millis(port.authenticate_timeout_ms),
         port_answer_bytes: port.port_unwritten_answer_bytes_max,
+        principal_held_bytes: port.principal_held_bytes_max,
     }
 }
 
@@ -282,6 +283,22 @@ impl Replica {
                 peers: handover_peers,
             }),
         };
+        let first_contact = Arc::new(config.first_contact());
+        let knows_members = raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .nodes()
+            .next()
+            .is_some();
+        if !knows_members && config.initial_members.is_empty() && config.join_from.is_empty() {
+            tracing::warn!(
+                "this replica's log knows no membership, and it was given neither founding \
+                 members (initial_members) nor the members that will add it (join_from): it \
+                 refuses every peer until it is initialised here; give --join-from the \
+                 members' ids to have it added by `members add`"
+            );
+        }
         let mut tasks = node_tasks;
         let scrub = ScrubConfig {
             bytes_per_second: config.raft.scrub_mib_per_second << 20,
@@ -297,6 +314,7 @@ impl Replica {
                     log: handle.node().log().clone(),
                     elections,
                     outsiders: Default::default(),
+                    first_contact: first_contact.clone(),
                 },
                 cluster.clone(),
                 tls.as_ref().map(|t| t.peers.clone()),

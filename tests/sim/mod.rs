@@ -54,6 +54,7 @@ use ctrlog::log::{
     RegisterContainer, Target, TaskId, TaskStarted, TaskStopped,
 };
 use ctrlog::raft::elector::{ElectionTimer, ElectionTiming};
+use ctrlog::raft::network::FirstContact;
 use ctrlog::raft::node::{MemberLevels, Node, NodeConfig};
 use ctrlog::raft::proposer::BATCHES_IN_FLIGHT_MAX;
 use ctrlog::raft::two_copies::{REPAIR, VOTE};
@@ -467,7 +468,12 @@ impl Sim {
             Ok((node, _tasks)) => {
                 let raft = node.raft().clone();
                 self.nodes.lock().unwrap().insert(id, (node, stop));
-                self.net.bring_up(id, raft, storage, elections);
+                let founders = self.members.keys().copied().collect();
+                let first_contact = FirstContact {
+                    founders,
+                    joining_from: Default::default(),
+                };
+                (self.net).bring_up(id, raft, storage, elections, Arc::new(first_contact));
                 let to_fail = self.record().sector_to_fail_once_running.take();
                 if let Some(at) = to_fail.filter(|_| self.rots(id)) {
                     self.fail_reads_of_a_sector(id, at, "while it runs");

@@ -13,7 +13,9 @@ use std::time::Duration;
 use ctrlog::client::Member;
 use ctrlog::raft::elector::ElectionTimer;
 use ctrlog::raft::log_store::Durable;
-use ctrlog::raft::network::{PeerAnswers, PeerLayer, PeerTransport, RefusedOutsiders};
+use ctrlog::raft::network::{
+    FirstContact, PeerAnswers, PeerLayer, PeerTransport, RefusedOutsiders,
+};
 use ctrlog::raft::stages::CommitStages;
 use ctrlog::raft::types::*;
 use ctrlog::raft::TypeConfig;
@@ -48,6 +50,8 @@ pub struct Incarnation {
     pub elections: Arc<ElectionTimer>,
     /// The outsiders it warned about.
     outsiders: Arc<RefusedOutsiders>,
+    /// Whom it hears before its log knows a membership: the simulation's founding members.
+    first_contact: Arc<FirstContact>,
     generation: u64,
 }
 
@@ -59,6 +63,7 @@ impl Incarnation {
             log: self.storage.log.clone(),
             elections: self.elections.clone(),
             outsiders: self.outsiders.clone(),
+            first_contact: self.first_contact.clone(),
         }
     }
 }
@@ -118,6 +123,7 @@ impl Net {
         raft: Raft,
         storage: Storage,
         elections: Arc<ElectionTimer>,
+        first_contact: Arc<FirstContact>,
     ) {
         let mut state = self.lock();
         state.generations += 1;
@@ -129,6 +135,7 @@ impl Net {
                 storage,
                 elections,
                 outsiders: Default::default(),
+                first_contact,
                 generation,
             },
         );

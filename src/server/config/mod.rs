@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::log::vocabulary::{LEVEL_INITIAL, LEVEL_MAX};
 use crate::log::Level;
+use crate::raft::network::FirstContact;
 pub use crate::server::config::client_port::{
     ClientPortConfig, COMMAND_BYTES_MAX_LIMIT, SECRET_CONFIG_KEYS_DEFAULT,
 };
@@ -63,6 +64,13 @@ pub struct ReplicaConfig {
     /// (a replica that joins through `members add`).
     #[serde(with = "members_by_id")]
     pub initial_members: BTreeMap<NodeId, Member>,
+    /// For a replica started on an empty directory to be added by `members add`: the members
+    /// that may add it. Until its log gives it a membership, a replica takes Raft requests
+    /// and introductions only from these nodes (with TLS, the nodes their certificates name)
+    /// or from its `initial_members`; any other node certificate the CA signed is refused.
+    /// Default none: a replica with neither and no membership in its log is reached by no
+    /// one, and says so at start.
+    pub join_from: Vec<NodeId>,
     /// The vocabulary level a new cluster runs at: while its log holds no command, its first
     /// leader raises the level to this one, or to the highest every member's build knows if
     /// that is lower (`raft::founding`). `1` founds a cluster as v0.1.0 did, e.g. for
@@ -98,6 +106,7 @@ impl Default for ReplicaConfig {
             http_allowed_hosts: Vec::new(),
             data_dir: PathBuf::new(),
             initial_members: BTreeMap::new(),
+            join_from: Vec::new(),
             initial_vocabulary_level: None,
             insecure_plaintext: false,
             raft: RaftConfig::default(),
@@ -167,7 +176,26 @@ impl ReplicaConfig {
                 format!("does not include this replica's id {}", self.id),
             )?;
         }
+        if self.join_from.contains(&self.id) {
+            refuse("join_from", "names this replica itself")?;
+        }
+        if !self.join_from.is_empty() && !self.initial_members.is_empty() {
+            refuse(
+                "join_from",
+                "is for a replica added later by `members add`; a founding member \
+                 (initial_members) is reached by the founder",
+            )?;
+        }
         Ok(())
+    }
+
+    /// The nodes this replica takes its first Raft requests from while its log knows no
+    /// membership: its fellow founding members, or the members it joins from.
+    pub fn first_contact(&self) -> FirstContact {
+        FirstContact {
+            founders: self.initial_members.keys().copied().collect(),
+            joining_from: self.join_from.iter().copied().collect(),
+        }
     }
 }
 

@@ -210,12 +210,28 @@ impl RaftRpc for RaftRpcServer {
 
     /// Adopts the caller's cluster if this replica records none (durably, before the
     /// caller's first Raft request, which it sends only once answered), or refuses the
-    /// connection's Raft requests if it records another ([`ClusterIdentity`]).
+    /// connection's Raft requests if it records another ([`ClusterIdentity`]). Only a node
+    /// this replica hears ([`PeerAnswers::trusts`]) gives it a cluster: from any other node
+    /// certificate, a made-up id once shut a founding member out of its own cluster for good.
     async fn introduce(
         self,
         _: context::Context,
         theirs: Option<ClusterId>,
     ) -> Result<Option<ClusterId>, ApiError> {
+        let trusted = (self.peer_nodes.as_deref())
+            .is_none_or(|nodes| nodes.iter().any(|node| self.answers.trusts(*node)));
+        if self.cluster.known().is_none() && !trusted {
+            tracing::warn!(
+                peer = %self.peer,
+                nodes = ?self.peer_nodes,
+                "refused an introduction from a node this replica does not hear: it records \
+                 no cluster yet and takes one only from its founding members or the members \
+                 it joins from"
+            );
+            return Err(ApiError::Rejected(
+                "this replica takes its cluster only from a member it hears".to_string(),
+            ));
+        }
         let cluster = self.cluster.clone();
         let meeting = tokio::task::spawn_blocking(move || cluster.meet(theirs))
             .await

@@ -95,7 +95,14 @@ impl LocalCluster {
             secure,
         };
         for id in 1..=size {
-            cluster.start_new(id, &tune).await?;
+            // Each is a founding member, though it learns the others' ports only once all
+            // are bound: the founder is initialised below, and the others hear it.
+            cluster
+                .start_new(id, |config| {
+                    config.join_from = (1..=size).filter(|other| *other != id).collect();
+                    tune(config);
+                })
+                .await?;
         }
         let members: BTreeMap<NodeId, Member> = cluster
             .replicas
@@ -104,12 +111,14 @@ impl LocalCluster {
             .collect();
         for config in cluster.configs.values_mut() {
             config.initial_members = members.clone();
+            config.join_from.clear();
         }
         cluster.replicas[&1].initialize(members).await?;
         Ok(cluster)
     }
 
-    /// Starts a new, empty replica `id` that is not yet a member (for membership changes).
+    /// Starts a new, empty replica `id` that is not yet a member (for membership changes):
+    /// any replica started before it may add it (`join_from`), unless `tune` says otherwise.
     pub async fn start_new(
         &mut self,
         id: NodeId,
@@ -118,6 +127,12 @@ impl LocalCluster {
         let mut config = ReplicaConfig {
             id,
             data_dir: self.dir.join(format!("replica-{id}")),
+            join_from: self
+                .configs
+                .keys()
+                .copied()
+                .filter(|other| *other != id)
+                .collect(),
             ..ReplicaConfig::default()
         };
         // Replicas in one process share its runtime with everything else it runs (a test

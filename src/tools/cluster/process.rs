@@ -76,6 +76,9 @@ struct Launch {
     secure_config: Option<String>,
     /// Replicas (0-based) that run another executable than the cluster's.
     executables: std::collections::HashMap<usize, PathBuf>,
+    /// The founder (replica 1) is not started: the others wait for it, unfounded, until
+    /// [`restart`](ProcessCluster::restart)`(0)`.
+    founder_held: bool,
 }
 
 /// A replica process about to start, as a [`SpawnHook`] sees it.
@@ -216,6 +219,21 @@ impl ProcessCluster {
         ProcessCluster::launch(exe, size, extra, secure).await
     }
 
+    /// Starts the founding members of a secure cluster ([`start_secure`](Self::start_secure))
+    /// but its founder: they wait, their logs empty, for replica 1, which
+    /// [`restart`](Self::restart)`(0)` starts. Returns once they listen.
+    pub async fn start_secure_without_founder(
+        exe: PathBuf,
+        size: u64,
+    ) -> anyhow::Result<ProcessCluster> {
+        let held = Launch {
+            secure_config: Some(String::new()),
+            founder_held: true,
+            ..Launch::default()
+        };
+        ProcessCluster::launch(exe, size, &[], held).await
+    }
+
     /// Starts `size` replicas of the `ctrlog` binary at `exe`, for a fault injector: with a
     /// `uid_base`, each under a uid of its own (`uid_base + id`), so that a
     /// [`Firewall`](crate::tools::chaos::firewall::Firewall) can cut the links between them (needs root);
@@ -247,6 +265,7 @@ impl ProcessCluster {
             on_spawn,
             secure_config,
             executables,
+            founder_held,
         } = how;
         let mut addrs = Vec::new();
         let mut http_addrs = Vec::new();
@@ -293,8 +312,24 @@ impl ProcessCluster {
             children: Vec::new(),
         };
         for i in 0..size as usize {
-            let child = cluster.spawn(i)?;
-            cluster.children.push(Some(child));
+            let child = match (i, founder_held) {
+                (0, true) => None,
+                _ => Some(cluster.spawn(i)?),
+            };
+            cluster.children.push(child);
+        }
+        if founder_held {
+            for i in 1..size as usize {
+                let peer = &cluster.addrs[i].0;
+                crate::tools::poll_until(
+                    "a founding member listening",
+                    Duration::from_secs(30),
+                    crate::tools::POLL_INTERVAL,
+                    || async { tokio::net::TcpStream::connect(peer).await.map(drop) },
+                )
+                .await?;
+            }
+            return Ok(cluster);
         }
         let led = async {
             let client =
@@ -401,6 +436,10 @@ impl ProcessCluster {
             .args(["--client-addr", client]);
         if i < self.initial {
             process.args(["--initial-members", &self.members]);
+        } else {
+            // Any replica started before it may be the member that adds it.
+            let before: Vec<String> = (1..=i).map(|id| id.to_string()).collect();
+            process.args(["--join-from", &before.join(",")]);
         }
         if let Some(http) = self.http_addr(i) {
             process.args(["--http-addr", &http.to_string()]);
