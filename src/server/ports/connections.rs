@@ -19,6 +19,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,6 +29,7 @@ use tokio::sync::watch;
 use tokio::task::{AbortHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 
+use crate::raft::refusals::Refusals;
 use crate::server::ports::guarded::PortGuard;
 pub use crate::server::ports::guarded::PortLimits;
 use crate::wire::tls::Io;
@@ -52,6 +54,8 @@ struct Unauthenticated {
     max: usize,
     per_source_max: usize,
     inner: Mutex<UnauthenticatedInner>,
+    /// The port's refusal lines, one a second per cause.
+    refusals: Arc<Refusals>,
 }
 
 #[derive(Default)]
@@ -82,13 +86,17 @@ impl Unauthenticated {
         let mut inner = self.inner.lock().expect("never poisoned");
         let held = inner.per_source.get(&source).copied().unwrap_or(0);
         if held >= self.per_source_max {
-            tracing::warn!(port, %source, held, "connection refused: its source holds its share of unauthenticated connections");
+            if let Some(refused) = self.refusals.refused("unauthenticated share") {
+                tracing::warn!(port, %source, held, refused, "connection refused: its source holds its share of unauthenticated connections (one line a second)");
+            }
             return None;
         }
         if inner.by_age.len() >= self.max {
             let oldest = *inner.by_age.keys().next().expect("the pool is full");
             if let Some((evicted, Some(handle))) = inner.remove(oldest) {
-                tracing::warn!(port, %evicted, "closed the oldest unauthenticated connection to make room");
+                if let Some(closed) = self.refusals.refused("unauthenticated evicted") {
+                    tracing::warn!(port, %evicted, closed, "closed the oldest unauthenticated connection to make room (one line a second)");
+                }
                 handle.abort();
             }
         }
@@ -99,6 +107,7 @@ impl Unauthenticated {
         Some(Admission {
             pool: self.clone(),
             id,
+            authenticated: Arc::default(),
         })
     }
 
@@ -124,12 +133,16 @@ impl Unauthenticated {
 pub struct Admission {
     pool: Arc<Unauthenticated>,
     id: u64,
+    /// Set once it authenticated; its guard reads it before each frame.
+    authenticated: Arc<AtomicBool>,
 }
 
 impl Admission {
     /// The connection authenticated: it no longer counts against the unauthenticated pool and
-    /// cannot be closed to make room in it.
+    /// cannot be closed to make room in it, and it may send frames past
+    /// [`UNAUTHENTICATED_FRAME_BYTES_MAX`](crate::server::ports::guarded::UNAUTHENTICATED_FRAME_BYTES_MAX).
     pub fn authenticated(&self) {
+        self.authenticated.store(true, Ordering::Release);
         self.pool.leave(self.id);
     }
 }
@@ -163,10 +176,12 @@ pub async fn serve_each_connection<F, Fut>(
 {
     let serve = Arc::new(serve);
     let connections_max = limits.connections_max;
+    let refusals = Arc::new(Refusals::default());
     let unauthenticated = Arc::new(Unauthenticated {
         max: limits.unauthenticated_max,
         per_source_max: limits.unauthenticated_per_source_max,
         inner: Mutex::default(),
+        refusals: refusals.clone(),
     });
     let guard = PortGuard::new(limits);
     let mut connections = JoinSet::new();
@@ -178,7 +193,9 @@ pub async fn serve_each_connection<F, Fut>(
                 Ok((tcp, peer)) => {
                     while connections.try_join_next().is_some() {}
                     if connections.len() >= connections_max {
-                        tracing::warn!(port, %peer, connections_max, "connection refused: the port is full");
+                        if let Some(refused) = refusals.refused("port full") {
+                            tracing::warn!(port, %peer, connections_max, refused, "connection refused: the port is full (one line a second)");
+                        }
                         drop(tcp);
                         continue;
                     }
@@ -193,9 +210,11 @@ pub async fn serve_each_connection<F, Fut>(
                     }
                     let id = admission.id;
                     let (serve, tls, guard) = (serve.clone(), tls.clone(), guard.clone());
+                    let refusals = refusals.clone();
                     let handle = connections.spawn(async move {
-                        if let Some(mut accepted) = handshake(port, tcp, peer, tls, admission).await {
-                            accepted.stream = Box::new(guard.guard(accepted.stream));
+                        if let Some(mut accepted) = handshake(port, tcp, peer, tls, admission, &refusals).await {
+                            let authenticated = accepted.admission.authenticated.clone();
+                            accepted.stream = Box::new(guard.guard(accepted.stream, authenticated));
                             serve(accepted).await;
                         }
                     });
@@ -203,7 +222,9 @@ pub async fn serve_each_connection<F, Fut>(
                 }
                 Err(error) => {
                     // Out of descriptors, say: try again shortly rather than spin.
-                    tracing::warn!(%error, port, "accepting a connection failed");
+                    if let Some(failed) = refusals.refused("accept failed") {
+                        tracing::warn!(%error, port, failed, "accepting a connection failed (one line a second)");
+                    }
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             },
@@ -227,6 +248,7 @@ async fn handshake(
     peer: SocketAddr,
     tls: Option<TlsAcceptor>,
     admission: Admission,
+    refusals: &Refusals,
 ) -> Option<Accepted> {
     // Requests and answers are small frames: never hold one back for the other side's
     // delayed ACK.
@@ -255,11 +277,15 @@ async fn handshake(
             })
         }
         Ok(Err(error)) => {
-            tracing::warn!(%peer, port, %error, "TLS handshake failed");
+            if let Some(failed) = refusals.refused("TLS handshake failed") {
+                tracing::warn!(%peer, port, %error, failed, "TLS handshake failed (one line a second)");
+            }
             None
         }
         Err(_) => {
-            tracing::warn!(%peer, port, "TLS handshake timed out");
+            if let Some(timed_out) = refusals.refused("TLS handshake timed out") {
+                tracing::warn!(%peer, port, timed_out, "TLS handshake timed out (one line a second)");
+            }
             None
         }
     }

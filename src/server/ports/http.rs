@@ -53,6 +53,10 @@ use crate::raft::scrub::StorageFaults;
 use crate::server::handle::ReplicaHandle;
 use crate::server::observe::history::{Sample, SAMPLE_INTERVAL};
 use crate::server::observe::json;
+use crate::server::ports::http_admission::{HttpConnection, HttpConnections};
+pub use crate::server::ports::http_admission::{
+    HTTP_CONNECTIONS_MAX, HTTP_CONNECTIONS_PER_SOURCE_MAX,
+};
 use crate::server::ports::page_access::PageAccess;
 use crate::wire::FetchRequest;
 
@@ -67,13 +71,9 @@ pub async fn bind_http(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListe
     tokio::net::TcpListener::bind(addr).await
 }
 
-/// How long a client may take to send a request's headers (a slow-loris defence): a probe or a
-/// scrape sends them at once.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Connections the observability port holds at once; one more is closed as it is accepted.
-/// Probes, scrapes and a few browsers need a handful.
-pub const HTTP_CONNECTIONS_MAX: usize = 256;
+/// How long a client may take to send a request's headers, and a connection may wait between
+/// requests (a slow-loris defence): a probe or a scrape sends them at once.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The address a request came from, for the failed-token throttle.
 #[derive(Clone, Copy)]
@@ -116,6 +116,7 @@ pub async fn serve_http(
         ))
         .with_state(port);
     let sampling = tokio::spawn(record_history(replica, stop.clone()));
+    let admission = Arc::new(HttpConnections::default());
     let mut connections = tokio::task::JoinSet::new();
     loop {
         let (stream, peer) = tokio::select! {
@@ -131,12 +132,17 @@ pub async fn serve_http(
             },
         };
         while connections.try_join_next().is_some() {}
-        if connections.len() >= HTTP_CONNECTIONS_MAX {
-            tracing::warn!(%peer, HTTP_CONNECTIONS_MAX, "observability connection refused: the port is full");
+        let Some(connection) = admission.admit(peer.ip()) else {
             continue;
-        }
-        let service = TowerToHyperService::new(app.clone().layer(Extension(Source(peer.ip()))));
-        connections.spawn(async move {
+        };
+        let connection = Arc::new(connection);
+        let app = app
+            .clone()
+            .layer(axum::middleware::from_fn(mark_answering))
+            .layer(Extension(Source(peer.ip())))
+            .layer(Extension(connection.clone()));
+        let service = TowerToHyperService::new(app);
+        let task = connections.spawn(async move {
             let served = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT)
@@ -146,9 +152,23 @@ pub async fn serve_http(
                 tracing::debug!(%error, "observability connection ended");
             }
         });
+        connection.serving(task);
     }
     connections.shutdown().await;
     sampling.abort();
+}
+
+/// Marks the connection as answering while its request is served, so that it is not closed
+/// to make room ([`http_admission`](crate::server::ports::http_admission)).
+async fn mark_answering(
+    Extension(connection): Extension<Arc<HttpConnection>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    connection.answering();
+    let response = next.run(request).await;
+    connection.answered();
+    response
 }
 
 /// Refuses a request for a host name this port does not answer to (DNS rebinding).

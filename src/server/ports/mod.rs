@@ -8,6 +8,7 @@ pub mod client;
 pub(in crate::server) mod connections;
 pub(in crate::server) mod guarded;
 pub mod http;
+pub(in crate::server) mod http_admission;
 pub mod page_access;
 pub mod peer;
 pub mod tls;
