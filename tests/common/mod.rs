@@ -161,7 +161,10 @@ pub fn metric_sample(text: &str, name: &str) -> Option<f64> {
 
 /// How many of `streams` the other side closed within `within` (a read that ends the file or
 /// fails), all looked at at once: a port that closes a connection it refuses does so at once.
-pub async fn count_closed(streams: &mut [tokio::net::TcpStream], within: Duration) -> usize {
+pub async fn count_closed<S: tokio::io::AsyncRead + Unpin>(
+    streams: &mut [S],
+    within: Duration,
+) -> usize {
     let looks = streams.iter_mut().map(|stream| async move {
         let mut byte = [0u8; 1];
         let read = tokio::time::timeout(within, tokio::io::AsyncReadExt::read(stream, &mut byte));

@@ -68,9 +68,17 @@ pub struct ClientPortConfig {
     /// it reads. Held until the answer is written, so a client that asks and never reads pins
     /// at most this much. Default 16 MiB.
     pub unwritten_answer_bytes_max: usize,
-    /// The same over every connection of the port: what all the clients that do not read can
-    /// pin together. Default 256 MiB.
+    /// What the port holds for all its callers together: their answers built and not yet
+    /// written, and [`REQUEST_HELD_BYTES`](crate::server::ports::client::REQUEST_HELD_BYTES)
+    /// for each request in flight (a long poll's task and buffers); more are refused
+    /// (`Overloaded`). What all the clients that do not read, or that hold long polls by the
+    /// thousand, can pin together. Default 256 MiB.
     pub port_unwritten_answer_bytes_max: usize,
+    /// Of that, what the connections of one principal may hold together (with
+    /// authentication on; a sixteenth of it for connections not yet authenticated), so that
+    /// one token cannot take the port's budget from the others: 90 connections of one
+    /// container token once held 604 MiB in long polls. Default 64 MiB.
+    pub principal_held_bytes_max: usize,
 }
 
 impl Default for ClientPortConfig {
@@ -93,6 +101,7 @@ impl Default for ClientPortConfig {
             append_bytes_in_flight_max: 64 << 20,
             unwritten_answer_bytes_max: 16 << 20,
             port_unwritten_answer_bytes_max: 256 << 20,
+            principal_held_bytes_max: 64 << 20,
         }
     }
 }
@@ -203,6 +212,11 @@ impl ClientPortConfig {
             (
                 "client_port.port_unwritten_answer_bytes_max",
                 self.port_unwritten_answer_bytes_max,
+                "an answer of the full size is always refused",
+            ),
+            (
+                "client_port.principal_held_bytes_max",
+                self.principal_held_bytes_max,
                 "an answer of the full size is always refused",
             ),
             (

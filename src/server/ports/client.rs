@@ -93,6 +93,41 @@ const DEADLINE_HEADROOM: Duration = Duration::from_millis(250);
 /// it. Guessing tokens then costs a connection (and a TLS handshake) per few guesses.
 pub const AUTHENTICATE_FAILURES_MAX: u32 = 3;
 
+/// What a request in flight is counted to hold of its principal's share and the port's
+/// budget until it is answered: its task, its decoded request and its place in the
+/// connection's buffers. Measured at about 6.5 KB for a long poll (DEPLOY.md, "Bounds").
+pub const REQUEST_HELD_BYTES: u32 = 8 << 10;
+
+/// Each principal's share of what the port holds for its callers
+/// ([`ConnectionBudget::principal_held_bytes`]), one per principal name, made at its first
+/// connection; connections not yet authenticated share a sixteenth of that.
+struct PrincipalShares {
+    bytes_max: usize,
+    unauthenticated: Arc<Semaphore>,
+    by_name: std::sync::Mutex<std::collections::HashMap<String, Arc<Semaphore>>>,
+}
+
+impl PrincipalShares {
+    fn new(bytes_max: usize) -> PrincipalShares {
+        PrincipalShares {
+            bytes_max,
+            unauthenticated: Arc::new(Semaphore::new(bytes_max / 16)),
+            by_name: Default::default(),
+        }
+    }
+
+    /// The share of `principal` (`None`: not yet authenticated).
+    fn of(&self, principal: Option<&Principal>) -> Arc<Semaphore> {
+        let Some(principal) = principal else {
+            return self.unauthenticated.clone();
+        };
+        let mut by_name = self.by_name.lock().expect("never poisoned");
+        (by_name.entry(principal.name.clone()))
+            .or_insert_with(|| Arc::new(Semaphore::new(self.bytes_max)))
+            .clone()
+    }
+}
+
 /// What the client port and each of its connections may hold.
 #[derive(Clone, Debug)]
 pub struct ConnectionBudget {
@@ -105,8 +140,11 @@ pub struct ConnectionBudget {
     /// Encoded bytes of large answers (fetches, states, state chunks, statuses) built and not
     /// yet written, on one connection.
     pub answer_bytes: usize,
-    /// The same, over every connection of the port.
+    /// What the port holds for all its callers: answers not yet written, and
+    /// [`REQUEST_HELD_BYTES`] per request in flight.
     pub port_answer_bytes: usize,
+    /// Of that, what one principal's connections may hold together.
+    pub principal_held_bytes: usize,
     /// With authentication on, how long a connection may go without authenticating.
     pub authenticate_timeout: Duration,
 }
@@ -123,6 +161,7 @@ pub async fn serve_clients(
     let (frame_bytes_max, answer_bytes_max) = (listener.frame_bytes_max, listener.answer_bytes_max);
     let requests_in_flight_max = budget.requests;
     let port_answer_bytes = Arc::new(Semaphore::new(budget.port_answer_bytes));
+    let shares = Arc::new(PrincipalShares::new(budget.principal_held_bytes));
     let latest_encoded_state: Arc<std::sync::Mutex<Option<EncodedState>>> = Arc::default();
     serve_each_connection("client", listener.listener, tls, budget.port, stop, move |accepted| {
         let principal = match (&auth, &accepted.peer_certificate) {
@@ -137,6 +176,9 @@ pub async fn serve_clients(
             accepted.admission.authenticated();
         }
         let admission = Arc::new(accepted.admission);
+        // Without authentication every caller is the same principal: the port's budget is
+        // its share.
+        let share = auth.as_ref().map(|_| shares.of(principal.as_ref()));
         let server = ControlLogServer {
             replica: replica.clone(),
             in_flight: Arc::new(Semaphore::new(requests_in_flight_max)),
@@ -149,6 +191,8 @@ pub async fn serve_clients(
             fetches: Arc::new(Semaphore::new(FETCHES_IN_FLIGHT_MAX)),
             answer_bytes: Arc::new(Semaphore::new(budget.answer_bytes)),
             port_answer_bytes: port_answer_bytes.clone(),
+            shares: shares.clone(),
+            share: Arc::new(std::sync::Mutex::new(share)),
             held: Arc::default(),
             admission: admission.clone(),
             authenticated: Arc::default(),
@@ -234,8 +278,13 @@ struct ControlLogServer {
     fetches: Arc<Semaphore>,
     /// Encoded bytes of this connection's large answers not yet written.
     answer_bytes: Arc<Semaphore>,
-    /// The same, over the whole port.
+    /// What the port holds for all its callers: answers not yet written, and
+    /// [`REQUEST_HELD_BYTES`] per request in flight.
     port_answer_bytes: Arc<Semaphore>,
+    /// The principals' shares of that.
+    shares: Arc<PrincipalShares>,
+    /// This connection's principal's share (`None` without authentication).
+    share: Arc<std::sync::Mutex<Option<Arc<Semaphore>>>>,
     /// What the request being served holds until its answer is written: its slot of
     /// `in_flight`, and of `fetches`, `answer_bytes` and `port_answer_bytes` for a large
     /// answer. Fresh for each request (see [`ControlLogServer::serve_held`]).
@@ -315,27 +364,42 @@ impl ControlLogServer {
         self.held.lock().expect("never poisoned").push(permit);
     }
 
-    /// Holds `bytes` of the connection's and the port's answer budgets until this request's
-    /// answer is written; `Overloaded` when they are not free now (the answer is dropped, and
-    /// the client asks again once it has read what it was sent).
+    /// Holds `bytes` of the connection's answer budget, and of its principal's share and the
+    /// port's budget, until this request's answer is written; `Overloaded` when they are not
+    /// free now (the answer is dropped, and the client asks again once it has read what it
+    /// was sent).
     fn hold_answer(&self, bytes: u64) -> Result<(), ApiError> {
         let bytes = u32::try_from(bytes).unwrap_or(u32::MAX);
-        let overloaded = |_| ApiError::Overloaded {
-            in_flight_max: self.in_flight_max,
-        };
-        let connection = self
-            .answer_bytes
-            .clone()
+        let connection = (self.answer_bytes.clone())
             .try_acquire_many_owned(bytes)
-            .map_err(overloaded)?;
-        let port = self
-            .port_answer_bytes
-            .clone()
-            .try_acquire_many_owned(bytes)
-            .map_err(overloaded)?;
+            .map_err(|_| self.overloaded())?;
+        self.hold_of_port(bytes)?;
         self.hold(connection);
-        self.hold(port);
         Ok(())
+    }
+
+    /// Holds `bytes` of the principal's share and of the port's budget until this request's
+    /// answer is written; `Overloaded` when they are not free now.
+    fn hold_of_port(&self, bytes: u32) -> Result<(), ApiError> {
+        let share = self.share.lock().expect("never poisoned").clone();
+        let of_share = share
+            .map(|share| share.try_acquire_many_owned(bytes))
+            .transpose()
+            .map_err(|_| self.overloaded())?;
+        let of_port = (self.port_answer_bytes.clone())
+            .try_acquire_many_owned(bytes)
+            .map_err(|_| self.overloaded())?;
+        self.hold(of_port);
+        if let Some(of_share) = of_share {
+            self.hold(of_share);
+        }
+        Ok(())
+    }
+
+    fn overloaded(&self) -> ApiError {
+        ApiError::Overloaded {
+            in_flight_max: self.in_flight_max,
+        }
     }
 
     /// Admits one request to the connection's budget, held until its answer is written:
@@ -351,15 +415,11 @@ impl ControlLogServer {
                 "{failures} failed authentications on this connection; closing it"
             )));
         }
-        let permit =
-            self.in_flight
-                .clone()
-                .try_acquire_owned()
-                .map_err(|_| ApiError::Overloaded {
-                    in_flight_max: self.in_flight_max,
-                })?;
+        let permit = (self.in_flight.clone())
+            .try_acquire_owned()
+            .map_err(|_| self.overloaded())?;
         self.hold(permit);
-        Ok(())
+        self.hold_of_port(REQUEST_HELD_BYTES)
     }
 
     /// `at` encoded, from the port's latest encoding when it is of the same offset.
@@ -656,7 +716,7 @@ impl ControlLog for ControlLogServer {
 
     async fn read_index(self, _: context::Context) -> Result<Offset, ApiError> {
         self.admit()?;
-        self.check(Action::Read)?;
+        self.check(Action::ConsistentRead)?;
         self.replica.read_index().await
     }
 
@@ -668,6 +728,8 @@ impl ControlLog for ControlLogServer {
         match auth.by_token(&token) {
             Some(principal) => {
                 let name = principal.name.clone();
+                *self.share.lock().expect("never poisoned") =
+                    Some(self.shares.of(Some(&principal)));
                 *self.principal.lock().expect("never poisoned") = Some(principal);
                 self.admission.authenticated();
                 self.authenticated.notify_one();

@@ -18,6 +18,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -30,6 +31,12 @@ use crate::wire::tls::Io;
 
 /// Frames up to this size are received without reserving from the port's byte budget.
 pub const UNBUDGETED_FRAME_BYTES: usize = 64 << 10;
+
+/// The largest frame a connection may send before it authenticated (`hello` and
+/// `authenticate` are a few hundred bytes): a larger one closes it. Connections that never
+/// authenticate once announced 2 MiB frames by the hundred and took the port's whole receive
+/// budget, and operators' appends failed for want of it. They now take none of it.
+pub const UNAUTHENTICATED_FRAME_BYTES_MAX: usize = UNBUDGETED_FRAME_BYTES;
 
 /// The length prefix of tarpc's frames (tokio-util's `LengthDelimitedCodec` default).
 const LENGTH_PREFIX_BYTES: usize = 4;
@@ -68,11 +75,17 @@ impl PortGuard {
         })
     }
 
-    /// Wraps an accepted connection's stream in this port's rules.
-    pub fn guard(self: &Arc<Self>, stream: Box<dyn Io>) -> GuardedStream {
+    /// Wraps an accepted connection's stream in this port's rules; `authenticated` is set
+    /// once it has.
+    pub fn guard(
+        self: &Arc<Self>,
+        stream: Box<dyn Io>,
+        authenticated: Arc<AtomicBool>,
+    ) -> GuardedStream {
         GuardedStream {
             inner: stream,
             port: self.clone(),
+            authenticated,
             frame: Frame::Length {
                 prefix: [0; LENGTH_PREFIX_BYTES],
                 read: 0,
@@ -102,6 +115,9 @@ enum Frame {
 pub struct GuardedStream {
     inner: Box<dyn Io>,
     port: Arc<PortGuard>,
+    /// Whether the connection authenticated (frames past
+    /// [`UNAUTHENTICATED_FRAME_BYTES_MAX`] are refused until it has).
+    authenticated: Arc<AtomicBool>,
     frame: Frame,
     /// When the first byte of the frame being read arrived; `None` between frames.
     frame_started: Option<Instant>,
@@ -153,6 +169,15 @@ impl GuardedStream {
         if length == 0 {
             self.end_frame();
             return Ok(());
+        }
+        if length > UNAUTHENTICATED_FRAME_BYTES_MAX && !self.authenticated.load(Ordering::Acquire) {
+            return Err(refusal(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "a frame of {length} bytes before the connection authenticated (at most \
+                     {UNAUTHENTICATED_FRAME_BYTES_MAX} until it has)"
+                ),
+            ));
         }
         let reserved = if length > UNBUDGETED_FRAME_BYTES {
             let permits = u32::try_from(length).unwrap_or(u32::MAX);
@@ -311,10 +336,45 @@ mod tests {
         })
     }
 
-    /// A connection under `port`'s guard, and the other side's end to write to.
+    /// An authenticated connection under `port`'s guard, and the other side's end to write to.
     fn connect(port: &Arc<PortGuard>) -> (GuardedStream, DuplexStream) {
         let (ours, theirs) = tokio::io::duplex(1 << 20);
-        (port.guard(Box::new(ours)), theirs)
+        let authenticated = Arc::new(AtomicBool::new(true));
+        (port.guard(Box::new(ours), authenticated), theirs)
+    }
+
+    /// Goal: before it authenticated, a connection may send frames up to
+    /// `UNAUTHENTICATED_FRAME_BYTES_MAX` and no larger (it is closed, reserving nothing);
+    /// once authenticated, a larger frame passes.
+    #[tokio::test(start_paused = true)]
+    async fn only_small_frames_before_authenticating() {
+        let port = port(1 << 20);
+        let authenticated = Arc::new(AtomicBool::new(false));
+        let (ours, mut theirs) = tokio::io::duplex(1 << 20);
+        let mut guarded = port.guard(Box::new(ours), authenticated.clone());
+        let small = frame(UNAUTHENTICATED_FRAME_BYTES_MAX);
+        theirs.write_all(&small).await.unwrap();
+        let mut read = vec![0; small.len()];
+        guarded.read_exact(&mut read).await.unwrap();
+        theirs
+            .write_all(&frame(UNAUTHENTICATED_FRAME_BYTES_MAX + 1))
+            .await
+            .unwrap();
+        let refused = guarded.read(&mut [0; 16]).await.unwrap_err();
+        assert_eq!(refused.kind(), io::ErrorKind::PermissionDenied, "{refused}");
+        assert_eq!(
+            port.receiving.available_permits(),
+            1 << 20,
+            "nothing reserved"
+        );
+
+        let (ours, mut theirs) = tokio::io::duplex(1 << 20);
+        let mut guarded = port.guard(Box::new(ours), authenticated.clone());
+        authenticated.store(true, Ordering::Release);
+        let large = frame(UNAUTHENTICATED_FRAME_BYTES_MAX + 1);
+        theirs.write_all(&large).await.unwrap();
+        let mut read = vec![0; large.len()];
+        guarded.read_exact(&mut read).await.unwrap();
     }
 
     fn frame(length: usize) -> Vec<u8> {
