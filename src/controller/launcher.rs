@@ -190,13 +190,30 @@ impl ContainerLauncher for ProcessLauncher {
             Some(dir) => {
                 // Readable by the replica's user only, whatever the umask: a container may log
                 // what it was given.
+                // Never through a link planted at its name (O_NOFOLLOW): the replica would
+                // write, as root perhaps, wherever it points.
+                let path = dir.join(format!("{container}.log"));
                 let log = (std::fs::OpenOptions::new()
                     .write(true)
                     .create(true)
                     .truncate(true))
                 .mode(0o600)
-                .open(dir.join(format!("{container}.log")))
-                .map_err(|e| e.to_string())?;
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&path)
+                .map_err(|e| format!("opening {}: {e}", path.display()))?;
+                // Nor into a file another user put there first (the folder may be shared,
+                // with the sticky bit: `job.launcher.log_dir`).
+                let owner = std::os::unix::fs::MetadataExt::uid(
+                    &log.metadata().map_err(|e| e.to_string())?,
+                );
+                // SAFETY: geteuid(2) reads the process's effective user id; no memory is
+                // involved.
+                if owner != unsafe { libc::geteuid() } {
+                    return Err(format!(
+                        "{} belongs to user {owner}, not to this replica's: not writing to it",
+                        path.display()
+                    ));
+                }
                 // `mode` applies only to a file it creates: one left by an earlier launch
                 // under the same name may be readable by others.
                 (log.set_permissions(std::fs::Permissions::from_mode(0o600)))

@@ -193,17 +193,27 @@ pub struct ConfigChange {
 
 impl ConfigChange {
     /// The first key this change sets that `marked` calls secret, if any. An entry of
-    /// `marked` names a key, or, starting with `*`, every key that ends with the rest
-    /// (`*password` marks `db.password`); both compare without regard to case.
+    /// `marked` names a key, also as the last segments of a longer one (`sasl.jaas.config`
+    /// marks `kafka.sasl.jaas.config`), or, starting with `*`, every key that ends with the
+    /// rest (`*password` marks `db.password`). Both are compared in their
+    /// [`comparable_key`] form, so that case, spaces, invisible characters, compatibility
+    /// forms and look-alike letters change nothing: a trailing space, a homoglyph and a
+    /// longer Kafka key once each carried a password into the log.
     pub fn first_secret_key<'a>(&'a self, marked: &[String]) -> Option<&'a str> {
+        let marked: Vec<(bool, String)> = (marked.iter())
+            .map(|entry| match entry.trim_start().strip_prefix('*') {
+                Some(suffix) => (true, comparable_key(suffix)),
+                None => (false, comparable_key(entry)),
+            })
+            .filter(|(_, entry)| !entry.is_empty())
+            .collect();
         let is_marked = |key: &str| {
-            let key = key.to_ascii_lowercase();
-            marked.iter().any(|entry| {
-                let entry = entry.to_ascii_lowercase();
-                match entry.strip_prefix('*') {
-                    Some(suffix) => key.ends_with(suffix),
-                    None => key == entry,
-                }
+            let key = comparable_key(key);
+            marked.iter().any(|(any_ending, entry)| {
+                let Some(before) = key.strip_suffix(entry.as_str()) else {
+                    return false;
+                };
+                *any_ending || before.is_empty() || before.ends_with(|c: char| !c.is_alphanumeric())
             })
         };
         self.set
@@ -211,6 +221,25 @@ impl ConfigChange {
             .map(String::as_str)
             .find(|key| is_marked(key))
     }
+}
+
+/// `key` as secret keys are compared: in Unicode compatibility form (NFKC: `ｐａｓｓ` is
+/// `pass`), without whitespace, control or invisible format characters, as its confusable
+/// skeleton (UTS #39: the Cyrillic `а` of `pаssword` is `a`, `0` is `O`), in lower case.
+pub fn comparable_key(key: &str) -> String {
+    use unicode_normalization::UnicodeNormalization;
+    let invisible = |c: char| {
+        c.is_whitespace()
+            || c.is_control()
+            || matches!(c, '\u{00AD}' | '\u{034F}' | '\u{061C}' | '\u{115F}' | '\u{1160}'
+                | '\u{17B4}' | '\u{17B5}' | '\u{180B}'..='\u{180F}' | '\u{200B}'..='\u{200F}'
+                | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{206F}' | '\u{3164}'
+                | '\u{FE00}'..='\u{FE0F}' | '\u{FEFF}' | '\u{FFA0}' | '\u{1D173}'..='\u{1D17A}'
+                | '\u{E0000}'..='\u{E0FFF}')
+    };
+    let visible: String = key.nfkc().filter(|c| !invisible(*c)).collect();
+    let skeleton: String = unicode_security::skeleton(&visible.to_lowercase()).collect();
+    skeleton.to_lowercase()
 }
 
 /// A container acknowledges the command at `offset` (a broadcast, or a user command).
@@ -513,6 +542,8 @@ mod tests {
 
     /// An entry names a key exactly, or with a leading `*` every key ending with the rest;
     /// case never matters; only keys the change sets count (removing one is no secret).
+    /// A name marks the keys it ends as whole segments; spaces, invisible characters,
+    /// compatibility forms and look-alike letters do not hide a key.
     #[test]
     fn secret_keys_match_by_name_or_by_ending() {
         let marked = ["*password".to_string(), "sasl.jaas.config".to_string()];
@@ -526,8 +557,19 @@ mod tests {
             ("password", true),
             ("sasl.jaas.config", true),
             ("SASL.JAAS.Config", true),
+            // A longer key ending in the marked one's segments (issue 59).
+            ("kafka.sasl.jaas.config", true),
+            ("kafka/sasl.jaas.config", true),
+            // Spaces, invisible characters, compatibility forms, look-alikes (issue 59).
+            ("sasl.jaas.config ", true),
+            (" db.password", true),
+            ("sasl.jaas\u{200B}.config", true),
+            ("ｓａｓｌ.jaas.config", true),
+            ("db.p\u{0430}ssword", true),
+            ("db.passw0rd", true),
             ("password.policy", false),
             ("jaas.config", false),
+            ("xsasl.jaas.config", false),
             ("db.url", false),
         ] {
             let change = setting(key);

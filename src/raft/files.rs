@@ -16,20 +16,29 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 
 /// Creates the file `name` in `dir` whole or not at all: `write` fills it under a temporary
 /// name (`name.tmp`), which is synced and renamed into place, and the directory is synced, so
-/// that a crash leaves the old file (or none) or the new one, never a part. Returns the new
-/// file, open for reading and writing.
+/// that a crash leaves the old file (or none) or the new one, never a part. The file is
+/// created mode 0600, and neither name is followed if it is a symbolic link (the rename
+/// replaces a link at `name`, it does not write through it). Returns the new file, open for
+/// reading and writing.
 pub fn create_durably(
     dir: &Path,
     name: &str,
     write: impl FnOnce(&File) -> io::Result<()>,
 ) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
     let temporary = dir.join(format!("{name}.tmp"));
     let file = attempt(&temporary, Operation::Write, || {
+        // A temporary file left by a crash, or a link planted in its place, is removed, never
+        // followed; the new one is private (a backup holds the job's state).
+        match std::fs::remove_file(&temporary) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         let file = OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
+            .mode(0o600)
             .open(&temporary)?;
         write(&file)?;
         Ok(file)

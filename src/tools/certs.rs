@@ -168,22 +168,20 @@ impl Authority {
 }
 
 fn write_pem(dir: &Path, file: &str, cert: &str, key: &str) -> anyhow::Result<PathBuf> {
-    use std::os::unix::fs::OpenOptionsExt;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let cert_path = dir.join(format!("{file}.pem"));
-    std::fs::write(&cert_path, cert).with_context(|| format!("writing {}", cert_path.display()))?;
-    let key_path = dir.join(format!("{file}-key.pem"));
-    let mut out = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&key_path)
-        .with_context(|| format!("writing {}", key_path.display()))?;
-    // `mode` applies only to a file it creates: an existing key file may have been readable.
-    out.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
-    std::io::Write::write_all(&mut out, key.as_bytes())?;
-    Ok(cert_path)
+    // Both whole or not at all, the key mode 0600, and never written through a link planted
+    // at either name (`files::create_durably`).
+    let write = |name: String, text: &str| {
+        crate::raft::files::create_durably(dir, &name, |mut out| {
+            std::io::Write::write_all(&mut out, text.as_bytes())
+        })
+        .with_context(|| format!("writing {}", dir.join(&name).display()))
+    };
+    write(format!("{file}-key.pem"), key)?;
+    // A certificate is public: readable by all, as a container needs the CA's.
+    let public = std::os::unix::fs::PermissionsExt::from_mode(0o644);
+    write(format!("{file}.pem"), cert)?.set_permissions(public)?;
+    Ok(dir.join(format!("{file}.pem")))
 }
 
 /// Generates a CA (refusing to replace one in `out` unless `force`), a certificate per replica
@@ -396,7 +394,8 @@ mod tests {
 
     /// Goal: a second `generate` into a folder with a CA refuses rather than orphan every
     /// certificate the CA signed; with `force` it replaces it, and a key file that existed
-    /// readable by others ends up readable by its owner only.
+    /// readable by others, or as a link to another file, ends up a file readable by its
+    /// owner only (the other file untouched); certificates stay readable by all.
     #[test]
     fn an_existing_ca_is_kept_and_keys_are_private() {
         let dir = tempfile::tempdir().unwrap();
@@ -408,7 +407,17 @@ mod tests {
             .unwrap();
         generate(dir.path(), &[1], &["127.0.0.1".into()], &[], 30, true).unwrap();
         assert_eq!(mode(&key), 0o600);
+        // A link planted at the key's name (issue 59): replaced, never written through.
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::write(&elsewhere, "not a key").unwrap();
+        std::fs::remove_file(&key).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &key).unwrap();
+        generate(dir.path(), &[1], &["127.0.0.1".into()], &[], 30, true).unwrap();
+        assert_eq!(mode(&key), 0o600);
+        assert!(!std::fs::symlink_metadata(&key).unwrap().is_symlink());
+        assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "not a key");
         assert_eq!(mode(&dir.path().join("ca-key.pem")), 0o600);
+        assert_eq!(mode(&replica_files(dir.path(), 1).cert_file), 0o644);
         assert!(
             ca_days(30) >= 10 * 30 && ca_days(3650) > 3650,
             "the CA outlives its leaves"

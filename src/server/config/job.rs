@@ -233,11 +233,8 @@ impl JobConfig {
         } = &self.launcher
         {
             validate_command(command)?;
-            if let Some(dir) = log_dir.as_ref().filter(|d| !d.is_dir()) {
-                refuse(
-                    "job.launcher.log_dir",
-                    format!("{} is not a directory", dir.display()),
-                )?;
+            if let Some(dir) = log_dir {
+                check_log_dir(dir)?;
             }
         }
         Ok(())
@@ -297,9 +294,73 @@ fn validate_command(command: &[String]) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// Refuses a `log_dir` that is not a directory (a link to one is not either), that a user
+/// other than the replica's (or root) owns, or that others may write to without the sticky
+/// bit: anyone who may rename or remove names in it could swap a link in where a container's
+/// log is opened. (A file another user created there first is refused at launch.)
+fn check_log_dir(dir: &std::path::Path) -> Result<(), ConfigError> {
+    use std::os::unix::fs::MetadataExt;
+    let field = "job.launcher.log_dir";
+    let metadata = match std::fs::symlink_metadata(dir) {
+        Ok(metadata) if metadata.is_dir() => metadata,
+        Ok(_) => return refuse(field, format!("{} is not a directory", dir.display())),
+        Err(e) => return refuse(field, format!("{}: {e}", dir.display())),
+    };
+    // SAFETY: geteuid(2) reads the process's effective user id; no memory is involved.
+    let me = unsafe { libc::geteuid() };
+    if ![me, 0].contains(&metadata.uid()) {
+        return refuse(
+            field,
+            format!(
+                "{} is owned by user {}, neither the replica's user {me} nor root",
+                dir.display(),
+                metadata.uid()
+            ),
+        );
+    }
+    let sticky = metadata.mode() & 0o1000 != 0;
+    if metadata.mode() & 0o022 != 0 && !sticky {
+        return refuse(
+            field,
+            format!(
+                "{} may be written by other users (mode {:o}): chmod go-w it (or +t, as /tmp)",
+                dir.display(),
+                metadata.mode() & 0o7777
+            ),
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Goal (issue 59): a container log folder is a real directory of the replica's user (or
+    /// root) that others cannot write, or can only with the sticky bit; a link to a folder,
+    /// a file, and a folder open to all without the sticky bit are refused by name.
+    #[test]
+    fn a_log_dir_is_a_folder_no_one_else_can_swap_names_in() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("logs");
+        std::fs::create_dir(&folder).unwrap();
+        let mode = |mode| {
+            std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        for (bits, allowed) in [(0o700, true), (0o755, true), (0o1777, true), (0o777, false)] {
+            mode(bits);
+            assert_eq!(check_log_dir(&folder).is_ok(), allowed, "mode {bits:o}");
+        }
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&folder, &link).unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        for refused in [link, file] {
+            let error = check_log_dir(&refused).unwrap_err().to_string();
+            assert!(error.contains("not a directory"), "{error}");
+        }
+    }
 
     fn job(text: &str) -> Result<JobConfig, String> {
         let job: JobConfig = toml::from_str(text).map_err(|e| e.to_string())?;

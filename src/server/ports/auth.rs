@@ -30,7 +30,8 @@ pub enum Role {
     Operator,
     /// One container: `container:ID`.
     Container(ContainerId),
-    /// Any container whose id starts with a prefix: `containers:PREFIX`. The identity of a
+    /// Any container whose id starts with a prefix of whole name segments (a segment ends at
+    /// `.`, `_`, `:` or `-`): `containers:PREFIX`. The identity of a
     /// fleet whose names are made up as it goes (a Kubernetes Deployment's pods, the process
     /// launcher's `{container_prefix}-N`), with none of an operator's rights; each container
     /// is still fenced by the epoch of its own registration.
@@ -42,7 +43,18 @@ impl Role {
     fn acts_as(&self, id: &ContainerId) -> bool {
         match self {
             Role::Container(me) => me == id,
-            Role::Containers(prefix) => id.as_str().starts_with(prefix.as_str()),
+            // Whole segments: `containers:worker` and `containers:worker-` cover `worker-1`,
+            // `containers:w` does not (a plain string prefix once let it act as `worker-1`).
+            Role::Containers(prefix) => {
+                id.as_str()
+                    .strip_prefix(prefix.as_str())
+                    .is_some_and(|rest| {
+                        let separator = |c: char| !c.is_ascii_alphanumeric();
+                        prefix.ends_with(separator)
+                            || rest.is_empty()
+                            || rest.starts_with(separator)
+                    })
+            }
             Role::Admin | Role::Operator => false,
         }
     }
@@ -359,6 +371,9 @@ pub enum Action<'a> {
     Fetch(&'a FetchRequest),
     Heartbeat(&'a ContainerId),
     Read,
+    /// A read index: what a backup (`snapshot save`) and `state --consistent` take, an
+    /// operator's or an admin's. A container reads the state it needs without one.
+    ConsistentRead,
     Membership,
     Snapshot,
 }
@@ -416,6 +431,11 @@ pub fn authorize(principal: &Principal, action: &Action<'_>) -> Result<(), ApiEr
         }
         (_, Action::Membership) => forbidden("change the membership".into()),
         (_, Action::Snapshot) => forbidden("take snapshots".into()),
+        (_, Action::ConsistentRead) => forbidden(
+            "take a consistent read (a backup, `state --consistent`): an operator's or an \
+             admin's"
+                .into(),
+        ),
     }
 }
 
@@ -438,6 +458,22 @@ mod tests {
         let principal = Principal::new("fleet".into(), fleet, b"token fleet");
         let mine = ContainerId::new("worker-7f3a").unwrap();
         let other = ContainerId::new("other-1").unwrap();
+        // Whole segments only (issue 59): `containers:w` is no `worker-7f3a`.
+        for (role, id, covered) in [
+            ("containers:worker", "worker-7f3a", true),
+            ("containers:worker", "worker", true),
+            ("containers:worker-", "worker-7f3a", true),
+            ("containers:w", "worker-7f3a", false),
+            ("containers:worker", "workers-1", false),
+            ("containers:worker-", "worker", false),
+        ] {
+            let role: Role = role.parse().unwrap();
+            assert_eq!(
+                role.acts_as(&ContainerId::new(id).unwrap()),
+                covered,
+                "{role:?} {id}"
+            );
+        }
         let register = |id: &ContainerId| Proposal {
             producer: None,
             target: crate::log::Target::Coordinator,
@@ -459,6 +495,8 @@ mod tests {
         assert!(authorize(&principal, &Action::Fetch(&FetchRequest::from(1))).is_err());
         assert!(authorize(&principal, &Action::Membership).is_err());
         assert!(authorize(&principal, &Action::Snapshot).is_err());
+        assert!(authorize(&principal, &Action::ConsistentRead).is_err());
+        assert!(authorize(&principal, &Action::Read).is_ok());
 
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("tokens");

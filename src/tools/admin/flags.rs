@@ -130,6 +130,7 @@ impl ClientFlags {
                     .with_context(|| format!("reading the token file {}", path.display()))?;
                 let token = text.lines().next().unwrap_or("").trim().to_string();
                 anyhow::ensure!(!token.is_empty(), "{} holds no token", path.display());
+                warn_if_others_may_read(path);
                 Some(token)
             }
             None => self.token.clone(),
@@ -164,5 +165,23 @@ impl ClientFlags {
         ControlClient::connect_with(self.seeds()?, self.options()?)
             .await
             .context("connecting to the cluster")
+    }
+}
+
+/// Warns on standard error when users other than the file's owner may read the token file
+/// `path` (its mode grants the group or others read): the token is as good as theirs.
+fn warn_if_others_may_read(path: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(metadata) = std::fs::metadata(path) else {
+        return;
+    };
+    let mode = metadata.permissions().mode();
+    if mode & 0o044 != 0 {
+        eprintln!(
+            "ctrlog: warning: the token file {} is readable by other users (mode {:o}): \
+             chmod 600 it",
+            path.display(),
+            mode & 0o777
+        );
     }
 }

@@ -54,7 +54,10 @@ impl JobFiles {
             .append(true)
             .open(&self.reports)?;
         mode(&self.reports, 0o666)?;
-        mode(&self.logs, 0o777)
+        // Sticky, as /tmp: each replica's user may create its containers' logs, and none may
+        // replace another's (`job.launcher.log_dir` refuses a folder others may write
+        // without it).
+        mode(&self.logs, 0o1777)
     }
 
     /// Rewrites the inputs as an operator would, atomically: `kafka/events/{partitions}`.
