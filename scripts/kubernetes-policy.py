@@ -13,7 +13,12 @@ the exit status is 1. scripts/validate-kubernetes.sh runs it after the schema ch
   capabilities, and runs the image this repository builds (scripts/build-image.sh).
 * Secrets are mounted with mode 0400 or 0600; each replica mounts its own Secret alone.
 * The replica configuration turns TLS and tokens on, with the files from that Secret.
-* A NetworkPolicy lets only replicas reach the peer port.
+* The NetworkPolicies let only replicas reach the peer port, and only pods or namespaces named
+  by label the HTTP port. Every policy that selects a replica counts (they are additive), its
+  selector evaluated as Kubernetes does (matchLabels and matchExpressions), its ports as
+  Kubernetes reads them (none or an empty list is every port; endPort makes a range).
+* No pod of any kind but a replica's own can read a replica's Secret (volumes, projected
+  volumes, env, envFrom).
 * The Secrets secrets.sh writes hold no CA key and no other holder's key: a replica's holds the
   CA's certificate, its own certificate and key, and hashed tokens; the containers' holds the
   CA's certificate and a token whose role is the containers' prefix role, not an admin's.
@@ -147,6 +152,7 @@ def violations(docs, written, roles, pki_files):
     replica_sets = [(p, w) for p, w in of_kind("StatefulSet")]
     config_maps = {name(d): d for _, d in of_kind("ConfigMap")}
     replica_secrets = {}  # replica id -> Secret name
+    secret_owners = {}  # Secret name -> the StatefulSet of the replica it is for
     for p, sts in replica_sets:
         where = f"{p}: StatefulSet/{name(sts)}"
         pod = sts["spec"]["template"]["spec"]
@@ -166,6 +172,7 @@ def violations(docs, written, roles, pki_files):
         if secret_name in replica_secrets.values():
             fail(where, f"shares the Secret {secret_name} with another replica")
         replica_secrets[replica_id] = secret_name
+        secret_owners[secret_name] = sts
         mount = next((m["mountPath"] for m in pod["containers"][0].get("volumeMounts", [])
                       if m["name"] == secret_volumes[0]["name"]), None)
         for v in pod.get("volumes", []):
@@ -191,40 +198,118 @@ def violations(docs, written, roles, pki_files):
                         fail(cw, f"{field} {file} is not in the replica's Secret "
                                  f"(mounted at {mount})")
 
-    # --- the network: only replicas reach the peer port ---------------------------------------
+    # --- the network: only replicas reach the peer port, scrapers alone the HTTP port --------
     replica_labels = [w["spec"]["template"]["metadata"].get("labels") or {}
                       for _, w in replica_sets]
-
+    replica_namespaces = {w["metadata"].get("namespace", "default") for _, w in replica_sets}
 
     def selects(selector, labels):
-        wanted = (selector or {}).get("matchLabels") or {}
-        return not (selector or {}).get("matchExpressions") and all(
-            labels.get(k) == v for k, v in wanted.items())
+        """Whether a label selector selects `labels`, as Kubernetes evaluates it: matchLabels
+        and every matchExpressions requirement (an empty selector selects everything)."""
+        selector = selector or {}
+        if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+            return False
+        for requirement in selector.get("matchExpressions") or []:
+            key, op = requirement["key"], requirement["operator"]
+            values = requirement.get("values") or []
+            if op == "In" and labels.get(key) not in values:
+                return False
+            if op == "NotIn" and key in labels and labels[key] in values:
+                return False
+            if op == "Exists" and key not in labels:
+                return False
+            if op == "DoesNotExist" and key in labels:
+                return False
+        return True
 
+    def opens(rule, named, number):
+        """Whether an ingress rule's ports include the port `named` (or numbered `number`):
+        no ports, or an empty list, is every port; a range runs from port to endPort."""
+        ports = rule.get("ports")
+        if not ports:
+            return True
+        for port in ports:
+            at = port.get("port")
+            if at is None or at == named:
+                return True
+            if isinstance(at, int) and at <= number <= port.get("endPort", at):
+                return True
+        return False
 
+    # Policies are additive: any one that selects a replica and opens a port opens it to its
+    # sources, whatever the others say.
     guarding = [(p, np) for p, np in of_kind("NetworkPolicy")
                 if "Ingress" in np["spec"].get("policyTypes", ["Ingress"])
-                and all(selects(np["spec"].get("podSelector"), l) for l in replica_labels)]
-    if not guarding:
-        fail("manifests", "no NetworkPolicy guards the replicas' ingress")
+                and np["metadata"].get("namespace", "default") in replica_namespaces
+                and any(selects(np["spec"].get("podSelector"), l) for l in replica_labels)]
+    if not any(all(selects(np["spec"].get("podSelector"), l) for l in replica_labels)
+               for _, np in guarding):
+        fail("manifests", "no NetworkPolicy guards every replica's ingress")
     for p, np in guarding:
         for i, rule in enumerate(np["spec"].get("ingress") or []):
-            ports = rule.get("ports")
-            opens_peer = ports is None or any(
-                port.get("port") in ("peer", 7001) for port in ports)
-            if not opens_peer:
-                continue
+            where = f"{p}: NetworkPolicy/{name(np)} ingress[{i}]"
             sources = rule.get("from")
-            if not sources:
-                fail(f"{p}: NetworkPolicy/{name(np)} ingress[{i}]",
-                     "opens the peer port to every source")
+            if opens(rule, "peer", 7001):
+                if not sources:
+                    fail(where, "opens the peer port to every source")
+                for source in sources or []:
+                    if set(source) != {"podSelector"} or not (
+                            source["podSelector"].get("matchLabels")) or not all(
+                            selects(source["podSelector"], l) for l in replica_labels) or any(
+                            r.get("operator") in ("NotIn", "DoesNotExist") for r in
+                            source["podSelector"].get("matchExpressions") or []):
+                        fail(where, f"opens the peer port to {source}, which is not the replicas")
+            if opens(rule, "http", 7080):
+                if not sources:
+                    fail(where, "opens the HTTP port to every source (let only the namespaces "
+                                "that scrape it in)")
+                for source in sources or []:
+                    if "ipBlock" in source or not (source.get("namespaceSelector") or {}).get(
+                            "matchLabels") and not (source.get("podSelector") or {}).get(
+                            "matchLabels"):
+                        fail(where, f"opens the HTTP port to {source}: name the namespaces or "
+                                    "pods that scrape it by label")
+
+    # --- a replica's Secret: mounted by that replica alone --------------------------------------
+    pod_kinds = ("Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job",
+                 "CronJob", "ReplicationController")
+
+    def pod_spec(doc):
+        if doc.get("kind") == "Pod":
+            return doc.get("spec") or {}
+        if doc.get("kind") == "CronJob":
+            return doc["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        return doc["spec"]["template"]["spec"]
+
+    def secrets_used(pod):
+        """Every Secret a pod can read: volumes (projected ones too), env and envFrom."""
+        used = set()
+        for v in pod.get("volumes") or []:
+            if "secret" in v:
+                used.add(v["secret"].get("secretName"))
+            for source in (v.get("projected") or {}).get("sources") or []:
+                if "secret" in source:
+                    used.add(source["secret"].get("name"))
+        for c in (pod.get("containers") or []) + (pod.get("initContainers") or []) + (
+                pod.get("ephemeralContainers") or []):
+            for env in c.get("env") or []:
+                ref = (env.get("valueFrom") or {}).get("secretKeyRef")
+                if ref:
+                    used.add(ref.get("name"))
+            for source in c.get("envFrom") or []:
+                if "secretRef" in source:
+                    used.add(source["secretRef"].get("name"))
+        return used
+
+    for p, doc in docs:
+        if doc.get("kind") not in pod_kinds:
+            continue
+        for secret in secrets_used(pod_spec(doc)):
+            if not (secret or "").startswith("ctrlog-replica-"):
                 continue
-            for source in sources:
-                if set(source) != {"podSelector"} or not all(
-                        selects(source["podSelector"], l) for l in replica_labels) or not (
-                        source["podSelector"].get("matchLabels")):
-                    fail(f"{p}: NetworkPolicy/{name(np)} ingress[{i}]",
-                         f"opens the peer port to {source}, which is not the replicas")
+            if secret_owners.get(secret) is not doc:
+                fail(f"{p}: {doc['kind']}/{name(doc)}",
+                     f"can read the Secret {secret}, a replica's own (its key and tokens)")
 
     # --- the Secrets secrets.sh writes --------------------------------------------------------
     private_keys = {f: text for f, text in pki_files.items() if f.endswith("-key.pem")}
@@ -307,6 +392,38 @@ MUTATIONS = {
         {"tokens": "a-plaintext-token-of-some-length operator\n"}),
     "the containers holding the operator's token": lambda docs, w: w["ctrlog-container"].update(
         {"token": w["__operator"]}),
+    # The review's bypasses of issue 59, each of which the policy once let through.
+    "the peer port opened by a second policy selecting by matchExpressions": lambda docs, w:
+        docs.append(("extra.yaml", {
+            "kind": "NetworkPolicy", "metadata": {"name": "x", "namespace": "ctrlog-job"},
+            "spec": {"podSelector": {"matchExpressions": [
+                {"key": "app", "operator": "In", "values": ["ctrlog"]}]},
+                "ingress": [{"ports": [{"port": "peer"}]}]}})),
+    "the peer port opened by a policy selecting one replica": lambda docs, w:
+        docs.append(("extra.yaml", {
+            "kind": "NetworkPolicy", "metadata": {"name": "x", "namespace": "ctrlog-job"},
+            "spec": {"podSelector": {"matchLabels": {"app": "ctrlog", "replica": "1"}},
+                     "ingress": [{"ports": [{"port": 7001}]}]}})),
+    "every port opened by an empty port list": lambda docs, w: [
+        d["spec"]["ingress"].append({"ports": [], "from": [{"podSelector": {
+            "matchLabels": {"app": "ctrlog-container"}}}]})
+        for _, d in docs if d.get("kind") == "NetworkPolicy" and d["spec"].get("ingress")],
+    "the peer port inside a port range": lambda docs, w: [
+        d["spec"]["ingress"].append({"ports": [{"port": 7000, "endPort": 7010}], "from": [
+            {"podSelector": {"matchLabels": {"app": "ctrlog-container"}}}]})
+        for _, d in docs if d.get("kind") == "NetworkPolicy" and d["spec"].get("ingress")],
+    "a Pod mounting a replica's Secret": lambda docs, w: docs.append(("extra.yaml", {
+        "kind": "Pod", "metadata": {"name": "x", "namespace": "ctrlog-job"},
+        "spec": {"containers": [{"name": "x", "image": "busybox"}],
+                 "volumes": [{"name": "s", "secret": {"secretName": "ctrlog-replica-1"}}]}})),
+    "a Job reading a replica's Secret through its environment": lambda docs, w: docs.append((
+        "extra.yaml", {"kind": "Job", "metadata": {"name": "x", "namespace": "ctrlog-job"},
+                       "spec": {"template": {"spec": {"containers": [{
+                           "name": "x", "image": "busybox", "envFrom": [
+                               {"secretRef": {"name": "ctrlog-replica-2"}}]}]}}}})),
+    "the HTTP port open to every source": lambda docs, w: [
+        d["spec"]["ingress"].append({"ports": [{"port": "http"}]})
+        for _, d in docs if d.get("kind") == "NetworkPolicy" and d["spec"].get("ingress")],
 }
 
 
