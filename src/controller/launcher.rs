@@ -48,6 +48,8 @@ pub const STOP_GRACE: Duration = Duration::from_secs(5);
 /// A process this launcher started.
 struct Launched {
     child: Child,
+    /// The uid it runs under when it was given one of a range of its own.
+    uid: Option<u32>,
     /// Whether the JobState has shown the container (launching or registered): only then can
     /// its absence or end mean the log ended it, rather than that it has not registered yet.
     seen: bool,
@@ -67,6 +69,8 @@ pub struct ProcessLauncher {
     /// The user and group ids the containers run as (the replica's own when unset).
     uid: Option<u32>,
     gid: Option<u32>,
+    /// A range of uids, one per container (see [`run_each_as_one_of`](Self::run_each_as_one_of)).
+    uids: Option<std::ops::Range<u32>>,
     /// Variables of the replica's environment passed on besides [`PASSED_ENV`].
     pass_env: Vec<String>,
     settings: Option<SettingsFn>,
@@ -86,6 +90,7 @@ impl ProcessLauncher {
             log_dir,
             uid: None,
             gid: None,
+            uids: None,
             pass_env: Vec::new(),
             settings: None,
             keep_running_on_drop: false,
@@ -101,6 +106,35 @@ impl ProcessLauncher {
         self.uid = uid;
         self.gid = gid;
         self
+    }
+
+    /// Runs each container under a uid of its own from `uids` (its group the same number,
+    /// unless [`run_as`](Self::run_as) named one), as YARN's LinuxContainerExecutor and
+    /// Kubernetes' per-pod users do: containers of one user can read each other's
+    /// environment (`/proc/PID/environ`, `CTRLOG_TOKEN` with it) and signal each other;
+    /// of different users, neither. A launch takes the lowest uid of the range that no
+    /// process on the host runs under (a container of an earlier run of the replica may still
+    /// hold one), and is refused when there is none.
+    pub fn run_each_as_one_of(mut self, uids: std::ops::Range<u32>) -> ProcessLauncher {
+        self.uids = Some(uids);
+        self
+    }
+
+    /// The lowest uid of the range that neither a container launched here nor any process
+    /// on the host runs under.
+    fn free_uid(&self, uids: &std::ops::Range<u32>) -> Result<u32, String> {
+        let taken: std::collections::BTreeSet<u32> = (self.lock().values())
+            .filter_map(|launched| launched.uid)
+            .chain(uids_running())
+            .collect();
+        uids.clone()
+            .find(|uid| !taken.contains(uid))
+            .ok_or_else(|| {
+                format!(
+                    "every uid of run_as_user_range ({}..{}) runs a process: widen it",
+                    uids.start, uids.end
+                )
+            })
     }
 
     /// Passes these variables of the replica's environment on to the containers, besides
@@ -129,6 +163,27 @@ impl ProcessLauncher {
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<ContainerId, Launched>> {
         self.children.lock().expect("never poisoned")
     }
+}
+
+/// The real uids of the processes running on this host (what `/proc` shows).
+fn uids_running() -> Vec<u32> {
+    let Ok(processes) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    (processes.flatten())
+        .filter(|entry| {
+            entry
+                .file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter_map(|entry| {
+            let status = std::fs::read_to_string(entry.path().join("status")).ok()?;
+            let line = status.lines().find_map(|line| line.strip_prefix("Uid:"))?;
+            line.split_whitespace().next()?.parse().ok()
+        })
+        .collect()
 }
 
 /// SIGTERM now, SIGKILL after the grace period if the process is still there; reaped either
@@ -180,10 +235,16 @@ impl ContainerLauncher for ProcessLauncher {
             CommandExt::process_group(&mut command, 0);
         }
         // std clears the supplementary groups when it switches the user as root.
-        if let Some(uid) = self.uid {
+        let own_uid = self
+            .uids
+            .as_ref()
+            .map(|uids| self.free_uid(uids))
+            .transpose()?;
+        let uid = own_uid.or(self.uid);
+        if let Some(uid) = uid {
             CommandExt::uid(&mut command, uid);
         }
-        if let Some(gid) = self.gid {
+        if let Some(gid) = self.gid.or(own_uid) {
             CommandExt::gid(&mut command, gid);
         }
         match &self.log_dir {
@@ -226,18 +287,22 @@ impl ContainerLauncher for ProcessLauncher {
             }
         }
         let child = command.spawn().map_err(|e| match e.kind() {
-            std::io::ErrorKind::PermissionDenied if self.uid.is_some() || self.gid.is_some() => {
+            std::io::ErrorKind::PermissionDenied if uid.is_some() || self.gid.is_some() => {
                 format!(
                     "starting {} as user {:?}, group {:?}: {e}: the replica needs root or \
                      CAP_SETUID and CAP_SETGID to switch",
                     self.program.display(),
-                    self.uid,
-                    self.gid
+                    uid,
+                    self.gid.or(own_uid)
                 )
             }
             _ => format!("starting {}: {e}", self.program.display()),
         })?;
-        let launched = Launched { child, seen: false };
+        let launched = Launched {
+            child,
+            uid: own_uid,
+            seen: false,
+        };
         if let Some(replaced) = self.lock().insert(container.clone(), launched) {
             terminate(replaced.child);
         }
@@ -420,6 +485,74 @@ mod tests {
         assert!(env.contains("token-of-c1"), "{env}");
         let log_mode = std::fs::metadata(&log_file).unwrap().permissions().mode();
         assert_eq!(log_mode & 0o777, 0o600);
+    }
+
+    /// Goal (issue 59, as root, as CI runs): with a uid range each container runs as a user
+    /// of its own, and cannot read another's environment, which holds its token. Steps: a
+    /// container that sleeps with its token; a second that reads the first's
+    /// `/proc/PID/environ`: permission denied, no token; both uids are of the range and
+    /// differ; with the range used up, a third launch is refused by name. Before, every
+    /// container ran as the one `run_as_user` and read the others' tokens.
+    #[test]
+    fn each_container_of_a_uid_range_has_a_user_of_its_own() {
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: geteuid(2) reads the process's effective user id; no memory is involved.
+        let root = unsafe { libc::geteuid() } == 0;
+        assert!(root, "this test switches users: run it as root, as CI does");
+        let logs = tempfile::tempdir().unwrap();
+        // Two uids no process on this host runs under, for this test alone.
+        let first = (61_700..65_000)
+            .step_by(2)
+            .find(|uid| {
+                !uids_running()
+                    .iter()
+                    .any(|running| [*uid, uid + 1].contains(running))
+            })
+            .unwrap();
+        let sleeper = ProcessLauncher::new("sleep", vec!["30".into()], None)
+            .run_each_as_one_of(first..first + 2)
+            .with_settings(Box::new(|id| {
+                Ok(LaunchSettings {
+                    placeholders: Vec::new(),
+                    env: vec![("CTRLOG_TOKEN".into(), format!("token-of-{id}"))],
+                })
+            }));
+        sleeper.launch(&ContainerId::new("c1").unwrap()).unwrap();
+        let pid = sleeper.lock()[&ContainerId::new("c1").unwrap()].child.id();
+        let owner = std::fs::metadata(format!("/proc/{pid}")).unwrap().uid();
+        assert_eq!(owner, first);
+        let reader = ProcessLauncher::new(
+            "/bin/sh",
+            vec![
+                "-c".into(),
+                format!("cat /proc/{pid}/environ; echo; echo END"),
+            ],
+            Some(logs.path().to_path_buf()),
+        )
+        .run_each_as_one_of(first..first + 2);
+        reader.launch(&ContainerId::new("c2").unwrap()).unwrap();
+        let reader_pid = reader.lock()[&ContainerId::new("c2").unwrap()].child.id();
+        let reader_uid = std::fs::metadata(format!("/proc/{reader_pid}")).map(|m| m.uid());
+        let log_file = logs.path().join("c2.log");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let log = loop {
+            let log = std::fs::read_to_string(&log_file).unwrap_or_default();
+            if log.ends_with("END\n") || Instant::now() > deadline {
+                break log;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(log.contains("Permission denied"), "{log}");
+        assert!(!log.contains("token-of-c1"), "{log}");
+        if let Ok(uid) = reader_uid {
+            assert_eq!(uid, first + 1, "the next free uid of the range");
+        }
+        // The range is two wide; `sleep` holds one and, while `reader` lives, its
+        // launcher's record the other: a third container finds none free.
+        let third = ProcessLauncher::new("sleep", vec!["30".into()], None)
+            .run_each_as_one_of(first..first + 1);
+        let refused = third.launch(&ContainerId::new("c3").unwrap()).unwrap_err();
+        assert!(refused.contains("run_as_user_range"), "{refused}");
     }
 
     #[test]

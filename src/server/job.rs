@@ -10,7 +10,7 @@ use crate::controller::{
 };
 use crate::jobs::plan::GroupByPartition;
 use crate::log::ContainerId;
-use crate::server::config::job::{parse_inputs, GrouperName, JobConfig, LauncherConfig};
+use crate::server::config::job::{parse_inputs, GrouperName, JobConfig, LauncherConfig, UserRange};
 use crate::server::config::ReplicaConfig;
 use crate::server::handle::ReplicaHandle;
 use crate::server::ports::auth::container_token;
@@ -34,15 +34,19 @@ pub fn controller(
             command,
             log_dir,
             run_as_user,
+            run_as_user_range,
             run_as_group,
             pass_env,
         } => {
-            let launcher =
+            let mut launcher =
                 ProcessLauncher::new(&command[0], command[1..].to_vec(), log_dir.clone())
                     .keep_running_on_drop()
                     .run_as(*run_as_user, run_as_group.or(*run_as_user))
                     .pass_env(pass_env.clone())
                     .with_settings(launch_settings(config, replica.clone()));
+            if let Some(uids) = run_as_user_range.as_ref().and_then(UserRange::uids) {
+                launcher = launcher.run_each_as_one_of(uids);
+            }
             Capacity::Launched(Arc::new(launcher))
         }
     };

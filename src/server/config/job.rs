@@ -143,6 +143,13 @@ pub enum LauncherConfig {
         /// needs root or `CAP_SETUID`. Unset: the replica's own user.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         run_as_user: Option<u32>,
+        /// A uid of its own for each container instead of `run_as_user` (which it excludes):
+        /// the lowest of `first` .. `first + count` that no process on the host runs under,
+        /// its group the same number unless `run_as_group` names one. Containers of one user
+        /// can read each other's environment (`/proc/PID/environ`, and the token with it);
+        /// of different users, not. Needs root or `CAP_SETUID`. Unset: `run_as_user`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        run_as_user_range: Option<UserRange>,
         /// The group id they run as, with no supplementary groups; unset: the same number as
         /// `run_as_user` (or the replica's group, without it).
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -153,6 +160,22 @@ pub enum LauncherConfig {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         pass_env: Vec<String>,
     },
+}
+
+/// A range of user ids, `first` .. `first + count`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserRange {
+    pub first: u32,
+    pub count: u32,
+}
+
+impl UserRange {
+    /// The uids, or `None` when the range is empty, holds root, or runs past the last uid.
+    pub fn uids(&self) -> Option<std::ops::Range<u32>> {
+        let end = self.first.checked_add(self.count)?;
+        (self.first > 0 && self.count > 0).then_some(self.first..end)
+    }
 }
 
 impl Default for LauncherConfig {
@@ -229,10 +252,29 @@ impl JobConfig {
             )?;
         }
         if let LauncherConfig::Process {
-            command, log_dir, ..
+            command,
+            log_dir,
+            run_as_user,
+            run_as_user_range,
+            ..
         } = &self.launcher
         {
             validate_command(command)?;
+            if let Some(range) = run_as_user_range {
+                let field = "job.launcher.run_as_user_range";
+                if run_as_user.is_some() {
+                    refuse(
+                        field,
+                        "excludes run_as_user: each container gets a uid of its own",
+                    )?;
+                }
+                if range.uids().is_none() {
+                    refuse(
+                        field,
+                        "must hold at least one uid above 0 and end below 2^32",
+                    )?;
+                }
+            }
             if let Some(dir) = log_dir {
                 check_log_dir(dir)?;
             }

@@ -591,6 +591,7 @@ mod tests {
                 command,
                 log_dir: None,
                 run_as_user: None,
+                run_as_user_range: None,
                 run_as_group: None,
                 pass_env: Vec::new(),
             }

@@ -132,6 +132,7 @@ impl JobFiles {
             command,
             log_dir: Some(self.logs.clone()),
             run_as_user: None,
+            run_as_user_range: None,
             run_as_group: None,
             pass_env: Vec::new(),
         })
