@@ -129,6 +129,8 @@ pub struct PeerAnswers {
     pub outsiders: Arc<RefusedOutsiders>,
     /// Whom this replica hears while its log knows no membership.
     pub first_contact: Arc<FirstContact>,
+    /// The peer port's refusal lines, one a second per cause (shared with the port).
+    pub refusals: Arc<Refusals>,
 }
 
 /// The nodes a replica whose log knows no membership yet takes Raft requests from. Any node
@@ -218,11 +220,17 @@ impl PeerAnswers {
         let node = vote.leader_id().voted_for().unwrap_or_default();
         if let Some(nodes) = identity {
             if !nodes.contains(&node) {
-                tracing::warn!(
-                    claimed = node,
-                    named = ?nodes,
-                    "refused a Raft request: the peer's certificate does not name the node it claims to be"
-                );
+                if let Some(refused) = self
+                    .refusals
+                    .refused("a node its certificate does not name")
+                {
+                    tracing::warn!(
+                        claimed = node,
+                        named = ?nodes,
+                        refused,
+                        "refused a Raft request: the peer's certificate does not name the node it claims to be (one line a second)"
+                    );
+                }
                 return Err(RaftError::Fatal(openraft::error::Fatal::Stopped));
             }
         }
@@ -289,7 +297,9 @@ impl PeerAnswers {
         match check(&self.first_contact) {
             Ok(()) => false,
             Err(why) => {
-                tracing::warn!(%why, "refused a first membership");
+                if let Some(refused) = self.refusals.refused("a first membership") {
+                    tracing::warn!(%why, refused, "refused a first membership (one line a second)");
+                }
                 true
             }
         }

@@ -315,6 +315,7 @@ impl Replica {
                     elections,
                     outsiders: Default::default(),
                     first_contact: first_contact.clone(),
+                    refusals: Default::default(),
                 },
                 cluster.clone(),
                 tls.as_ref().map(|t| t.peers.clone()),

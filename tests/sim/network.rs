@@ -64,6 +64,7 @@ impl Incarnation {
             elections: self.elections.clone(),
             outsiders: self.outsiders.clone(),
             first_contact: self.first_contact.clone(),
+            refusals: Default::default(),
         }
     }
 }

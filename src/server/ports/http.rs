@@ -125,7 +125,9 @@ pub async fn serve_http(
                 Ok(accepted) => accepted,
                 Err(error) => {
                     // Out of descriptors, most likely: let some connections end first.
-                    tracing::warn!(%error, "the observability port could not accept");
+                    if let Some(failed) = admission.refusals.refused("accept failed") {
+                        tracing::warn!(%error, failed, "the observability port could not accept (one line a second)");
+                    }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }

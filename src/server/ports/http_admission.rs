@@ -34,7 +34,8 @@ pub const HTTP_CONNECTIONS_PER_SOURCE_MAX: usize = 16;
 #[derive(Default)]
 pub struct HttpConnections {
     inner: Mutex<Table>,
-    refusals: Refusals,
+    /// The port's refusal lines, one a second per cause.
+    pub refusals: Refusals,
 }
 
 #[derive(Default)]

@@ -114,7 +114,9 @@ impl RaftRpcServer {
             .is_none_or(|nodes| nodes.contains(&from));
         let follows = self.answers.raft.metrics().borrow().current_leader == Some(from);
         if !(named && follows) || self.other_cluster.load(Ordering::Relaxed) {
-            tracing::warn!(peer = %self.peer, from, "refused a handover from a node that does not lead here");
+            if let Some(refused) = self.answers.refusals.refused("a handover") {
+                tracing::warn!(peer = %self.peer, from, refused, "refused a handover from a node that does not lead here (one line a second)");
+            }
             return Err(ApiError::Rejected(format!(
                 "replica {from} does not lead this replica: no handover"
             )));
@@ -156,7 +158,9 @@ impl RaftRpc for RaftRpcServer {
             self.snapshot_chunks
                 .admit(&request.meta.snapshot_id, request.offset, chunk_len)
         {
-            tracing::warn!(%mismatch, "refused a snapshot chunk");
+            if let Some(refused) = self.answers.refusals.refused("a snapshot chunk") {
+                tracing::warn!(%mismatch, refused, "refused a snapshot chunk (one line a second)");
+            }
             return Err(RaftError::APIError(InstallSnapshotError::SnapshotMismatch(
                 mismatch,
             )));
@@ -221,13 +225,16 @@ impl RaftRpc for RaftRpcServer {
         let trusted = (self.peer_nodes.as_deref())
             .is_none_or(|nodes| nodes.iter().any(|node| self.answers.trusts(*node)));
         if self.cluster.known().is_none() && !trusted {
-            tracing::warn!(
-                peer = %self.peer,
-                nodes = ?self.peer_nodes,
-                "refused an introduction from a node this replica does not hear: it records \
-                 no cluster yet and takes one only from its founding members or the members \
-                 it joins from"
-            );
+            if let Some(refused) = self.answers.refusals.refused("an introduction") {
+                tracing::warn!(
+                    peer = %self.peer,
+                    nodes = ?self.peer_nodes,
+                    refused,
+                    "refused an introduction from a node this replica does not hear: it \
+                     records no cluster yet and takes one only from its founding members or \
+                     the members it joins from (one line a second)"
+                );
+            }
             return Err(ApiError::Rejected(
                 "this replica takes its cluster only from a member it hears".to_string(),
             ));
@@ -311,10 +318,14 @@ pub async fn serve_peers(
                     .as_ref()
                     .is_some_and(|nodes| nodes.is_empty())
                 {
-                    tracing::warn!(
-                        peer = %accepted.peer,
-                        "refused a peer connection: its certificate names no node"
-                    );
+                    if let Some(refused) = server.answers.refusals.refused("no node named") {
+                        tracing::warn!(
+                            peer = %accepted.peer,
+                            refused,
+                            "refused a peer connection: its certificate names no node (one line \
+                             a second)"
+                        );
+                    }
                     return;
                 }
                 // A peer authenticates in its handshake (its certificate names the node each
