@@ -417,8 +417,8 @@ async fn refuses_a_first_membership(
     sender: u64,
     target: u64,
 ) {
-    use ctrlog::raft::types::{AppendEntriesRequest, Entry, InstallSnapshotRequest};
-    use openraft::{Membership, SnapshotMeta, StoredMembership};
+    use ctrlog::raft::types::{AppendEntriesRequest, Entry};
+    use openraft::{Membership, StoredMembership};
 
     let peer_addr = &cluster.member(target as usize - 1).peer_addr;
     let rpc = raw_peer(&ctrlog::tools::certs::replica_files(pki, sender), peer_addr).await;
@@ -457,27 +457,8 @@ async fn refuses_a_first_membership(
         appended.is_err(),
         "node {sender}'s first membership to replica {target} was answered {appended:?}"
     );
-    let snapshot = rpc
-        .install_snapshot(
-            tarpc::context::current(),
-            InstallSnapshotRequest {
-                vote,
-                meta: SnapshotMeta {
-                    last_log_id: Some(first),
-                    last_membership: StoredMembership::new(Some(first), membership),
-                    snapshot_id: "forged".into(),
-                },
-                offset: 0,
-                data: vec![1],
-                done: true,
-            },
-        )
-        .await
-        .expect("the replica answers");
-    assert!(
-        snapshot.is_err(),
-        "node {sender}'s snapshot to replica {target} was answered {snapshot:?}"
-    );
+    let membership = StoredMembership::new(Some(first), membership);
+    refuses_a_snapshot(&rpc, vote, first, membership, sender, target).await;
     let status = replica_client(cluster, target)
         .await
         .status()
@@ -541,8 +522,8 @@ async fn fetch_until(replica: &ControlClient, offset: u64) -> Vec<ctrlog::log::L
 /// as they were.
 async fn refuses_every_forgery(cluster: &ProcessCluster, pki: &Path, sender: u64, target: u64) {
     use ctrlog::log::{Batch, Proposal};
-    use ctrlog::raft::types::{AppendEntriesRequest, Entry, InstallSnapshotRequest, VoteRequest};
-    use openraft::{SnapshotMeta, StoredMembership};
+    use ctrlog::raft::types::{AppendEntriesRequest, Entry, VoteRequest};
+    use openraft::StoredMembership;
 
     let before =
         eventually_status(cluster, target, "a leader known", |s| s.leader_id.is_some()).await;
@@ -599,27 +580,15 @@ async fn refuses_every_forgery(cluster: &ProcessCluster, pki: &Path, sender: u64
         voted.is_err(),
         "node {sender}'s vote request to replica {target} was answered {voted:?}"
     );
-    let snapshot = rpc
-        .install_snapshot(
-            tarpc::context::current(),
-            InstallSnapshotRequest {
-                vote: higher,
-                meta: SnapshotMeta {
-                    last_log_id: Some(longer),
-                    last_membership: StoredMembership::default(),
-                    snapshot_id: "forged".into(),
-                },
-                offset: 0,
-                data: vec![1],
-                done: true,
-            },
-        )
-        .await
-        .expect("the replica answers");
-    assert!(
-        snapshot.is_err(),
-        "node {sender}'s snapshot to replica {target} was answered {snapshot:?}"
-    );
+    refuses_a_snapshot(
+        &rpc,
+        higher,
+        longer,
+        StoredMembership::default(),
+        sender,
+        target,
+    )
+    .await;
     refuses_handover_notices(&rpc, [sender, leader], target, sender).await;
     let after = replica_client(cluster, target)
         .await
@@ -634,6 +603,36 @@ async fn refuses_every_forgery(cluster: &ProcessCluster, pki: &Path, sender: u64
     assert!(
         after.last_log_index == before.last_log_index || after.leader_id == Some(leader),
         "replica {target}'s log moved under no leader it knows"
+    );
+}
+
+/// Sends replica `target`, over `rpc` as node `sender`, a one-chunk snapshot up to `last` with
+/// `membership`: it must be refused.
+async fn refuses_a_snapshot(
+    rpc: &RaftRpcClient,
+    vote: ctrlog::raft::types::Vote,
+    last: ctrlog::raft::types::LogId,
+    membership: openraft::StoredMembership<u64, ctrlog::client::Member>,
+    sender: u64,
+    target: u64,
+) {
+    let request = ctrlog::raft::types::InstallSnapshotRequest {
+        vote,
+        meta: openraft::SnapshotMeta {
+            last_log_id: Some(last),
+            last_membership: membership,
+            snapshot_id: "forged".into(),
+        },
+        offset: 0,
+        data: vec![1],
+        done: true,
+    };
+    let snapshot = (rpc.install_snapshot(tarpc::context::current(), request))
+        .await
+        .expect("the replica answers");
+    assert!(
+        snapshot.is_err(),
+        "node {sender}'s snapshot to replica {target} was answered {snapshot:?}"
     );
 }
 

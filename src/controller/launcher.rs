@@ -365,6 +365,18 @@ mod tests {
         assert!(matches!(outcome, Outcome::Appended { .. }), "{outcome:?}");
     }
 
+    /// The log at `path` once it ends with `END`, or as it is after 10 s.
+    fn log_until_end(path: &std::path::Path) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = std::fs::read_to_string(path).unwrap_or_default();
+            if log.ends_with("END\n") || Instant::now() > deadline {
+                return log;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn alive(pid: u32) -> bool {
         // A reaped process's /proc entry is gone; a zombie's says state Z.
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -454,14 +466,7 @@ mod tests {
                 }));
         launcher.launch(&ContainerId::new("c1").unwrap()).unwrap();
         let log_file = logs.join("c1.log");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let log = loop {
-            let log = std::fs::read_to_string(&log_file).unwrap_or_default();
-            if log.ends_with("END\n") || Instant::now() > deadline {
-                break log;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let log = log_until_end(&log_file);
         assert_eq!(log.matches("Permission denied").count(), 2, "{log}");
         assert!(
             !log.contains("admin-secret-token") && !log.contains("PRIVATE KEY"),
@@ -534,14 +539,7 @@ mod tests {
         let reader_pid = reader.lock()[&ContainerId::new("c2").unwrap()].child.id();
         let reader_uid = std::fs::metadata(format!("/proc/{reader_pid}")).map(|m| m.uid());
         let log_file = logs.path().join("c2.log");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let log = loop {
-            let log = std::fs::read_to_string(&log_file).unwrap_or_default();
-            if log.ends_with("END\n") || Instant::now() > deadline {
-                break log;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let log = log_until_end(&log_file);
         assert!(log.contains("Permission denied"), "{log}");
         assert!(!log.contains("token-of-c1"), "{log}");
         if let Ok(uid) = reader_uid {
