@@ -24,6 +24,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
 use crate::log::{ContainerId, Epoch, Offset, Proposal, TaskId};
+use crate::raft::refusals::Refusals;
 use crate::server::config::ClientPortConfig;
 use crate::server::handle::ReplicaHandle;
 use crate::server::ports::auth::{authorize, Action, Authenticator, Principal};
@@ -162,6 +163,7 @@ pub async fn serve_clients(
     let requests_in_flight_max = budget.requests;
     let port_answer_bytes = Arc::new(Semaphore::new(budget.port_answer_bytes));
     let shares = Arc::new(PrincipalShares::new(budget.principal_held_bytes));
+    let refusals = Arc::new(Refusals::default());
     let latest_encoded_state: Arc<std::sync::Mutex<Option<EncodedState>>> = Arc::default();
     serve_each_connection("client", listener.listener, tls, budget.port, stop, move |accepted| {
         let principal = match (&auth, &accepted.peer_certificate) {
@@ -206,6 +208,7 @@ pub async fn serve_clients(
         let authenticated = server.authenticated.clone();
         let protocol = server.protocol.clone();
         let authenticate_timeout = budget.authenticate_timeout;
+        let refusals = refusals.clone();
         async move {
             // Every answer leaves in a form the connection's protocol decodes, and gives back
             // what it held of the budgets once the transport has taken it.
@@ -232,7 +235,9 @@ pub async fn serve_clients(
                 // no later request on the connection is read, let alone answered.
                 biased;
                 _ = hang_up.notified() => {
-                    tracing::info!(peer = %accepted.peer, "closing a connection after failed authentications");
+                    if let Some(closed) = refusals.refused("failed authentications") {
+                        tracing::info!(peer = %accepted.peer, closed, "closing a connection after failed authentications (one line a second)");
+                    }
                 }
                 _ = async {
                     let authenticating = authenticated.notified();
@@ -242,7 +247,9 @@ pub async fn serve_clients(
                         std::future::pending::<()>().await;
                     }
                 } => {
-                    tracing::info!(peer = %accepted.peer, ?authenticate_timeout, "closing a connection that did not authenticate in time");
+                    if let Some(closed) = refusals.refused("no authentication in time") {
+                        tracing::info!(peer = %accepted.peer, ?authenticate_timeout, closed, "closing a connection that did not authenticate in time (one line a second)");
+                    }
                 }
                 _ = serving => {}
             }
