@@ -173,6 +173,9 @@ async fn run_three() -> anyhow::Result<()> {
         let config = ReplicaConfig {
             id,
             data_dir: dir.path().join(format!("replica-{id}")),
+            // Their ports are not known before they start, so no replica is given the founding
+            // members; until one initialises the cluster, each hears only the other two.
+            join_from: (1..=3).filter(|other| *other != id).collect(),
             ..ReplicaConfig::default()
         };
         replicas.push(Replica::start(config).await?);

@@ -480,7 +480,9 @@ impl Replica {
     /// Initialises a new cluster with these members, after drawing and recording its cluster
     /// id. Does nothing if this replica already has state (a restart, or a cluster that
     /// another founder initialised): nothing is drawn for a replica with state, whose cluster
-    /// may have an id it has not met yet.
+    /// may have an id it has not met yet. The other members hear this replica only if they
+    /// were started with it among their `initial_members` or their `join_from`: until its log
+    /// gives it a membership, a replica refuses every other node.
     pub async fn initialize(&self, members: BTreeMap<NodeId, Member>) -> Result<(), StartError> {
         let raft = self.raft();
         let initialized =
