@@ -533,7 +533,7 @@ async fn repeated_failed_authentications_close_the_connection() {
         ctx
     };
     let guesser = raw().await;
-    for guess in 0..ctrlog::server::ports::client::AUTHENTICATE_FAILURES_MAX {
+    for guess in 0..ctrlog::server::ports::calls::AUTHENTICATE_FAILURES_MAX {
         let answer = guesser
             .authenticate(ctx(), format!("guess-{guess}-0123456789"))
             .await
@@ -750,7 +750,7 @@ async fn probes_are_answered_while_hosts_flood_the_observability_port() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_token_and_unauthenticated_connections_hold_only_their_shares() {
     use ctrlog::client::{tls, ControlLogClient};
-    use ctrlog::server::ports::client::REQUEST_HELD_BYTES;
+    use ctrlog::server::ports::calls::REQUEST_HELD_BYTES;
     use ctrlog::tools::cluster::ProcessCluster;
     use tokio::io::AsyncWriteExt;
 

@@ -24,7 +24,7 @@ const LARGE_EVERY: u64 = 40;
 const LARGE_BYTES: usize = 200 << 10;
 
 fn body(producer: u64) -> Vec<u8> {
-    let size = if producer % LARGE_EVERY == 0 {
+    let size = if producer.is_multiple_of(LARGE_EVERY) {
         LARGE_BYTES
     } else {
         64

@@ -37,6 +37,7 @@ pub(in crate::server) struct Inner {
     pub(in crate::server) client_addr: SocketAddr,
     pub(in crate::server) telemetry: Telemetry,
     pub(in crate::server) http_addr: Option<SocketAddr>,
+    pub(in crate::server) grpc_addr: Option<SocketAddr>,
     /// The last minutes, for the status page's charts (sampled while the HTTP port runs).
     pub(in crate::server) history: History,
     /// When the TLS certificates this replica loaded expire (none without TLS).
@@ -70,6 +71,9 @@ const TRANSFER_MAX: Duration = Duration::from_secs(5);
 pub struct ReplicaHandle {
     pub(in crate::server) inner: Arc<Inner>,
 }
+
+/// How far applied may trail the log for a replica to say it is ready.
+pub const READY_APPLY_LAG_MAX: u64 = 1_000;
 
 impl ReplicaHandle {
     /// The last minutes of the job as this replica sampled them.
@@ -111,6 +115,21 @@ impl ReplicaHandle {
     /// Where the observability port (metrics, probes, status page) listens, if it is enabled.
     pub fn http_addr(&self) -> Option<SocketAddr> {
         self.inner.http_addr
+    }
+
+    /// Where the gRPC port listens, if it is on (`[grpc] addr`).
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        self.inner.grpc_addr
+    }
+
+    /// The gRPC port of replica `id`, as far as this replica knows: its own. A gRPC client
+    /// learns each of its seeds' ids from `Status` and follows a `NotLeader`'s `leader_id` to
+    /// the seed of that id (the replicas do not exchange their gRPC addresses).
+    pub fn grpc_addr_of(&self, id: NodeId) -> Option<String> {
+        (id == self.id())
+            .then(|| self.grpc_addr())
+            .flatten()
+            .map(|addr| addr.to_string())
     }
 
     /// When the TLS certificates this replica loaded expire (none without TLS).
@@ -158,6 +177,31 @@ impl ReplicaHandle {
 
     pub fn metrics(&self) -> RaftMetrics {
         self.inner.node.metrics()
+    }
+
+    /// Whether this replica answers reads with current data: Raft runs, it is a member that
+    /// knows a leader (or leads with a quorum), and it has applied all but
+    /// [`READY_APPLY_LAG_MAX`] entries of its log; otherwise why not. What `/readyz` and the
+    /// gRPC port's health service both say.
+    pub fn readiness(&self) -> Result<(), String> {
+        let raft = self.metrics();
+        if let Err(fatal) = &raft.running_state {
+            return Err(format!("raft stopped: {fatal}"));
+        }
+        // A replica that leads without a quorum, or is no member, holds what may have stopped
+        // moving: not ready, though its metrics may name a leader (itself, or the one it had).
+        self.node()
+            .refuse_stale_reads()
+            .map_err(|stale| stale.to_string())?;
+        if raft.current_leader.is_none() {
+            return Err("no leader known".into());
+        }
+        let applied = raft.last_applied.map_or(0, |l| l.index);
+        let known = raft.last_log_index.unwrap_or(0);
+        if known.saturating_sub(applied) > READY_APPLY_LAG_MAX {
+            return Err(format!("applied index {applied} trails the log at {known}"));
+        }
+        Ok(())
     }
 
     /// The socket-free node this replica runs: every rule of its request paths.

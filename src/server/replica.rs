@@ -23,6 +23,7 @@ use crate::server::observe::telemetry::Telemetry;
 use crate::server::ports::auth::Authenticator;
 use crate::server::ports::client::{bind_clients, serve_clients, ConnectionBudget};
 use crate::server::ports::connections::PortLimits;
+use crate::server::ports::grpc::{bind_grpc, serve_grpc, GrpcPortConfig};
 use crate::server::ports::http::{bind_http, serve_http};
 use crate::server::ports::page_access::PageAccess;
 use crate::server::ports::peer::{bind_peers, serve_peers};
@@ -185,6 +186,10 @@ impl Replica {
         let client_listener = bind_clients(config.client_addr, &config.client_port)
             .await
             .map_err(bind_error("client", config.client_addr))?;
+        let grpc_listener = match config.grpc.addr {
+            Some(addr) => Some(bind_grpc(addr).await.map_err(bind_error("gRPC", addr))?),
+            None => None,
+        };
         let http_listener = match config.http_addr {
             Some(addr) => Some(bind_http(addr).await.map_err(bind_error("HTTP", addr))?),
             None => None,
@@ -269,6 +274,7 @@ impl Replica {
 
         let (peer_addr, client_addr) = (peer_listener.local_addr()?, client_listener.local_addr()?);
         let http_addr = http_listener.as_ref().map(|l| l.local_addr()).transpose()?;
+        let grpc_addr = grpc_listener.as_ref().map(|l| l.local_addr()).transpose()?;
         let handle = ReplicaHandle {
             inner: Arc::new(Inner {
                 node,
@@ -276,6 +282,7 @@ impl Replica {
                 client_addr,
                 telemetry: Telemetry::default(),
                 http_addr,
+                grpc_addr,
                 history: Default::default(),
                 certificate_expiries: tls.as_ref().map(|t| t.expiries.clone()).unwrap_or_default(),
                 storage_faults,
@@ -330,6 +337,19 @@ impl Replica {
                 stopping.clone(),
             )),
         ]);
+        if let Some(listener) = grpc_listener {
+            tasks.push(tokio::spawn(serve_grpc(
+                listener,
+                handle.clone(),
+                GrpcPortConfig {
+                    budget: connection_budget(&config.client_port),
+                    message_bytes_max: config.client_port.frame_bytes_max,
+                },
+                tls.as_ref().map(|t| t.grpc.clone()),
+                authenticator.clone(),
+                stopping.clone(),
+            )));
+        }
         if let Some(listener) = http_listener {
             let access = PageAccess::new(authenticator, &config.http_allowed_hosts);
             tasks.push(tokio::spawn(serve_http(
@@ -346,7 +366,7 @@ impl Replica {
             stop,
             handle,
         };
-        tracing::info!(id = config.id, %peer_addr, %client_addr, ?http_addr, "replica started");
+        tracing::info!(id = config.id, %peer_addr, %client_addr, ?grpc_addr, ?http_addr, "replica started");
         for warning in config.exposure_warnings() {
             tracing::warn!("INSECURE: {warning}");
         }

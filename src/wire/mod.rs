@@ -10,9 +10,14 @@
 //! container's build never compiles. No replica's permits or budgets ride in its types (the
 //! client port's reply path holds those).
 //!
-//! Builds with the `client` feature alone: no openraft, no sled.
+//! The gRPC contract's generated code and its conversions ([`grpc`]) come with the `server`
+//! feature, which serves it and whose tools call it.
+//!
+//! Builds with the `client` feature alone: no openraft, no sled, no gRPC.
 
 pub mod batching;
+#[cfg(feature = "server")]
+pub mod grpc;
 pub mod protocol;
 pub mod tls;
 pub mod version;

@@ -69,7 +69,7 @@ pub struct ClientPortConfig {
     /// at most this much. Default 16 MiB.
     pub unwritten_answer_bytes_max: usize,
     /// What the port holds for all its callers together: their answers built and not yet
-    /// written, and [`REQUEST_HELD_BYTES`](crate::server::ports::client::REQUEST_HELD_BYTES)
+    /// written, and [`REQUEST_HELD_BYTES`](crate::server::ports::calls::REQUEST_HELD_BYTES)
     /// for each request in flight (a long poll's task and buffers); more are refused
     /// (`Overloaded`). What all the clients that do not read, or that hold long polls by the
     /// thousand, can pin together. Default 256 MiB.

@@ -154,6 +154,9 @@ pub struct ServeFlags {
     /// Serve /metrics, /healthz, /readyz and the status page here (`http_addr`, HTTP).
     #[arg(long)]
     pub http_addr: Option<SocketAddr>,
+    /// Serve the gRPC port here (`[grpc] addr`), HOST:PORT.
+    #[arg(long)]
+    pub grpc_addr: Option<SocketAddr>,
     /// TLS on both ports: the CA (`[tls] ca_file`, PEM); with --tls-cert and --tls-key.
     #[arg(long, requires_all = ["tls_cert", "tls_key"])]
     pub tls_ca: Option<PathBuf>,
@@ -215,6 +218,7 @@ impl ServeFlags {
         set(table, &["peer_addr"], self.peer_addr)?;
         set(table, &["client_addr"], self.client_addr)?;
         set(table, &["http_addr"], self.http_addr)?;
+        set(table, &["grpc", "addr"], self.grpc_addr)?;
         if let (Some(ca), Some(cert), Some(key)) = (self.tls_ca, self.tls_cert, self.tls_key) {
             let files = crate::server::config::TlsFiles {
                 ca_file: ca,

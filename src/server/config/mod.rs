@@ -52,6 +52,9 @@ pub struct ReplicaConfig {
     /// Where this replica serves `/metrics`, `/healthz`, `/readyz` and its status page (HTTP).
     /// Default: off.
     pub http_addr: Option<SocketAddr>,
+    /// The gRPC port (`[grpc]`): the public contract of `proto/ctrlog/v1` for containers and
+    /// tools in any language, beside the client port. Default: off.
+    pub grpc: GrpcConfig,
     /// Host names the observability port answers to, besides IP addresses and `localhost`
     /// (a request naming any other host is refused, so that a web page elsewhere cannot reach
     /// the port through DNS rebinding). E.g. the replica's DNS name, for a browser. Default
@@ -96,6 +99,15 @@ pub struct ReplicaConfig {
     pub job: Option<JobConfig>,
 }
 
+/// `[grpc]`: where the gRPC port listens. It serves with the client port's TLS, credentials,
+/// roles and limits (`[tls]`, `[auth]`, `[client_port]`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GrpcConfig {
+    /// HOST:PORT; port 0 picks a free one. Default: no gRPC port.
+    pub addr: Option<SocketAddr>,
+}
+
 impl Default for ReplicaConfig {
     fn default() -> Self {
         ReplicaConfig {
@@ -103,6 +115,7 @@ impl Default for ReplicaConfig {
             peer_addr: "127.0.0.1:0".parse().expect("literal address"),
             client_addr: "127.0.0.1:0".parse().expect("literal address"),
             http_addr: None,
+            grpc: GrpcConfig::default(),
             http_allowed_hosts: Vec::new(),
             data_dir: PathBuf::new(),
             initial_members: BTreeMap::new(),
@@ -219,19 +232,21 @@ impl ReplicaConfig {
                 self.peer_addr
             ));
         }
-        if exposed(&self.client_addr) {
+        let client_ports = [("client", Some(self.client_addr)), ("gRPC", self.grpc.addr)];
+        for (port, addr) in client_ports {
+            let Some(addr) = addr.filter(exposed) else {
+                continue;
+            };
             if self.tls.is_none() {
                 warnings.push(format!(
-                    "the client port {} serves without TLS: commands and credentials cross the \
-                     network in clear",
-                    self.client_addr
+                    "the {port} port {addr} serves without TLS: commands and credentials cross \
+                     the network in clear"
                 ));
             }
             if self.auth.is_none() {
                 warnings.push(format!(
-                    "the client port {} asks for no credentials: anyone who reaches it may \
-                     append, change the membership and take snapshots",
-                    self.client_addr
+                    "the {port} port {addr} asks for no credentials: anyone who reaches it may \
+                     append, change the membership and take snapshots"
                 ));
             }
         }

@@ -31,7 +31,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::raft::refusals::Refusals;
 use crate::server::ports::guarded::PortGuard;
-pub use crate::server::ports::guarded::PortLimits;
+pub use crate::server::ports::guarded::{Framing, PortLimits};
 use crate::wire::tls::Io;
 
 /// How long a TLS handshake may take before the connection is dropped.
@@ -165,6 +165,7 @@ impl Drop for Admission {
 /// docs); `serve` calls [`Admission::authenticated`] once its connection has.
 pub async fn serve_each_connection<F, Fut>(
     port: &'static str,
+    framing: Framing,
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     limits: PortLimits,
@@ -183,7 +184,7 @@ pub async fn serve_each_connection<F, Fut>(
         inner: Mutex::default(),
         refusals: refusals.clone(),
     });
-    let guard = PortGuard::new(limits);
+    let guard = PortGuard::new(limits, framing);
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {

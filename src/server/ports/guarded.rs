@@ -5,9 +5,10 @@
 //! byte budget, so that many connections each announcing a frame at the size limit cannot make
 //! the replica allocate connections × limit.
 //!
-//! The guard sits between the byte stream (TCP or TLS) and tarpc's length-delimited framing,
-//! and follows that framing as the bytes pass: a frame is a 4-byte big-endian length and that
-//! many bytes. It reserves a frame's bytes from the budget when it reads the frame's length,
+//! The guard sits between the byte stream (TCP or TLS) and the port's framing, and follows
+//! that framing as the bytes pass ([`Framing`]): for tarpc a frame is a 4-byte big-endian
+//! length and that many bytes; for HTTP/2 (the gRPC port), the client's 24-byte preface, then
+//! frames of a 9-byte header whose first 3 bytes are the payload's length. It reserves a frame's bytes from the budget when it reads the frame's length,
 //! before the framing allocates a buffer for it, and releases them once the frame's last byte
 //! is read. Frames of at most [`UNBUDGETED_FRAME_BYTES`] (every vote, heartbeat, status and
 //! most appends) are bounded by the connection count instead and never touch the budget.
@@ -38,8 +39,41 @@ pub const UNBUDGETED_FRAME_BYTES: usize = 64 << 10;
 /// budget, and operators' appends failed for want of it. They now take none of it.
 pub const UNAUTHENTICATED_FRAME_BYTES_MAX: usize = UNBUDGETED_FRAME_BYTES;
 
-/// The length prefix of tarpc's frames (tokio-util's `LengthDelimitedCodec` default).
-const LENGTH_PREFIX_BYTES: usize = 4;
+/// The longest frame header of any framing (HTTP/2's).
+const HEADER_BYTES_MAX: usize = 9;
+
+/// The HTTP/2 client connection preface (RFC 9113, section 3.4), which precedes its frames.
+const HTTP2_PREFACE_BYTES: usize = 24;
+
+/// How a port's connections frame what they send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// tarpc's: a 4-byte big-endian length (tokio-util's `LengthDelimitedCodec` default),
+    /// then that many bytes.
+    LengthPrefixed,
+    /// HTTP/2's: the preface, then a 9-byte header (a 3-byte big-endian payload length, the
+    /// type, flags and stream) and the payload.
+    Http2,
+}
+
+impl Framing {
+    fn header_bytes(self) -> usize {
+        match self {
+            Framing::LengthPrefixed => 4,
+            Framing::Http2 => HEADER_BYTES_MAX,
+        }
+    }
+
+    /// The bytes that follow a header.
+    fn body_bytes(self, header: &[u8; HEADER_BYTES_MAX]) -> usize {
+        match self {
+            Framing::LengthPrefixed => {
+                u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize
+            }
+            Framing::Http2 => u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize,
+        }
+    }
+}
 
 /// What every connection of one port may hold.
 #[derive(Clone, Debug)]
@@ -64,14 +98,16 @@ pub struct PortLimits {
 /// The port-wide state the guards of one port's connections share.
 pub struct PortGuard {
     limits: PortLimits,
+    framing: Framing,
     receiving: Arc<Semaphore>,
 }
 
 impl PortGuard {
-    pub fn new(limits: PortLimits) -> Arc<PortGuard> {
+    pub fn new(limits: PortLimits, framing: Framing) -> Arc<PortGuard> {
         Arc::new(PortGuard {
             receiving: Arc::new(Semaphore::new(limits.receiving_bytes_max)),
             limits,
+            framing,
         })
     }
 
@@ -86,9 +122,12 @@ impl PortGuard {
             inner: stream,
             port: self.clone(),
             authenticated,
-            frame: Frame::Length {
-                prefix: [0; LENGTH_PREFIX_BYTES],
-                read: 0,
+            frame: match self.framing {
+                Framing::LengthPrefixed => Frame::header(),
+                Framing::Http2 => Frame::Body {
+                    remaining: HTTP2_PREFACE_BYTES,
+                    _reserved: None,
+                },
             },
             frame_started: None,
             deadline: Instant::now() + self.limits.idle_timeout,
@@ -99,9 +138,9 @@ impl PortGuard {
 
 /// Where the bytes read so far leave the current frame.
 enum Frame {
-    /// Reading the length prefix (`read` of its bytes so far).
-    Length {
-        prefix: [u8; LENGTH_PREFIX_BYTES],
+    /// Reading the frame's header (`read` of its bytes so far).
+    Header {
+        header: [u8; HEADER_BYTES_MAX],
         read: usize,
     },
     /// Reading the frame's bytes; a large frame holds its reservation from the budget.
@@ -109,6 +148,15 @@ enum Frame {
         remaining: usize,
         _reserved: Option<OwnedSemaphorePermit>,
     },
+}
+
+impl Frame {
+    fn header() -> Frame {
+        Frame::Header {
+            header: [0; HEADER_BYTES_MAX],
+            read: 0,
+        }
+    }
 }
 
 /// A connection's stream under its port's [`PortLimits`]. Writes pass straight through.
@@ -141,14 +189,15 @@ impl GuardedStream {
     fn follow(&mut self, mut bytes: &[u8], now: Instant) -> io::Result<()> {
         while !bytes.is_empty() {
             match &mut self.frame {
-                Frame::Length { prefix, read } => {
+                Frame::Header { header, read } => {
                     self.frame_started.get_or_insert(now);
-                    let taken = (LENGTH_PREFIX_BYTES - *read).min(bytes.len());
-                    prefix[*read..*read + taken].copy_from_slice(&bytes[..taken]);
+                    let framing = self.port.framing;
+                    let taken = (framing.header_bytes() - *read).min(bytes.len());
+                    header[*read..*read + taken].copy_from_slice(&bytes[..taken]);
                     *read += taken;
                     bytes = &bytes[taken..];
-                    if *read == LENGTH_PREFIX_BYTES {
-                        let length = u32::from_be_bytes(*prefix) as usize;
+                    if *read == framing.header_bytes() {
+                        let length = framing.body_bytes(header);
                         self.start_body(length)?;
                     }
                 }
@@ -208,10 +257,7 @@ impl GuardedStream {
     }
 
     fn end_frame(&mut self) {
-        self.frame = Frame::Length {
-            prefix: [0; LENGTH_PREFIX_BYTES],
-            read: 0,
-        };
+        self.frame = Frame::header();
         self.frame_started = None;
     }
 
@@ -326,14 +372,17 @@ mod tests {
     const FRAME: Duration = Duration::from_secs(2);
 
     fn port(receiving_bytes_max: usize) -> Arc<PortGuard> {
-        PortGuard::new(PortLimits {
-            connections_max: 8,
-            unauthenticated_max: 8,
-            unauthenticated_per_source_max: 8,
-            receiving_bytes_max,
-            idle_timeout: IDLE,
-            frame_read_timeout: FRAME,
-        })
+        PortGuard::new(
+            PortLimits {
+                connections_max: 8,
+                unauthenticated_max: 8,
+                unauthenticated_per_source_max: 8,
+                receiving_bytes_max,
+                idle_timeout: IDLE,
+                frame_read_timeout: FRAME,
+            },
+            Framing::LengthPrefixed,
+        )
     }
 
     /// An authenticated connection under `port`'s guard, and the other side's end to write to.
@@ -379,8 +428,40 @@ mod tests {
 
     fn frame(length: usize) -> Vec<u8> {
         let mut bytes = (length as u32).to_be_bytes().to_vec();
-        bytes.resize(LENGTH_PREFIX_BYTES + length, 7);
+        bytes.resize(Framing::LengthPrefixed.header_bytes() + length, 7);
         bytes
+    }
+
+    /// An HTTP/2 frame of `length` payload bytes (a DATA frame on stream 1).
+    fn http2_frame(length: usize) -> Vec<u8> {
+        let mut bytes = (length as u32).to_be_bytes()[1..].to_vec();
+        bytes.extend([0, 0, 0, 0, 0, 1]);
+        bytes.resize(HEADER_BYTES_MAX + length, 7);
+        bytes
+    }
+
+    /// Goal: on an HTTP/2 port the guard passes the preface and follows frames by their
+    /// 3-byte length: a frame above `UNAUTHENTICATED_FRAME_BYTES_MAX` before the connection
+    /// authenticated closes it (were the preface or the headers misread as tarpc's lengths,
+    /// the first read would already fail).
+    #[tokio::test(start_paused = true)]
+    async fn http2_frames_are_followed_from_after_the_preface() {
+        let port = PortGuard::new(port(1 << 20).limits.clone(), Framing::Http2);
+        let authenticated = Arc::new(AtomicBool::new(false));
+        let (ours, mut theirs) = tokio::io::duplex(1 << 20);
+        let mut guarded = port.guard(Box::new(ours), authenticated);
+        let mut sent = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        sent.extend(http2_frame(0));
+        sent.extend(http2_frame(16 << 10));
+        theirs.write_all(&sent).await.unwrap();
+        let mut read = vec![0; sent.len()];
+        guarded.read_exact(&mut read).await.unwrap();
+        theirs
+            .write_all(&http2_frame(UNAUTHENTICATED_FRAME_BYTES_MAX + 1))
+            .await
+            .unwrap();
+        let refused = guarded.read(&mut [0; 16]).await.unwrap_err();
+        assert_eq!(refused.kind(), io::ErrorKind::PermissionDenied, "{refused}");
     }
 
     /// Goal: the guard follows the framing wherever reads split it: frames of every size

@@ -8,7 +8,7 @@
 //! * `GET /healthz`: 200 while the Raft core runs (503 once it stopped on a fatal error).
 //! * `GET /readyz`: 200 when this replica is a member, knows a leader (or leads with a quorum
 //!   that acknowledged it within `election_timeout_max`) and has applied within
-//!   `READY_APPLY_LAG_MAX` entries of its log, so it answers reads with current data; 503
+//!   `handle::READY_APPLY_LAG_MAX` entries of its log, so it answers reads with current data; 503
 //!   otherwise, with the reason. A replica cut off from its quorum turns 503 within about
 //!   `election_timeout_max` plus a heartbeat and the elector's spread (0.7 s with the
 //!   defaults): a leader once its lease is lost, a follower once it stands for election.
@@ -62,9 +62,6 @@ use crate::wire::FetchRequest;
 
 /// Entries the status page shows from the end of the log.
 const TAIL_ENTRIES: u32 = 20;
-
-/// How far applied may trail the committed index for `/readyz` to say ready.
-const READY_APPLY_LAG_MAX: u64 = 1_000;
 
 /// Binds the observability port.
 pub async fn bind_http(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
@@ -512,25 +509,10 @@ async fn healthz(State(replica): State<ReplicaHandle>) -> Response {
 }
 
 async fn readyz(State(replica): State<ReplicaHandle>) -> Response {
-    let raft = replica.metrics();
-    let not_ready = |why: String| (StatusCode::SERVICE_UNAVAILABLE, why + "\n").into_response();
-    if let Err(fatal) = &raft.running_state {
-        return not_ready(format!("raft stopped: {fatal}"));
+    match replica.readiness() {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why + "\n").into_response(),
     }
-    // A replica that leads without a quorum, or is no member, holds what may have stopped
-    // moving: not ready, though its metrics may name a leader (itself, or the one it had).
-    if let Err(stale) = replica.node().refuse_stale_reads() {
-        return not_ready(stale.to_string());
-    }
-    if raft.current_leader.is_none() {
-        return not_ready("no leader known".into());
-    }
-    let applied = raft.last_applied.map_or(0, |l| l.index);
-    let known = raft.last_log_index.unwrap_or(0);
-    if known.saturating_sub(applied) > READY_APPLY_LAG_MAX {
-        return not_ready(format!("applied index {applied} trails the log at {known}"));
-    }
-    (StatusCode::OK, "ready\n").into_response()
 }
 
 /// What a page asks for besides the default.

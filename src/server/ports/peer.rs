@@ -15,7 +15,7 @@ use crate::raft::network::{
 };
 use crate::raft::storage::{ClusterIdentity, Meeting};
 use crate::raft::types::*;
-use crate::server::ports::connections::{serve_each_connection, PortLimits};
+use crate::server::ports::connections::{serve_each_connection, Framing, PortLimits};
 use crate::server::ports::tls::named_nodes;
 use crate::wire::tls::framed;
 use crate::wire::version::{Hello, ProtocolOffer, PEER_REQUESTS_AFTER_V010};
@@ -293,6 +293,7 @@ pub async fn serve_peers(
     let snapshot_chunks = Arc::new(SnapshotChunks::default());
     serve_each_connection(
         "peer",
+        Framing::LengthPrefixed,
         listener,
         tls,
         peer_port_limits(),

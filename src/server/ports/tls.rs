@@ -20,6 +20,8 @@ use crate::NodeId;
 
 pub struct ReplicaTls {
     pub clients: TlsAcceptor,
+    /// The client port's, offering HTTP/2 by ALPN, which gRPC clients require.
+    pub grpc: TlsAcceptor,
     pub peers: TlsAcceptor,
     pub to_peers: Arc<rustls::ClientConfig>,
     /// When the CA and the replica's certificate expire, for the metrics.
@@ -75,7 +77,9 @@ impl ReplicaTls {
                 ),
             });
         }
-        let acceptor = |client_certificate_required: bool| -> Result<TlsAcceptor, TlsError> {
+        let acceptor = |client_certificate_required: bool,
+                        alpn: &[&[u8]]|
+         -> Result<TlsAcceptor, TlsError> {
             let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider());
             let verifier = if client_certificate_required {
                 verifier.build()
@@ -83,17 +87,19 @@ impl ReplicaTls {
                 verifier.allow_unauthenticated().build()
             }
             .map_err(|e| TlsError::Config(e.to_string()))?;
-            let config = rustls::ServerConfig::builder_with_provider(provider())
+            let mut config = rustls::ServerConfig::builder_with_provider(provider())
                 .with_safe_default_protocol_versions()
                 .map_err(|e| TlsError::Config(e.to_string()))?
                 .with_client_cert_verifier(verifier)
                 .with_single_cert(certs.clone(), load_key(&files.key_file)?)
                 .map_err(|e| TlsError::Config(e.to_string()))?;
+            config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
             Ok(TlsAcceptor::from(Arc::new(config)))
         };
         Ok(ReplicaTls {
-            clients: acceptor(false)?,
-            peers: acceptor(true)?,
+            clients: acceptor(false, &[])?,
+            grpc: acceptor(false, &[b"h2"])?,
+            peers: acceptor(true, &[])?,
             to_peers: client_config(&files.ca_file, Some((&files.cert_file, &files.key_file)))?,
             expiries: vec![
                 read_expiry(&files.ca_file, "ca")?,
