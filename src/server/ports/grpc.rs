@@ -85,11 +85,15 @@ pub async fn serve_grpc(
     let port = Arc::new(CallerPort::new(replica.clone(), config.budget, auth));
     let (health_reporter, health) = tonic_health::server::health_reporter();
     tokio::spawn(report_health(replica, health_reporter, stop.clone()));
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .expect("the descriptor sets are generated at build time");
+    // Both versions of the reflection protocol: grpcurl speaks v1, older clients v1alpha.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = (reflection().build_v1()).expect("descriptors generated at build time");
+    let reflection_v1alpha =
+        (reflection().build_v1alpha()).expect("descriptors generated at build time");
     let message_bytes_max = config.message_bytes_max;
     let limits = port.budget().port.clone();
     // A subscriber of a quiet log sends nothing, and the port closes a connection idle for
@@ -121,7 +125,8 @@ pub async fn serve_grpc(
                     .max_decoding_message_size(message_bytes_max),
             )
             .add_service(health.clone())
-            .add_service(reflection.clone())
+            .add_service(reflection_v1.clone())
+            .add_service(reflection_v1alpha.clone())
             .prepare();
             let port = port.clone();
             async move {

@@ -28,6 +28,8 @@ pub struct ProcessCluster {
     addrs: Vec<(String, String)>,
     /// Each replica's observability port, when the cluster serves them.
     http_addrs: Vec<Option<std::net::SocketAddr>>,
+    /// Each replica's gRPC port, when the cluster serves them.
+    grpc_addrs: Vec<Option<std::net::SocketAddr>>,
     extra: Vec<String>,
     /// Runs before every start of a replica process (see [`for_faults`](Self::for_faults)).
     on_spawn: Option<SpawnHook>,
@@ -79,6 +81,9 @@ struct Launch {
     /// The founder (replica 1) is not started: the others wait for it, unfounded, until
     /// [`restart`](ProcessCluster::restart)`(0)`.
     founder_held: bool,
+    /// Each replica serves a gRPC port, and the replicas' arguments are made from their
+    /// addresses (`extra` is not used then).
+    grpc_extra: Option<Box<dyn FnOnce(&[String]) -> Vec<String>>>,
 }
 
 /// A replica process about to start, as a [`SpawnHook`] sees it.
@@ -182,6 +187,22 @@ impl ProcessCluster {
         ProcessCluster::launch(exe, size, extra, http).await
     }
 
+    /// Starts `size` replicas of the `ctrlog` binary at `exe`, each serving its observability
+    /// and gRPC ports; `extra_for` makes the arguments every replica gets from the gRPC
+    /// addresses (a `[job]` whose containers dial them, say).
+    pub async fn start_with_grpc(
+        exe: PathBuf,
+        size: u64,
+        extra_for: impl FnOnce(&[String]) -> Vec<String> + 'static,
+    ) -> anyhow::Result<ProcessCluster> {
+        let grpc = Launch {
+            http: true,
+            grpc_extra: Some(Box::new(extra_for)),
+            ..Launch::default()
+        };
+        ProcessCluster::launch(exe, size, &[], grpc).await
+    }
+
     /// Starts `size` replicas of the `ctrlog` binary at `exe`, but replica `i` (0-based) of
     /// each `(i, other)` runs `other`: a cluster founded by members on different builds.
     pub async fn start_mixed(
@@ -266,9 +287,11 @@ impl ProcessCluster {
             secure_config,
             executables,
             founder_held,
+            grpc_extra,
         } = how;
         let mut addrs = Vec::new();
         let mut http_addrs = Vec::new();
+        let mut grpc_addrs = Vec::new();
         for _ in 0..size {
             addrs.push((
                 format!("127.0.0.1:{}", free_port()?),
@@ -278,7 +301,19 @@ impl ProcessCluster {
                 true => Some(std::net::SocketAddr::from(([127, 0, 0, 1], free_port()?))),
                 false => None,
             });
+            grpc_addrs.push(match grpc_extra {
+                Some(_) => Some(std::net::SocketAddr::from(([127, 0, 0, 1], free_port()?))),
+                None => None,
+            });
         }
+        let extra = match grpc_extra {
+            Some(extra_for) => {
+                let grpc: Vec<String> =
+                    grpc_addrs.iter().flatten().map(|a| a.to_string()).collect();
+                extra_for(&grpc)
+            }
+            None => extra.to_vec(),
+        };
         let members = addrs
             .iter()
             .enumerate()
@@ -305,7 +340,8 @@ impl ProcessCluster {
             uid_base,
             addrs,
             http_addrs,
-            extra: extra.to_vec(),
+            grpc_addrs,
+            extra,
             on_spawn,
             worker_threads: worker_threads_each(size as usize),
             secure,
@@ -361,6 +397,7 @@ impl ProcessCluster {
             format!("127.0.0.1:{}", free_port()?),
         ));
         self.http_addrs.push(None);
+        self.grpc_addrs.push(None);
         let i = self.addrs.len() - 1;
         self.children.push(Some(self.spawn(i)?));
         Ok(i)
@@ -418,6 +455,11 @@ impl ProcessCluster {
         self.http_addrs.get(i).copied().flatten()
     }
 
+    /// Replica `i`'s gRPC port (0-based), if the cluster serves them.
+    pub fn grpc_addr(&self, i: usize) -> Option<std::net::SocketAddr> {
+        self.grpc_addrs.get(i).copied().flatten()
+    }
+
     /// The uid replica `i` runs under, if each has its own.
     pub fn uid(&self, i: usize) -> Option<u32> {
         self.uid_base.map(|base| base + i as u32 + 1)
@@ -443,6 +485,9 @@ impl ProcessCluster {
         }
         if let Some(http) = self.http_addr(i) {
             process.args(["--http-addr", &http.to_string()]);
+        }
+        if let Some(grpc) = self.grpc_addr(i) {
+            process.args(["--grpc-addr", &grpc.to_string()]);
         }
         if let Some(secure) = &self.secure {
             let tls = certs::replica_files(&secure.pki, i as crate::NodeId + 1);
