@@ -7,6 +7,9 @@
 //! * In every folder, at any depth, the modules (its files and its sub-folders) use each other
 //!   without a circle, so that each can be read after the ones it uses. A folder's `mod.rs` is
 //!   its map, not one of its modules.
+//! * The two ports that serve callers, tarpc (`ports::client`) and gRPC (`ports::grpc`),
+//!   re-state no rule: credentials, roles, budgets and the replica's request paths are
+//!   `ports::calls`'s alone, so that both refuse the same requests the same way.
 //!
 //! The source is parsed with `syn`, whole: every path of the crate's modules (`crate::…`,
 //! `super::…`, `self::…`, a child module named by its parent) in `use` trees however nested,
@@ -19,6 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use proc_macro2::{TokenStream, TokenTree};
+use quote::ToTokens;
 use syn::visit::Visit;
 
 /// Each room and the rooms it may use besides itself.
@@ -626,4 +630,89 @@ fn the_checker_sees_re_exports_sub_folders_nested_groups_and_whole_files() {
             "src/a/inner: p -> q -> p".to_string()
         ],
     );
+}
+
+/// The ports that serve callers (tarpc and gRPC); each must leave every rule to
+/// `server::ports::calls`.
+const CALLER_PORTS: &[&str] = &["server/ports/client.rs", "server/ports/grpc.rs"];
+
+/// Names that only `ports::calls` may use: the role check, the credentials' lookups and the
+/// budgets' semaphores.
+const RULE_NAMES: &[&str] = &[
+    "authorize",
+    "by_token",
+    "by_certificate",
+    "Semaphore",
+    "try_acquire_owned",
+    "try_acquire_many_owned",
+];
+
+/// What a port may ask the replica itself, rather than through its `Caller`: nothing that
+/// serves a request.
+const REPLICA_CALLS_ALLOWED: &[&str] = &["clone", "readiness", "applied_offset", "grpc_addr_of"];
+
+/// Where `text` (a port's source) re-states a rule: a name of [`RULE_NAMES`], or a call on
+/// the replica that is not one of [`REPLICA_CALLS_ALLOWED`].
+fn rules_restated(text: &str) -> Vec<String> {
+    struct Calls(Vec<String>);
+    impl<'ast> Visit<'ast> for Calls {
+        fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
+            let receiver = call.receiver.to_token_stream().to_string().replace(' ', "");
+            let method = call.method.to_string();
+            let on_replica = receiver.ends_with("replica") || receiver.ends_with("replica()");
+            if on_replica && !REPLICA_CALLS_ALLOWED.contains(&method.as_str()) {
+                self.0.push(format!(
+                    "`{receiver}.{method}(..)` serves a request past its Caller"
+                ));
+            }
+            syn::visit::visit_expr_method_call(self, call);
+        }
+    }
+    fn idents(stream: TokenStream, found: &mut Vec<String>) {
+        for tree in stream {
+            match tree {
+                TokenTree::Ident(ident) => {
+                    let name = ident.to_string();
+                    if RULE_NAMES.contains(&name.as_str()) {
+                        found.push(format!("names `{name}`, which only ports::calls may"));
+                    }
+                }
+                TokenTree::Group(group) => idents(group.stream(), found),
+                _ => {}
+            }
+        }
+    }
+    let file = syn::parse_file(text).expect("the port parses");
+    let mut calls = Calls(Vec::new());
+    calls.visit_file(&file);
+    let mut found = calls.0;
+    idents(text.parse().expect("the port lexes"), &mut found);
+    found
+}
+
+/// Goal: neither client-facing port re-states a rule of `ports::calls` (credentials, roles,
+/// budgets, the replica's request paths): both serve through one `Caller`.
+#[test]
+fn the_caller_ports_leave_every_rule_to_one_implementation() {
+    let mut broken = Vec::new();
+    for port in CALLER_PORTS {
+        let text = std::fs::read_to_string(src().join(port)).unwrap();
+        broken.extend(
+            rules_restated(&text)
+                .into_iter()
+                .map(|r| format!("{port}: {r}")),
+        );
+    }
+    assert!(broken.is_empty(), "rules re-stated:\n{}", broken.join("\n"));
+}
+
+/// Goal: the check can fail: a port that appends through the replica, or checks a role or
+/// takes a budget itself, is seen.
+#[test]
+fn the_rule_check_sees_a_port_that_serves_past_its_caller() {
+    let port = "fn append(&self, p: Proposal) { self.replica.append(p); }\n\
+                fn check(&self) { authorize(&self.principal, &action); }\n\
+                fn budget(&self) { self.answer_bytes.try_acquire_many_owned(1); }\n";
+    let found = rules_restated(port);
+    assert_eq!(found.len(), 3, "{found:#?}");
 }

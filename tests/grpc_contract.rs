@@ -17,7 +17,9 @@ use ctrlog::wire::grpc::pb;
 use prost::Message;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/grpc").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/grpc")
+        .join(name)
 }
 
 /// One line per field and enum value of package `ctrlog.v1`, as `fields-v1.txt` lists them.
@@ -32,7 +34,9 @@ fn contract_lines() -> BTreeSet<String> {
                 named => named.to_string(),
             };
             let oneof = match f.oneof_index {
-                Some(i) if !f.proto3_optional() => format!(" oneof {}", m.oneof_decl[i as usize].name()),
+                Some(i) if !f.proto3_optional() => {
+                    format!(" oneof {}", m.oneof_decl[i as usize].name())
+                }
                 _ => String::new(),
             };
             let optional = if f.proto3_optional() { " optional" } else { "" };
@@ -44,14 +48,23 @@ fn contract_lines() -> BTreeSet<String> {
             ));
         }
         for range in &m.reserved_range {
-            lines.insert(format!("reserved {name} {}..{}", range.start(), range.end()));
+            lines.insert(format!(
+                "reserved {name} {}..{}",
+                range.start(),
+                range.end()
+            ));
         }
         for nested in &m.nested_type {
             message(&name, nested, lines);
         }
         for e in &m.enum_type {
             for v in &e.value {
-                lines.insert(format!("enum {name}.{}.{} = {}", e.name(), v.name(), v.number()));
+                lines.insert(format!(
+                    "enum {name}.{}.{} = {}",
+                    e.name(),
+                    v.name(),
+                    v.number()
+                ));
             }
         }
     }
@@ -61,7 +74,12 @@ fn contract_lines() -> BTreeSet<String> {
         }
         for e in &file.enum_type {
             for v in &e.value {
-                lines.insert(format!("enum .ctrlog.v1.{}.{} = {}", e.name(), v.name(), v.number()));
+                lines.insert(format!(
+                    "enum .ctrlog.v1.{}.{} = {}",
+                    e.name(),
+                    v.name(),
+                    v.number()
+                ));
             }
         }
         for service in &file.service {
@@ -71,7 +89,11 @@ fn contract_lines() -> BTreeSet<String> {
                     service.name(),
                     method.name(),
                     method.input_type(),
-                    if method.server_streaming() { "stream " } else { "" },
+                    if method.server_streaming() {
+                        "stream "
+                    } else {
+                        ""
+                    },
                     method.output_type()
                 ));
             }
@@ -234,7 +256,13 @@ fn golden_messages_encode_and_decode_both_ways() {
         }
         let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let (encoded, decoded) = check(&bytes);
-        assert_eq!(encoded, bytes, "{name}: the message no longer encodes to its fixture");
-        assert!(decoded, "{name}: the fixture no longer decodes to the message");
+        assert_eq!(
+            encoded, bytes,
+            "{name}: the message no longer encodes to its fixture"
+        );
+        assert!(
+            decoded,
+            "{name}: the fixture no longer decodes to the message"
+        );
     }
 }
