@@ -1130,6 +1130,11 @@ impl RaftRpc for OlderBuildPeer {
     ) -> Result<Option<ClusterId>, ApiError> {
         unreachable!("an older build is not introduced to")
     }
+
+    /// Not listed in its `hello`, so never asked.
+    async fn grpc_addr(self, _: tarpc::context::Context) -> Option<String> {
+        unreachable!("an older build is not asked for its gRPC port")
+    }
 }
 
 /// Serves `peer` on a new port of 127.0.0.1 until the test ends; returns its address.

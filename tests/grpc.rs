@@ -78,18 +78,54 @@ async fn a_grpc_container_joins_hears_answers_and_leaves() {
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
     let follower = cluster.follower_of(leader);
 
-    let mut at_follower =
+    // A follower names the leader, and, once the members told each other over the peer
+    // port, the leader's gRPC port.
+    let leader_grpc = cluster.replica(leader).grpc_addr().unwrap().to_string();
+    let at_follower =
         ControlLogClient::new(channel(cluster.replica(follower).grpc_addr().unwrap()).await);
-    let (code, detail) = refused(at_follower.join(join_request("g1")).await);
-    assert_eq!(code, tonic::Code::Unavailable);
-    let Detail::NotLeader(not_leader) = detail else {
-        panic!("{detail:?}")
-    };
-    assert_eq!(not_leader.leader_id, Some(leader));
-    assert_eq!(
-        not_leader.leader_client_addr,
-        Some(cluster.replica(leader).client_addr().to_string())
-    );
+    let poll = Duration::from_millis(50);
+    ctrlog::tools::poll_until(
+        "a NotLeader naming the leader's gRPC port",
+        WAIT,
+        poll,
+        || {
+            let mut at_follower = at_follower.clone();
+            let (leader_grpc, leader_client) =
+                (leader_grpc.clone(), cluster.replica(leader).client_addr());
+            async move {
+                let (code, detail) = refused(at_follower.join(join_request("g1")).await);
+                assert_eq!(code, tonic::Code::Unavailable);
+                let Detail::NotLeader(not_leader) = detail else {
+                    panic!("{detail:?}")
+                };
+                assert_eq!(not_leader.leader_id, Some(leader));
+                assert_eq!(
+                    not_leader.leader_client_addr,
+                    Some(leader_client.to_string())
+                );
+                match not_leader.leader_grpc_addr {
+                    Some(addr) if addr == leader_grpc => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let mut at_follower = at_follower;
+    let status = at_follower
+        .status(pb::StatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    for member in &status.members {
+        let grpc = cluster.replica(member.id).grpc_addr().unwrap().to_string();
+        assert_eq!(
+            member.grpc_addr.as_deref(),
+            Some(grpc.as_str()),
+            "{member:?}"
+        );
+    }
 
     let leader_channel = channel(cluster.replica(leader).grpc_addr().unwrap()).await;
     let mut health = tonic_health::pb::health_client::HealthClient::new(leader_channel.clone());

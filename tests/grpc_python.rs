@@ -166,36 +166,35 @@ async fn python_containers_run_a_job_through_a_leader_kill() {
     std::fs::create_dir(path("containers")).unwrap();
     let reports = path("reports.jsonl");
     let (job, containers_log) = (path("job.toml"), path("containers"));
-    let container_py = repository().join("examples/python/container.py");
-    let (interpreter, stubs) = (python.interpreter.clone(), python.stubs.clone());
-    let (lag_file, reports_file, logs) = (path("lag"), reports.clone(), containers_log.clone());
-    let inputs = path("inputs");
-    let job_file = job.clone();
-    let mut cluster = ProcessCluster::start_with_grpc(EXE.into(), 3, move |grpc| {
-        let command: Vec<String> = [
-            interpreter.display().to_string(),
-            container_py.display().to_string(),
-            "--stubs".into(),
-            stubs.display().to_string(),
-            "--id".into(),
-            "{id}".into(),
-            "--grpc".into(),
-            grpc.join(","),
-            "--heartbeat-ms".into(),
-            "100".into(),
-            "--lease-ms".into(),
-            "1500".into(),
-            // A stop takes a second, so that the leader can be killed in the middle of it.
-            "--stop-delay-ms".into(),
-            "1000".into(),
-            "--lag-file".into(),
-            lag_file.display().to_string(),
-            "--report-file".into(),
-            reports_file.display().to_string(),
-        ]
-        .into();
-        let config = format!(
-            r#"[job]
+    let command: Vec<String> = [
+        python.interpreter.display().to_string(),
+        repository()
+            .join("examples/python/container.py")
+            .display()
+            .to_string(),
+        "--stubs".into(),
+        python.stubs.display().to_string(),
+        "--id".into(),
+        "{id}".into(),
+        // The gRPC ports the leader knows of when it launches the container; the container
+        // learns the others from any of them.
+        "--grpc".into(),
+        "{grpc}".into(),
+        "--heartbeat-ms".into(),
+        "100".into(),
+        "--lease-ms".into(),
+        "1500".into(),
+        // A stop takes a second, so that the leader can be killed in the middle of it.
+        "--stop-delay-ms".into(),
+        "1000".into(),
+        "--lag-file".into(),
+        path("lag").display().to_string(),
+        "--report-file".into(),
+        reports.display().to_string(),
+    ]
+    .into();
+    let config = format!(
+        r#"[job]
 inputs_file = "{inputs}"
 session_timeout_ms = 3000
 
@@ -211,15 +210,15 @@ kind = "process"
 command = {command}
 log_dir = "{logs}"
 "#,
-            inputs = inputs.display(),
-            command = toml::Value::from(command),
-            logs = logs.display(),
-        );
-        std::fs::write(&job_file, config).unwrap();
-        vec!["--config".into(), job_file.display().to_string()]
-    })
-    .await
-    .unwrap();
+        inputs = path("inputs").display(),
+        command = toml::Value::from(command),
+        logs = containers_log.display(),
+    );
+    std::fs::write(&job, config).unwrap();
+    let config_flag = ["--config".to_string(), job.display().to_string()];
+    let mut cluster = ProcessCluster::start_with_grpc(EXE.into(), 3, &config_flag)
+        .await
+        .unwrap();
     let client = ControlClient::connect(&cluster.client_addrs())
         .await
         .unwrap();

@@ -31,7 +31,9 @@ import time
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--id", required=True, help="the container's name")
-    parser.add_argument("--grpc", required=True, help="the replicas' gRPC ports, comma-separated")
+    parser.add_argument("--grpc", default=os.environ.get("CTRLOG_GRPC"),
+                        help="the replicas' gRPC ports, comma-separated (or some of them: "
+                             "the others are learned); default $CTRLOG_GRPC")
     parser.add_argument("--stubs", required=True, help="where grpc_tools.protoc wrote the stubs")
     parser.add_argument("--heartbeat-ms", type=int, default=200)
     parser.add_argument("--lease-ms", type=int, default=1500,
@@ -92,6 +94,26 @@ class Replicas:
         self.ids = {}  # seed -> node id, learned from Status
         self.leader = seeds[0]
         self.lock = threading.Lock()
+        self.learned_at = 0.0
+
+    def learn_seeds(self):
+        """Adds the gRPC ports a reachable replica's Status lists (the replicas tell each
+        other theirs), at most once a second: the seeds given may be only some of them."""
+        if time.monotonic() - self.learned_at < 1.0:
+            return
+        self.learned_at = time.monotonic()
+        for seed in list(self.seeds):
+            try:
+                status = self.stub(seed).Status(control_pb2.StatusRequest(),
+                                                metadata=self.metadata, timeout=1.0)
+            except grpc.RpcError:
+                continue
+            self.ids[seed] = status.id
+            for member in status.members:
+                if member.HasField("grpc_addr") and member.grpc_addr not in self.seeds:
+                    self.seeds.append(member.grpc_addr)
+                    self.ids[member.grpc_addr] = member.id
+            return
 
     def stub(self, seed):
         with self.lock:
@@ -136,8 +158,11 @@ class Replicas:
                 if not retriable or time.monotonic() > give_up:
                     raise
                 following = None
-                if which == "not_leader" and refusal.not_leader.HasField("leader_id"):
+                if which == "not_leader" and refusal.not_leader.HasField("leader_grpc_addr"):
+                    following = refusal.not_leader.leader_grpc_addr
+                elif which == "not_leader" and refusal.not_leader.HasField("leader_id"):
                     following = self.seed_of(refusal.not_leader.leader_id)
+                self.learn_seeds()
                 if following and following != seed:
                     seed = following
                 else:
@@ -147,7 +172,9 @@ class Replicas:
 
 class Container:
     def __init__(self):
-        self.replicas = Replicas(ARGS.grpc.split(","))
+        if not ARGS.grpc:
+            sys.exit("give the replicas' gRPC ports: --grpc or CTRLOG_GRPC")
+        self.replicas = Replicas([seed for seed in ARGS.grpc.split(",") if seed])
         self.producer = random.getrandbits(63) or 1
         self.seq = 0
         self.epoch = None
@@ -308,7 +335,8 @@ class Container:
         joined = self.replicas.call("Join", control_pb2.JoinRequest(
             container=ARGS.id, location=f"python pid {os.getpid()}", producer=self.next_pair()))
         self.epoch = joined.epoch
-        log(f"joined at epoch {self.epoch}")
+        self.replicas.learn_seeds()
+        log(f"joined at epoch {self.epoch}; replicas {','.join(self.replicas.seeds)}")
         signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
         beating = threading.Thread(target=self.heartbeats, daemon=True)
         beating.start()

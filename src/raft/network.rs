@@ -110,6 +110,10 @@ pub trait RaftRpc {
     /// this replica follows `from`. Sent only to a peer whose `hello` lists `stand_back`;
     /// added last.
     async fn stand_back(from: NodeId, to: NodeId, silent_for_ms: u64) -> Result<(), ApiError>;
+    /// Where this replica serves gRPC (`[grpc] addr`), if it does: what another replica
+    /// names in a `NotLeader` answered over gRPC, and lists in a gRPC `Status`. Asked only
+    /// of a peer whose `hello` lists `grpc_addr`; added last.
+    async fn grpc_addr() -> Option<String>;
 }
 
 /// The rules every incoming Raft request follows, whatever carried it (the peer port's tarpc
@@ -407,6 +411,29 @@ impl PeerNetwork {
             .await
             .map_err(CallError::into_message)?;
         Ok(hello.vocabulary_level_max)
+    }
+}
+
+impl PeerNetwork {
+    /// Asks the replica `id` at `member`'s peer port where it serves gRPC, within `timeout`:
+    /// `Ok(None)` if it serves none or its build cannot say (it does not list `grpc_addr`).
+    pub async fn grpc_addr(
+        &self,
+        id: NodeId,
+        member: &Member,
+        timeout: Duration,
+    ) -> Result<Option<String>, String> {
+        let mut peer = self.client_for(id, member);
+        let (client, hello) = peer
+            .connected(timeout)
+            .await
+            .map_err(CallError::into_message)?;
+        if !hello.requests.iter().any(|request| request == "grpc_addr") {
+            return Ok(None);
+        }
+        let mut ctx = context::current();
+        ctx.deadline = Instant::now() + timeout;
+        client.grpc_addr(ctx).await.map_err(|e| e.to_string())
     }
 }
 
@@ -1097,6 +1124,10 @@ mod tests {
             _: u64,
         ) -> Result<(), ApiError> {
             Ok(())
+        }
+
+        async fn grpc_addr(self, _: context::Context) -> Option<String> {
+            None
         }
     }
 

@@ -38,6 +38,8 @@ pub(in crate::server) struct Inner {
     pub(in crate::server) telemetry: Telemetry,
     pub(in crate::server) http_addr: Option<SocketAddr>,
     pub(in crate::server) grpc_addr: Option<SocketAddr>,
+    /// The other members' gRPC ports, as they said (see `replica::learn_grpc_addrs`).
+    pub(in crate::server) grpc_addrs: std::sync::Mutex<BTreeMap<NodeId, String>>,
     /// The last minutes, for the status page's charts (sampled while the HTTP port runs).
     pub(in crate::server) history: History,
     /// When the TLS certificates this replica loaded expire (none without TLS).
@@ -122,14 +124,20 @@ impl ReplicaHandle {
         self.inner.grpc_addr
     }
 
-    /// The gRPC port of replica `id`, as far as this replica knows: its own. A gRPC client
-    /// learns each of its seeds' ids from `Status` and follows a `NotLeader`'s `leader_id` to
-    /// the seed of that id (the replicas do not exchange their gRPC addresses).
+    /// The gRPC port of replica `id`, as far as this replica knows: its own, and those the
+    /// other members told it.
     pub fn grpc_addr_of(&self, id: NodeId) -> Option<String> {
-        (id == self.id())
-            .then(|| self.grpc_addr())
-            .flatten()
-            .map(|addr| addr.to_string())
+        if id == self.id() {
+            return self.grpc_addr().map(|addr| addr.to_string());
+        }
+        let learned = self.inner.grpc_addrs.lock().expect("never poisoned");
+        learned.get(&id).cloned()
+    }
+
+    pub(in crate::server) fn learned_grpc_addr(&self, id: NodeId, addr: String) {
+        tracing::info!(id, %addr, "learned a member's gRPC port");
+        let mut learned = self.inner.grpc_addrs.lock().expect("never poisoned");
+        learned.insert(id, addr);
     }
 
     /// When the TLS certificates this replica loaded expire (none without TLS).

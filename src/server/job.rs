@@ -62,7 +62,8 @@ pub fn controller(
 }
 
 /// What a launched container connects with: the members' client addresses as they are at the
-/// launch, the CA of `[tls]`, and its own token from the tokens file of `[auth]`.
+/// launch, and the gRPC ports this replica knows of, the CA of `[tls]`, and its own token
+/// from the tokens file of `[auth]`.
 fn launch_settings(config: &ReplicaConfig, replica: ReplicaHandle) -> SettingsFn {
     let ca = config
         .tls
@@ -77,12 +78,21 @@ fn launch_settings(config: &ReplicaConfig, replica: ReplicaHandle) -> SettingsFn
             .map(|m| m.member.client_addr.as_str())
             .collect::<Vec<_>>()
             .join(",");
+        // The gRPC ports the leader knows of: its own and those the members told it.
+        let grpc = (replica.status().members.iter())
+            .filter_map(|m| replica.grpc_addr_of(m.id))
+            .collect::<Vec<_>>()
+            .join(",");
         let mut settings = LaunchSettings {
             placeholders: vec![
                 ("cluster", cluster.clone()),
+                ("grpc", grpc.clone()),
                 ("ca", ca.clone().unwrap_or_default()),
             ],
-            env: vec![("CTRLOG_CLUSTER".into(), cluster)],
+            env: vec![
+                ("CTRLOG_CLUSTER".into(), cluster),
+                ("CTRLOG_GRPC".into(), grpc),
+            ],
         };
         if let Some(ca) = &ca {
             settings.env.push(("CTRLOG_CA".into(), ca.clone()));

@@ -151,6 +151,41 @@ fn raft_config(config: &ReplicaConfig) -> Result<openraft::Config, StartError> {
     .map_err(|e| StartError::Raft(e.to_string()))
 }
 
+/// How often a replica serving gRPC asks the members whose gRPC port it does not know yet.
+const GRPC_ADDRS_ASKED_EVERY: Duration = Duration::from_secs(2);
+
+/// Learns where the other members serve gRPC (the peer port's `grpc_addr`), so that this
+/// replica's gRPC `NotLeader` names the leader's gRPC port and its `Status` lists every
+/// member's: each member not known yet is asked every [`GRPC_ADDRS_ASKED_EVERY`], and one
+/// that answers is not asked again (a member's address is fixed for its life, as its peer and
+/// client addresses are).
+async fn learn_grpc_addrs(replica: ReplicaHandle, mut stop: tokio::sync::watch::Receiver<bool>) {
+    loop {
+        let members: Vec<(NodeId, Member)> = {
+            let metrics = replica.metrics();
+            let membership = metrics.membership_config.membership();
+            (membership.nodes())
+                .filter(|(id, _)| **id != replica.id() && replica.grpc_addr_of(**id).is_none())
+                .map(|(id, member)| (*id, member.clone()))
+                .collect()
+        };
+        for (id, member) in members {
+            match (replica.inner.peers)
+                .grpc_addr(id, &member, GRPC_ADDRS_ASKED_EVERY)
+                .await
+            {
+                Ok(Some(addr)) => replica.learned_grpc_addr(id, addr),
+                Ok(None) => {}
+                Err(why) => tracing::debug!(id, %why, "could not ask a member for its gRPC port"),
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(GRPC_ADDRS_ASKED_EVERY) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
 /// What the client port and each of its connections may hold, from `[client_port]`.
 fn connection_budget(port: &ClientPortConfig) -> ConnectionBudget {
     ConnectionBudget {
@@ -283,6 +318,7 @@ impl Replica {
                 telemetry: Telemetry::default(),
                 http_addr,
                 grpc_addr,
+                grpc_addrs: Default::default(),
                 history: Default::default(),
                 certificate_expiries: tls.as_ref().map(|t| t.expiries.clone()).unwrap_or_default(),
                 storage_faults,
@@ -325,6 +361,7 @@ impl Replica {
                     refusals: Default::default(),
                 },
                 cluster.clone(),
+                grpc_addr.map(|addr| addr.to_string()),
                 tls.as_ref().map(|t| t.peers.clone()),
                 stopping.clone(),
             )),
@@ -338,6 +375,10 @@ impl Replica {
             )),
         ]);
         if let Some(listener) = grpc_listener {
+            tasks.push(tokio::spawn(learn_grpc_addrs(
+                handle.clone(),
+                stopping.clone(),
+            )));
             tasks.push(tokio::spawn(serve_grpc(
                 listener,
                 handle.clone(),

@@ -49,7 +49,8 @@ pub const CLIENT_REQUESTS_AFTER_V010: &[&str] = &[
 ];
 
 /// The peer port's requests added after v0.1.0, which a `hello` answer lists.
-pub const PEER_REQUESTS_AFTER_V010: &[&str] = &["hello", "introduce", "take_over", "stand_back"];
+pub const PEER_REQUESTS_AFTER_V010: &[&str] =
+    &["hello", "introduce", "take_over", "stand_back", "grpc_addr"];
 
 /// This build, as a `hello` names it.
 pub const BUILD: &str = concat!("ctrlog ", env!("CARGO_PKG_VERSION"));

@@ -131,9 +131,11 @@ pub enum LauncherConfig {
     /// The leader runs each container as a process on its host.
     Process {
         /// The program and its arguments. `{id}` becomes the container's name, `{cluster}` the
-        /// members' client addresses (comma-separated) and `{ca}` the CA file of `[tls]`. The
-        /// process also finds them in `CTRLOG_CLUSTER` and `CTRLOG_CA`, and, with `[auth]`, its
-        /// own token in `CTRLOG_TOKEN`: the one the tokens file gives `container:<name>`.
+        /// members' client addresses (comma-separated), `{grpc}` the gRPC ports the leader
+        /// knows of (its own, and those the members told it; empty without `[grpc]`) and
+        /// `{ca}` the CA file of `[tls]`. The process also finds them in `CTRLOG_CLUSTER`,
+        /// `CTRLOG_GRPC` and `CTRLOG_CA`, and, with `[auth]`, its own token in
+        /// `CTRLOG_TOKEN`: the one the tokens file gives `container:<name>`.
         command: Vec<String>,
         /// Each container's output goes to `{log_dir}/{id}.log` (mode 0600); discarded when
         /// unset.
@@ -185,7 +187,7 @@ impl Default for LauncherConfig {
 }
 
 /// The placeholders a process launcher's command may use.
-const PLACEHOLDERS: [&str; 3] = ["id", "cluster", "ca"];
+const PLACEHOLDERS: [&str; 4] = ["id", "cluster", "grpc", "ca"];
 
 impl JobConfig {
     /// Refuses a section that could not run a job, naming the field.
@@ -327,7 +329,10 @@ fn validate_command(command: &[String]) -> Result<(), ConfigError> {
             if !PLACEHOLDERS.contains(&name) {
                 refuse(
                     "job.launcher.command",
-                    format!("unknown placeholder {{{name}}}; known: {{id}}, {{cluster}}, {{ca}}"),
+                    format!(
+                        "unknown placeholder {{{name}}}; known: {{id}}, {{cluster}}, {{grpc}}, \
+                         {{ca}}"
+                    ),
                 )?;
             }
             rest = &rest[open + close + 1..];

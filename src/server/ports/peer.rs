@@ -37,6 +37,8 @@ struct RaftRpcServer {
     cluster: Arc<ClusterIdentity>,
     /// Set once the connection introduced another cluster: its Raft requests are refused.
     other_cluster: Arc<AtomicBool>,
+    /// Where this replica serves gRPC, if it does, as `grpc_addr` answers.
+    grpc_addr: Option<String>,
     /// The calling peer's address, for the logs.
     peer: SocketAddr,
 }
@@ -192,6 +194,11 @@ impl RaftRpc for RaftRpcServer {
         Ok(())
     }
 
+    /// Where this replica serves gRPC; not secret, so any peer the port admits may ask.
+    async fn grpc_addr(self, _: context::Context) -> Option<String> {
+        self.grpc_addr
+    }
+
     /// A stopping leader hands over to another voter: accepted as `take_over` is.
     async fn stand_back(
         self,
@@ -287,6 +294,7 @@ pub async fn serve_peers(
     listener: PeerListener,
     answers: PeerAnswers,
     cluster: Arc<ClusterIdentity>,
+    grpc_addr: Option<String>,
     tls: Option<TlsAcceptor>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -311,6 +319,7 @@ pub async fn serve_peers(
                 peer_nodes,
                 cluster: cluster.clone(),
                 other_cluster: Arc::default(),
+                grpc_addr: grpc_addr.clone(),
                 peer: accepted.peer,
             };
             async move {

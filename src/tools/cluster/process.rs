@@ -81,9 +81,8 @@ struct Launch {
     /// The founder (replica 1) is not started: the others wait for it, unfounded, until
     /// [`restart`](ProcessCluster::restart)`(0)`.
     founder_held: bool,
-    /// Each replica serves a gRPC port, and the replicas' arguments are made from their
-    /// addresses (`extra` is not used then).
-    grpc_extra: Option<Box<dyn FnOnce(&[String]) -> Vec<String>>>,
+    /// Each replica serves a gRPC port too.
+    grpc: bool,
 }
 
 /// A replica process about to start, as a [`SpawnHook`] sees it.
@@ -188,19 +187,18 @@ impl ProcessCluster {
     }
 
     /// Starts `size` replicas of the `ctrlog` binary at `exe`, each serving its observability
-    /// and gRPC ports; `extra_for` makes the arguments every replica gets from the gRPC
-    /// addresses (a `[job]` whose containers dial them, say).
+    /// and gRPC ports (see [`grpc_addr`](Self::grpc_addr)).
     pub async fn start_with_grpc(
         exe: PathBuf,
         size: u64,
-        extra_for: impl FnOnce(&[String]) -> Vec<String> + 'static,
+        extra: &[String],
     ) -> anyhow::Result<ProcessCluster> {
         let grpc = Launch {
             http: true,
-            grpc_extra: Some(Box::new(extra_for)),
+            grpc: true,
             ..Launch::default()
         };
-        ProcessCluster::launch(exe, size, &[], grpc).await
+        ProcessCluster::launch(exe, size, extra, grpc).await
     }
 
     /// Starts `size` replicas of the `ctrlog` binary at `exe`, but replica `i` (0-based) of
@@ -287,7 +285,7 @@ impl ProcessCluster {
             secure_config,
             executables,
             founder_held,
-            grpc_extra,
+            grpc,
         } = how;
         let mut addrs = Vec::new();
         let mut http_addrs = Vec::new();
@@ -301,19 +299,11 @@ impl ProcessCluster {
                 true => Some(std::net::SocketAddr::from(([127, 0, 0, 1], free_port()?))),
                 false => None,
             });
-            grpc_addrs.push(match grpc_extra {
-                Some(_) => Some(std::net::SocketAddr::from(([127, 0, 0, 1], free_port()?))),
-                None => None,
+            grpc_addrs.push(match grpc {
+                true => Some(std::net::SocketAddr::from(([127, 0, 0, 1], free_port()?))),
+                false => None,
             });
         }
-        let extra = match grpc_extra {
-            Some(extra_for) => {
-                let grpc: Vec<String> =
-                    grpc_addrs.iter().flatten().map(|a| a.to_string()).collect();
-                extra_for(&grpc)
-            }
-            None => extra.to_vec(),
-        };
         let members = addrs
             .iter()
             .enumerate()
@@ -341,7 +331,7 @@ impl ProcessCluster {
             addrs,
             http_addrs,
             grpc_addrs,
-            extra,
+            extra: extra.to_vec(),
             on_spawn,
             worker_threads: worker_threads_each(size as usize),
             secure,
