@@ -30,6 +30,8 @@ const EXE: &str = env!("CARGO_BIN_EXE_ctrlog");
 /// Each step's deadline: a debug build of three replicas and Python containers on 2 cores.
 const STEP: Duration = Duration::from_secs(90);
 
+const POLL: Duration = Duration::from_millis(50);
+
 fn repository() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
@@ -150,8 +152,8 @@ impl Drop for EndProcessesOnDrop {
 /// run the job as `ctrlog container` does: two inputs settle on one container, a schema
 /// broadcast is acked by it, lag scales the job out to two (a task moves, and the leader is
 /// killed while it is in flight: the next leader finishes the move), and, the lag gone, back
-/// in to one, the drained container leaving the job itself. No task ran on two containers at
-/// once, by their own reports.
+/// in to one, the drained container deregistered (not expired) and its process gone. No task
+/// ran on two containers at once, by their own reports.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_containers_run_a_job_through_a_leader_kill() {
     let python = python();
@@ -285,14 +287,28 @@ log_dir = "{logs}"
         .filter(|s| back.live_session(&s.container).is_none())
         .collect();
     assert_eq!(drained.len(), 1, "{drained:?}");
-    let left = job_state_until(&client, "the drained container to leave", STEP, |s| {
+    let left = job_state_until(&client, "the drained container deregistered", STEP, |s| {
         s.containers()[&drained[0].container].status == ContainerStatus::Deregistered
     })
     .await;
-    assert!(
-        left.is_ok(),
-        "{left:?}: it left the job itself, not by expiry"
-    );
+    assert!(left.is_ok(), "{left:?}: drained, not expired");
+    let python_containers = || {
+        let pids = processes_mentioning(dir.path()).into_iter().filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmdline).contains("container.py")
+        });
+        pids.count()
+    };
+    ctrlog::tools::poll_until("the drained container's process to end", STEP, POLL, || {
+        let running = python_containers();
+        std::future::ready(if running == 1 {
+            Ok(())
+        } else {
+            Err(format!("{running} running"))
+        })
+    })
+    .await
+    .unwrap();
 
     let events = read_reports(&reports).unwrap();
     assert!(events.len() >= 4, "the containers reported {events:?}");

@@ -3,7 +3,8 @@
 It joins a job, runs the tasks the coordinator assigns it through the stop -> stopped ->
 assign -> started handshakes, acknowledges schema and config broadcasts, keeps its session
 alive with heartbeats, stops all work when its lease lapses (its heartbeats went unanswered
-for longer than --lease-ms) or it is fenced, and leaves the job on SIGTERM. It survives a
+for longer than --lease-ms) or it is fenced, exits once drained (its own deregistration
+arrives, after its tasks were moved off), and leaves the job on SIGTERM. It survives a
 replica's death: writes go to the leader, found by asking the seeds, and the subscription
 resumes from the last offset it received on another replica.
 
@@ -184,6 +185,7 @@ class Container:
         self.last_accepted = time.monotonic()
         self.stopping = threading.Event()
         self.fenced = threading.Event()
+        self.drained = threading.Event()
 
     def next_pair(self):
         with self.lock:
@@ -284,6 +286,12 @@ class Container:
                                              offset=entry.offset))
         elif which == "expire_container" and entry.command.expire_container.epoch == self.epoch:
             raise Fenced("expired by the coordinator")
+        elif (which == "deregister_container"
+              and entry.command.deregister_container.epoch == self.epoch):
+            # Drained (scaled in): its tasks were moved off first; the session is over.
+            log("drained by the coordinator")
+            self.drained.set()
+            self.stopping.set()
 
     def resume_from_state(self):
         """Far behind the retained log: take up what the state says this session owns."""
@@ -347,6 +355,8 @@ class Container:
         self.stop_all()
         if self.fenced.is_set():
             return 3
+        if self.drained.is_set():
+            return 0
         try:
             self.replicas.call("Leave", control_pb2.LeaveRequest(
                 container=ARGS.id, epoch=self.epoch, producer=self.next_pair()), deadline_s=5.0)
