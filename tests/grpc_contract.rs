@@ -133,11 +133,13 @@ fn the_contract_only_grows() {
     );
 }
 
+/// A golden message's check: given the fixture's bytes, the message's own encoding and
+/// whether the bytes decode to it.
+type GoldenCheck = Box<dyn Fn(&[u8]) -> (Vec<u8>, bool)>;
+
 /// Messages a container sends and receives, each with its golden encoding's file.
-fn golden() -> Vec<(&'static str, Box<dyn Fn(&[u8]) -> (Vec<u8>, bool)>)> {
-    fn check<M: Message + Default + PartialEq + 'static>(
-        message: M,
-    ) -> Box<dyn Fn(&[u8]) -> (Vec<u8>, bool)> {
+fn golden() -> Vec<(&'static str, GoldenCheck)> {
+    fn check<M: Message + Default + PartialEq + 'static>(message: M) -> GoldenCheck {
         Box::new(move |bytes| {
             let decoded = M::decode(bytes).map(|d| d == message).unwrap_or(false);
             (message.encode_to_vec(), decoded)

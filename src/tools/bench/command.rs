@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::Subcommand;
 use serde_json::Value;
 
+use super::grpc::Protocol;
 use super::scale;
 use super::{BenchTarget, OWN_CLUSTER_REPLICAS};
 use crate::tools::admin::{ClientFlags, OutputFlags};
@@ -46,11 +47,19 @@ enum BenchCmd {
         /// Also draw commits/s and p99 latency against the client count into this SVG file.
         #[arg(long)]
         plot: Option<std::path::PathBuf>,
+        /// The protocol the clients speak: `grpc` measures the gRPC port (on the bench's
+        /// own cluster only).
+        #[arg(long, value_enum, default_value_t)]
+        protocol: Protocol,
     },
     /// Subscribers each receiving every command while appends arrive at a fixed rate.
     Fanout {
         #[arg(long, default_value_t = 100)]
         subscribers: usize,
+        /// Subscribers besides those that open a gRPC stream and never read it (with
+        /// `--protocol grpc`): the others' lag shows whether they slow anyone down.
+        #[arg(long, default_value_t = 0)]
+        never_reading: usize,
         #[arg(long, default_value_t = 1000)]
         rate: u64,
         #[arg(long, default_value_t = 5)]
@@ -58,9 +67,13 @@ enum BenchCmd {
         #[arg(long, default_value_t = 256)]
         payload_bytes: usize,
         /// How long a subscriber's fetch lingers after its first entry to collect more
-        /// (the client's `subscription_linger`).
+        /// (the client's `subscription_linger`; tarpc only).
         #[arg(long, default_value_t = 5)]
         linger_ms: u64,
+        /// The protocol the subscribers and writers speak (`grpc`: the bench's own cluster
+        /// only).
+        #[arg(long, value_enum, default_value_t)]
+        protocol: Protocol,
     },
     /// Draw `bench append --json` or `bench scale --json` results saved earlier (one JSON
     /// object per line, e.g. the medians of several runs) into an SVG, as their `--plot`
@@ -134,19 +147,40 @@ pub async fn bench(
         args.workload,
         BenchCmd::Append { .. } | BenchCmd::Fanout { .. }
     );
+    let protocol = match args.workload {
+        BenchCmd::Append { protocol, .. } | BenchCmd::Fanout { protocol, .. } => protocol,
+        _ => Protocol::Tarpc,
+    };
+    if protocol == Protocol::Grpc && !flags.cluster.is_empty() {
+        anyhow::bail!("--protocol grpc runs against the bench's own cluster: leave out --cluster");
+    }
     // Our own cluster lives for the whole run; it is removed when dropped.
     let own = if needs_cluster && flags.cluster.is_empty() {
-        // With their observability ports, for the leader's commit stages.
-        let exe = std::env::current_exe()?;
-        Some(ProcessCluster::start_with_http(exe, OWN_CLUSTER_REPLICAS, &args.serve_flags).await?)
+        // With their observability ports, for the leader's commit stages, and their gRPC
+        // ports too when those are measured.
+        let (exe, serve_flags) = (std::env::current_exe()?, &args.serve_flags);
+        Some(match protocol {
+            Protocol::Tarpc => {
+                ProcessCluster::start_with_http(exe, OWN_CLUSTER_REPLICAS, serve_flags).await?
+            }
+            Protocol::Grpc => {
+                ProcessCluster::start_with_grpc(exe, OWN_CLUSTER_REPLICAS, serve_flags).await?
+            }
+        })
     } else {
         None
     };
     let target = match &own {
-        Some(cluster) => BenchTarget::plain(cluster.client_addrs()),
+        Some(cluster) => BenchTarget {
+            grpc: (0..OWN_CLUSTER_REPLICAS as usize)
+                .filter_map(|i| cluster.grpc_addr(i).map(|a| a.to_string()))
+                .collect(),
+            ..BenchTarget::plain(cluster.client_addrs())
+        },
         None => BenchTarget {
             seeds: flags.cluster.clone(),
             options: flags.options()?,
+            grpc: Vec::new(),
         },
     };
     match args.workload {
@@ -157,6 +191,7 @@ pub async fn bench(
             warmup_s,
             payload_bytes,
             plot,
+            protocol,
         } => {
             // The floor is measured where the replicas write: our own cluster's folder, or
             // (a cluster elsewhere) this machine's temporary folder, as a stand-in.
@@ -182,6 +217,7 @@ pub async fn bench(
                 let leader_http = own.as_ref().and_then(|c| c.http_addr(leader as usize - 1));
                 let result = super::append(
                     &target,
+                    protocol,
                     n,
                     connections,
                     Duration::from_secs(duration_s),
@@ -208,20 +244,30 @@ pub async fn bench(
         }
         BenchCmd::Fanout {
             subscribers,
+            never_reading,
             rate,
             duration_s,
             payload_bytes,
             linger_ms,
+            protocol,
         } => {
-            let result = super::fanout(
+            let mut result = super::fanout(
                 &target,
+                protocol,
                 subscribers,
+                never_reading,
                 rate,
                 Duration::from_secs(duration_s),
                 payload_bytes,
                 Duration::from_millis(linger_ms),
             )
             .await?;
+            if let Some(cluster) = &own {
+                let rss: Vec<Option<u64>> = (0..OWN_CLUSTER_REPLICAS as usize)
+                    .map(|i| cluster.rss_bytes(i))
+                    .collect();
+                result["replica_rss_bytes"] = serde_json::json!(rss);
+            }
             print(&result)?;
         }
         BenchCmd::Plot { input, svg } => {
@@ -273,14 +319,15 @@ pub fn bench_line(result: &Value) -> String {
     let ms = |key: &str| result[key].as_u64().unwrap_or(0) as f64 / 1000.0;
     match result["workload"].as_str() {
         Some("append") => format!(
-            "append  clients {:>4}  connections {:>4}  {:>8} commits/s  p50 {:>7.2} ms  p99 {:>7.2} ms  p99.9 {:>7.2} ms  max {:>7.2} ms  errors {}  (disk fdatasync p50 {:.3} ms)  CPU per commit: {}  leader stages p50/p99: {}",
-            result["clients"], result["connections"], result["ops_per_s"], ms("p50_us"), ms("p99_us"), ms("p999_us"), ms("max_us"), result["errors"], ms("fdatasync_p50_us"),
+            "append ({})  clients {:>4}  connections {:>4}  {:>8} commits/s  p50 {:>7.2} ms  p99 {:>7.2} ms  p99.9 {:>7.2} ms  max {:>7.2} ms  errors {}  (disk fdatasync p50 {:.3} ms)  CPU per commit: {}  leader stages p50/p99: {}",
+            result["protocol"].as_str().unwrap_or("tarpc"), result["clients"], result["connections"], result["ops_per_s"], ms("p50_us"), ms("p99_us"), ms("p999_us"), ms("max_us"), result["errors"], ms("fdatasync_p50_us"),
             cpu_line(result), stages_line(result)
         ),
         Some("fanout") => format!(
-            "fanout  subscribers {}  rate {}/s  delivered {}/{}  lag p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms  append p99 {:.2} ms",
-            result["subscribers"], result["rate"], result["delivered"], result["expected"],
-            ms("lag_p50_us"), ms("lag_p99_us"), ms("lag_max_us"), ms("append_p99_us")
+            "fanout ({})  subscribers {} (+{} never reading)  rate {}/s  delivered {}/{}  lag p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms  append p99 {:.2} ms  replica RSS {} MiB",
+            result["protocol"].as_str().unwrap_or("tarpc"), result["subscribers"], result["never_reading"], result["rate"], result["delivered"], result["expected"],
+            ms("lag_p50_us"), ms("lag_p99_us"), ms("lag_max_us"), ms("append_p99_us"),
+            result["replica_rss_bytes"].as_array().map_or("-".into(), |all| all.iter().map(|b| (b.as_u64().unwrap_or(0) >> 20).to_string()).collect::<Vec<_>>().join("/"))
         ),
         Some("recovery") => format!(
             "recovery  {} commands, snapshots {}: answering after {} ms, caught up after {} ms; before the kill: RSS {} MiB, disk {} MiB",

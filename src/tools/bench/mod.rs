@@ -5,6 +5,7 @@
 //! into HDR histograms; results print as a table or, with `--json`, one object per line.
 
 pub mod command;
+pub mod grpc;
 pub mod scale;
 
 use std::path::Path;
@@ -252,6 +253,25 @@ fn stage_figures(
 pub struct BenchTarget {
     pub seeds: Vec<String>,
     pub options: ClientOptions,
+    /// The replicas' gRPC ports, for `--protocol grpc` (the bench's own cluster serves them).
+    pub grpc: Vec<String>,
+}
+
+/// One bench producer, over the protocol the run measures.
+enum Producer {
+    Tarpc(ControlClient),
+    Grpc(grpc::GrpcProducer),
+}
+
+impl Producer {
+    async fn append(&self, command: Command) -> Result<(), String> {
+        match self {
+            Producer::Tarpc(client) => (client.append_to(Target::All, command).await)
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            Producer::Grpc(producer) => producer.append(command).await,
+        }
+    }
 }
 
 impl BenchTarget {
@@ -260,6 +280,31 @@ impl BenchTarget {
         BenchTarget {
             seeds,
             options: ClientOptions::default(),
+            grpc: Vec::new(),
+        }
+    }
+
+    /// `protocol`'s producers: [`producers`](Self::producers) over tarpc, or as many over
+    /// gRPC to the leader's port; with the number of connections.
+    async fn producers_over(
+        &self,
+        protocol: grpc::Protocol,
+        producers: usize,
+        connections: Option<usize>,
+    ) -> anyhow::Result<(usize, Vec<Producer>)> {
+        match protocol {
+            grpc::Protocol::Tarpc => {
+                let (connections, clients) = self.producers(producers, connections).await?;
+                Ok((
+                    connections,
+                    clients.into_iter().map(Producer::Tarpc).collect(),
+                ))
+            }
+            grpc::Protocol::Grpc => {
+                let connections = connections.unwrap_or(producers).clamp(1, producers.max(1));
+                let made = grpc::GrpcProducer::many(&self.grpc, producers, connections).await?;
+                Ok((connections, made.into_iter().map(Producer::Grpc).collect()))
+            }
         }
     }
 
@@ -307,6 +352,7 @@ impl BenchTarget {
 #[allow(clippy::too_many_arguments)] // each is one of the command's own options
 pub async fn append(
     cluster: &BenchTarget,
+    protocol: grpc::Protocol,
     clients: usize,
     connections: Option<usize>,
     duration: Duration,
@@ -326,7 +372,9 @@ pub async fn append(
             .map(|p| cpu_time(p.pid))
             .collect::<Vec<_>>()
     };
-    let (connections, connected) = cluster.producers(clients, connections).await?;
+    let (connections, connected) = cluster
+        .producers_over(protocol, clients, connections)
+        .await?;
     let measuring = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let errors = Arc::new(AtomicU64::new(0));
@@ -339,7 +387,7 @@ pub async fn append(
                 while !stop.load(Ordering::Relaxed) {
                     let sent = Instant::now();
                     let command = Command::custom(BENCH_KIND, 1, payload(0, payload_bytes));
-                    match client.append_to(Target::All, command).await {
+                    match client.append(command).await {
                         Ok(_) if measuring.load(Ordering::Relaxed) => {
                             let _ = latencies.record(sent.elapsed().as_micros() as u64);
                         }
@@ -381,6 +429,7 @@ pub async fn append(
     let cpu = cpu_per_commit(&accounted, &cpu_before, &cpu_after, all.len());
     Ok(json!({
         "workload": "append",
+        "protocol": format!("{protocol:?}").to_lowercase(),
         "clients": clients,
         "connections": connections,
         "payload_bytes": payload_bytes,
@@ -514,9 +563,12 @@ where
 
 /// `ctrlog bench fanout`: `subscribers` subscriptions reading everything while appends arrive
 /// at `rate` per second; lag runs from the moment each append was sent to its delivery.
+#[allow(clippy::too_many_arguments)] // each is one of the command's own options
 pub async fn fanout(
     cluster: &BenchTarget,
+    protocol: grpc::Protocol,
     subscribers: usize,
+    never_reading: usize,
     rate: u64,
     duration: Duration,
     payload_bytes: usize,
@@ -533,8 +585,12 @@ pub async fn fanout(
         subscription_linger: linger,
         ..cluster.options.clone()
     };
-    for _ in 0..subscribers {
-        let client = cluster.connect_with(reader_options.clone()).await?;
+    for i in 0..subscribers {
+        let client = match protocol {
+            grpc::Protocol::Tarpc => Some(cluster.connect_with(reader_options.clone()).await?),
+            grpc::Protocol::Grpc => None,
+        };
+        let grpc_seed = cluster.grpc.get(i % cluster.grpc.len().max(1)).cloned();
         let sent = sent.clone();
         readers.push(tokio::spawn(async move {
             // The measurement must cost little next to what it measures: a million
@@ -543,22 +599,36 @@ pub async fn fanout(
             // 20 KB of counters per subscriber rather than 140 KB).
             let mut lag = Histogram::new_with_bounds(1, 60_000_000, 2).expect("static bounds");
             let mut received = 0u64;
+            // Whether to read on: false once every bench command arrived.
+            let mut record = |entry: &crate::log::LogEntry| {
+                if entry.frame.kind != CUSTOM_KIND_MIN + BENCH_KIND {
+                    return true; // the job's, or a new cluster's level raise
+                }
+                let index =
+                    u64::from_be_bytes(entry.frame.body[..8].try_into().unwrap_or_default());
+                if let Some(at) = sent.get(index as usize) {
+                    let delivered = micros().saturating_sub(at.load(Ordering::Acquire));
+                    let _ = lag.record(delivered.max(1));
+                    received += 1;
+                }
+                received < total
+            };
             let read_all = async {
-                let mut stream = client.subscribe(from, Filter::Everything);
-                while received < total {
-                    let Some(Ok(SubscriptionItem::Entry(entry))) = stream.next().await else {
-                        break;
-                    };
-                    if entry.frame.kind != CUSTOM_KIND_MIN + BENCH_KIND {
-                        continue; // the job's, or a new cluster's level raise
+                match (client, grpc_seed) {
+                    (Some(client), _) => {
+                        let mut stream = client.subscribe(from, Filter::Everything);
+                        while let Some(Ok(SubscriptionItem::Entry(entry))) = stream.next().await {
+                            if !record(&entry) {
+                                break;
+                            }
+                        }
                     }
-                    let index =
-                        u64::from_be_bytes(entry.frame.body[..8].try_into().unwrap_or_default());
-                    if let Some(at) = sent.get(index as usize) {
-                        let delivered = micros().saturating_sub(at.load(Ordering::Acquire));
-                        let _ = lag.record(delivered.max(1));
-                        received += 1;
+                    (None, Some(seed)) => {
+                        if let Err(error) = grpc::subscribe(&seed, from, &mut record).await {
+                            tracing::warn!(%error, "a gRPC subscriber's stream ended");
+                        }
                     }
+                    (None, None) => {}
                 }
             };
             let deadline = tokio::time::Instant::now() + duration + Duration::from_secs(30);
@@ -566,10 +636,15 @@ pub async fn fanout(
             (lag, received)
         }));
     }
-    let mut writers = Vec::new();
-    for _ in 0..8 {
-        writers.push(Arc::new(cluster.connect().await?));
+    // Held, never read, until the run ends.
+    let mut unread = Vec::new();
+    for i in 0..never_reading {
+        let seed = cluster.grpc.get(i % cluster.grpc.len().max(1));
+        let seed = seed.context("subscribers that never read are gRPC's: --protocol grpc")?;
+        unread.push(grpc::never_read(seed, from).await?);
     }
+    let (_, writers) = cluster.producers_over(protocol, 8, None).await?;
+    let writers: Vec<Arc<Producer>> = writers.into_iter().map(Arc::new).collect();
     let stop = Arc::new(AtomicBool::new(false));
     tick(
         progress(duration.as_secs(), &format!("fan-out to {subscribers}")),
@@ -587,10 +662,7 @@ pub async fn fanout(
             let command = Command::custom(BENCH_KIND, 1, payload(index, payload_bytes));
             let started = micros();
             sent[index as usize].store(started, Ordering::Release);
-            writer
-                .append_to(Target::All, command)
-                .await
-                .map(|_| micros() - started)
+            writer.append(command).await.map(|_| micros() - started)
         }));
     }
     stop.store(true, Ordering::Relaxed);
@@ -604,6 +676,7 @@ pub async fn fanout(
             Err(_) => errors += 1,
         }
     }
+    drop(unread);
     let mut lag = histogram();
     let mut delivered = 0u64;
     for reader in readers {
@@ -613,7 +686,9 @@ pub async fn fanout(
     }
     Ok(json!({
         "workload": "fanout",
+        "protocol": format!("{protocol:?}").to_lowercase(),
         "subscribers": subscribers,
+        "never_reading": never_reading,
         "rate": rate,
         "linger_ms": linger.as_millis() as u64,
         "payload_bytes": payload_bytes,

@@ -386,8 +386,8 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<serde_json::Value> {
     // Producers: each appends with its own (producer, seq), retrying a pair until it is
     // acknowledged, as a real producer must when an append's fate is unknown.
     let target = BenchTarget {
-        seeds: seeds.clone(),
         options: options_quick.clone(),
+        ..BenchTarget::plain(seeds.clone())
     };
     let (_, clients) = target
         .producers(options.producers, options.connections)
