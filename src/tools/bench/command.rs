@@ -324,9 +324,9 @@ pub fn bench_line(result: &Value) -> String {
             cpu_line(result), stages_line(result)
         ),
         Some("fanout") => format!(
-            "fanout ({})  subscribers {} (+{} never reading)  rate {}/s  delivered {}/{}  lag p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms  append p99 {:.2} ms  replica RSS {} MiB",
+            "fanout ({})  subscribers {} (+{} never reading)  rate {}/s  delivered {}/{}  lag p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms  append p99 {:.2} ms  append errors {}  replica RSS {} MiB",
             result["protocol"].as_str().unwrap_or("tarpc"), result["subscribers"], result["never_reading"], result["rate"], result["delivered"], result["expected"],
-            ms("lag_p50_us"), ms("lag_p99_us"), ms("lag_max_us"), ms("append_p99_us"),
+            ms("lag_p50_us"), ms("lag_p99_us"), ms("lag_max_us"), ms("append_p99_us"), result["append_errors"],
             result["replica_rss_bytes"].as_array().map_or("-".into(), |all| all.iter().map(|b| (b.as_u64().unwrap_or(0) >> 20).to_string()).collect::<Vec<_>>().join("/"))
         ),
         Some("recovery") => format!(

@@ -82,7 +82,10 @@ impl GrpcProducer {
             .collect())
     }
 
-    /// Appends `command`, durably; a refusal is the error, in words.
+    /// Appends `command`, durably, retrying with the same pair what may succeed later (the
+    /// port answers `RESOURCE_EXHAUSTED` when the connection has too much in flight, as the
+    /// Rust client retries `Overloaded`), for up to [`APPEND_RETRY_DEADLINE`]; a refusal is
+    /// the error, in words.
     pub async fn append(&self, command: Command) -> Result<(), String> {
         let seq = 1 + (self.seq).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let request = pb::AppendRequest {
@@ -96,15 +99,31 @@ impl GrpcProducer {
                 (&command.into_frame()).into(),
             )),
         };
-        match self.client.clone().append(request).await {
-            Ok(_) => Ok(()),
-            Err(status) => Err(match detail_of(&status) {
-                Some(detail) => format!("{}: {detail:?}", status.code()),
-                None => status.to_string(),
-            }),
+        let give_up = tokio::time::Instant::now() + APPEND_RETRY_DEADLINE;
+        let mut backoff = Duration::from_millis(1);
+        loop {
+            let status = match self.client.clone().append(request.clone()).await {
+                Ok(_) => return Ok(()),
+                Err(status) => status,
+            };
+            let retriable = matches!(
+                status.code(),
+                tonic::Code::ResourceExhausted | tonic::Code::Unavailable
+            );
+            if !retriable || tokio::time::Instant::now() + backoff > give_up {
+                return Err(match detail_of(&status) {
+                    Some(detail) => format!("{}: {detail:?}", status.code()),
+                    None => status.to_string(),
+                });
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(100));
         }
     }
 }
+
+/// How long a bench producer retries an append that may succeed later.
+const APPEND_RETRY_DEADLINE: Duration = Duration::from_secs(30);
 
 /// A `Subscribe` stream from `from` at `seed` on a connection of its own, opened and never
 /// read: what the replica holds for a subscriber that stops reading (HTTP/2 flow control

@@ -668,12 +668,16 @@ pub async fn fanout(
     stop.store(true, Ordering::Relaxed);
     let mut append_latency = histogram();
     let mut errors = 0u64;
+    let mut first_error = None;
     for append in appends {
         match append.await? {
             Ok(us) => {
                 let _ = append_latency.record(us.max(1));
             }
-            Err(_) => errors += 1,
+            Err(error) => {
+                errors += 1;
+                first_error.get_or_insert(error);
+            }
         }
     }
     drop(unread);
@@ -699,6 +703,7 @@ pub async fn fanout(
         "lag_max_us": lag.max(),
         "append_p99_us": append_latency.value_at_quantile(0.99),
         "append_errors": errors,
+        "append_first_error": first_error,
     }))
 }
 
