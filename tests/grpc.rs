@@ -287,7 +287,14 @@ async fn a_grpc_container_joins_hears_answers_and_leaves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_typed_refusals_and_append_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = plain_cluster(dir.path()).await;
+    let cluster = LocalCluster::start(dir.path(), 3, |c| {
+        c.grpc.addr = Some("127.0.0.1:0".parse().unwrap());
+        c.raft.snapshot_logs_to_keep = 5;
+    })
+    .await
+    .unwrap();
+    cluster.wait_for_leader(WAIT).await.unwrap();
+    cluster.wait_for_applied(1, WAIT).await.unwrap();
     let leader = cluster.wait_for_leader(WAIT).await.unwrap();
     let mut client =
         ControlLogClient::new(channel(cluster.replica(leader).grpc_addr().unwrap()).await);
@@ -352,23 +359,42 @@ async fn bad_requests_get_typed_refusals_and_append_nothing() {
         "nothing was appended"
     );
 
-    let snapshot = cluster.replica(leader).snapshot().await.unwrap();
-    let first = cluster.replica(leader).status().first_offset;
-    if first > 1 {
-        let (code, detail) = refused(
-            client
-                .subscribe(pb::SubscribeRequest {
-                    from: 1,
-                    ..Default::default()
-                })
-                .await,
-        );
-        assert_eq!(code, tonic::Code::OutOfRange);
-        assert!(
-            matches!(detail, Detail::Compacted(ref c) if c.snapshot_offset >= snapshot.min(first - 1)),
-            "{detail:?}"
-        );
+    // Below the retained log: commands enough to purge past offset 1 (the cluster keeps 5
+    // entries behind its snapshot), then a snapshot.
+    let producer = ControlClient::connect(&cluster.client_addrs())
+        .await
+        .unwrap();
+    for i in 0..20u8 {
+        producer
+            .append(Command::custom(1, 1, vec![i]))
+            .await
+            .unwrap();
     }
+    let snapshot = cluster.replica(leader).snapshot().await.unwrap();
+    let poll = Duration::from_millis(50);
+    ctrlog::tools::poll_until("the log purged past offset 1", WAIT, poll, || {
+        let first = cluster.replica(leader).status().first_offset;
+        std::future::ready(if first > 1 {
+            Ok(())
+        } else {
+            Err(format!("first offset {first}"))
+        })
+    })
+    .await
+    .unwrap();
+    let (code, detail) = refused(
+        client
+            .subscribe(pb::SubscribeRequest {
+                from: 1,
+                ..Default::default()
+            })
+            .await,
+    );
+    assert_eq!(code, tonic::Code::OutOfRange);
+    assert!(
+        matches!(detail, Detail::Compacted(ref c) if c.snapshot_offset == snapshot),
+        "{detail:?}"
+    );
     cluster.shutdown().await;
 }
 
