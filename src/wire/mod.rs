@@ -10,7 +10,7 @@
 //! container's build never compiles. No replica's permits or budgets ride in its types (the
 //! client port's reply path holds those).
 //!
-//! The gRPC contract's generated code and its conversions ([`grpc`]) come with the `server`
+//! The gRPC contract's generated code and its conversions (`grpc`) come with the `server`
 //! feature, which serves it and whose tools call it.
 //!
 //! Builds with the `client` feature alone: no openraft, no sled, no gRPC.

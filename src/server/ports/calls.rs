@@ -130,7 +130,7 @@ impl CallerPort {
 
     /// The caller of a connection just accepted: authenticated by its client certificate if
     /// the cluster knows it, by nothing when authentication is off, and otherwise not yet
-    /// (it must present a token within the deadline; see [`Caller::serve_connection`]).
+    /// (it must present a token within the deadline; see [`CallerPort::refused`]).
     pub fn caller(
         &self,
         peer: SocketAddr,

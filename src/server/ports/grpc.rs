@@ -2,7 +2,7 @@
 //! `grpc.health.v1.Health` and server reflection, on HTTP/2.
 //!
 //! Its connections come through the same accept loop as the client port's
-//! ([`serve_each_connection`]: TLS, the port's connection and unauthenticated-connection
+//! (`connections::serve_each_connection`: TLS, the port's connection and unauthenticated-connection
 //! limits, idle timeouts), and each is one [`Caller`] ([`calls`](super::calls)): the same
 //! credentials, roles, budgets and leader-only rules as the tarpc port, by the same code.
 //! What this module adds is the translation: messages to ctrlog's types and back
