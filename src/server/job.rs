@@ -71,15 +71,14 @@ fn launch_settings(config: &ReplicaConfig, replica: ReplicaHandle) -> SettingsFn
         .map(|tls| tls.ca_file.display().to_string());
     let tokens_file = config.auth.as_ref().and_then(|a| a.tokens_file.clone());
     Box::new(move |container: &ContainerId| {
-        let cluster = replica
-            .status()
-            .members
+        let members = replica.status().members;
+        let cluster = members
             .iter()
             .map(|m| m.member.client_addr.as_str())
             .collect::<Vec<_>>()
             .join(",");
         // The gRPC ports the leader knows of: its own and those the members told it.
-        let grpc = (replica.status().members.iter())
+        let grpc = (members.iter())
             .filter_map(|m| replica.grpc_addr_of(m.id))
             .collect::<Vec<_>>()
             .join(",");

@@ -40,7 +40,8 @@ fn invalid(what: impl std::fmt::Display) -> ApiError {
     ApiError::Invalid(what.to_string())
 }
 
-fn container(id: String) -> Result<ContainerId, ApiError> {
+/// A container's id as a request names it; `Invalid` unless it is one.
+pub fn container(id: String) -> Result<ContainerId, ApiError> {
     ContainerId::new(id).map_err(invalid)
 }
 

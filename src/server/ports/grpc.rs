@@ -257,10 +257,7 @@ impl pb::control_log_server::ControlLog for GrpcCalls {
         let caller = self.caller_of(&request)?;
         let request = request.into_inner();
         let result = (|| {
-            let container = grpc::filter(request.container.clone())?;
-            let crate::log::Filter::Container(container) = container else {
-                return Err(ApiError::Invalid("a heartbeat names its container".into()));
-            };
+            let container = grpc::container(request.container)?;
             caller.heartbeat(container, request.epoch, grpc::lag(request.lag)?)
         })();
         let result = result.map(|ack| pb::HeartbeatReply {
