@@ -1434,6 +1434,57 @@ async fn a_membership_change_right_after_the_first_election_waits_for_the_foundi
     cluster.shutdown().await;
 }
 
+/// Regression (seen in CI in `tests/http.rs`: a removal as a new cluster's first change was refused with
+/// openraft's "already undergoing a configuration change", which only additions were asked
+/// again for; a replica elected a moment before its metrics said so did not wait for its
+/// founding membership). Steps: ten new clusters; from the moment each starts, every replica is
+/// asked to remove replica 3 until one answers otherwise than "no leader": one removes it, and
+/// every other answer is that 3 is not a member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_asked_during_the_first_election_is_not_refused() {
+    for _ in 0..10 {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = LocalCluster::start(dir.path(), 3, |_| {}).await.unwrap();
+        // Asking stops everywhere once one replica answered; the removed replica itself only
+        // ever hears "no leader" after that.
+        let answered = Arc::new(AtomicBool::new(false));
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let asked = (1..=3).map(|i| {
+            let handle = cluster.replica(i).clone_handle();
+            let answered = answered.clone();
+            tokio::spawn(async move {
+                loop {
+                    match handle.remove_member(3).await {
+                        Err(e) if e.is_retriable() => {
+                            if answered.load(Ordering::SeqCst)
+                                || tokio::time::Instant::now() > deadline
+                            {
+                                return None;
+                            }
+                            tokio::task::yield_now().await
+                        }
+                        answer => {
+                            answered.store(true, Ordering::SeqCst);
+                            return Some(answer);
+                        }
+                    }
+                }
+            })
+        });
+        let answers = futures::future::join_all(asked).await;
+        let answers: Vec<_> = answers.into_iter().filter_map(|a| a.unwrap()).collect();
+        // One replica (the leader) removes it; any other answer is that 3 is no longer a member.
+        let removed = answers.iter().filter(|a| a.is_ok()).count();
+        assert_eq!(removed, 1, "{answers:?}");
+        for answer in &answers {
+            if let Err(e) = answer {
+                assert_eq!(e.to_string(), "rejected: 3 is not a member", "{answers:?}");
+            }
+        }
+        cluster.shutdown().await;
+    }
+}
+
 /// Goal (issue 31): a follower restarted on its directory rejoins without an election. Its
 /// first election timeout used to be shorter than openraft's 500 ms retry of an unreachable
 /// peer, so it often stood before the leader's stream reached it; the voters refused it, but

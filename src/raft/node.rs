@@ -29,7 +29,7 @@ use super::log_store::LogStore;
 use super::proposer::{Proposer, BATCH_BYTES_MAX};
 use super::reader::read_committed;
 use super::state_machine::{Applied, StateMachineStore};
-use super::types::{not_leader, not_leader_from, Raft, RaftError, RaftMetrics};
+use super::types::{not_leader, not_leader_from, ClientWriteError, Raft, RaftError, RaftMetrics};
 use super::TypeConfig;
 use crate::jobs::{JobState, Liveness, Outcome, Rejection, ReportedLag, Session};
 use crate::log::vocabulary::{LEVEL_KNOWN_TO_EVERY_RELEASE, LEVEL_MAX};
@@ -861,25 +861,7 @@ impl Node {
         self.membership_committed().await?;
         self.check_member_level(id, &member).await?;
         let raft = &self.inner.raft;
-        // openraft may still refuse the change as "undergoing a configuration change" for a
-        // moment after the membership was seen applied (seen in CI right after a new cluster's
-        // first election): ask again within the same bound.
-        let asked = tokio::time::Instant::now();
-        loop {
-            match raft.add_learner(id, member.clone(), false).await {
-                Err(openraft::error::RaftError::APIError(
-                    crate::raft::types::ClientWriteError::ChangeMembershipError(
-                        openraft::error::ChangeMembershipError::InProgress(_),
-                    ),
-                )) if asked.elapsed() < MEMBERSHIP_COMMIT_WAIT => {
-                    tokio::time::sleep(MEMBERSHIP_RETRY).await;
-                }
-                answer => {
-                    answer.map_err(ApiError::from)?;
-                    break;
-                }
-            }
-        }
+        asked_again_while_in_progress(|| raft.add_learner(id, member.clone(), false)).await?;
         let mut metrics = raft.metrics();
         let started = tokio::time::Instant::now();
         loop {
@@ -927,9 +909,10 @@ impl Node {
                 }
             }
         }
-        raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
-            .await
-            .map_err(ApiError::from)?;
+        asked_again_while_in_progress(|| {
+            raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
+        })
+        .await?;
         tracing::info!(member = id, "promoted to voter");
         Ok(())
     }
@@ -1032,7 +1015,13 @@ impl Node {
         // Under the lock, as in `add_member`.
         self.refuse_while_handing_over()?;
         self.membership_committed().await?;
-        let membership = self.metrics().membership_config.membership().clone();
+        let metrics = self.metrics();
+        // Only the leader's membership can judge the change: a replica the founding membership
+        // has not reached yet would answer that no such member exists.
+        if metrics.current_leader != Some(metrics.id) {
+            return Err(not_leader_from(&metrics));
+        }
+        let membership = metrics.membership_config.membership().clone();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         let change = if voters.contains(&id) {
             if voters.len() == 1 {
@@ -1045,11 +1034,8 @@ impl Node {
             return Err(ApiError::Rejected(format!("{id} is not a member")));
         };
         // `retain: false`: a removed voter leaves the membership instead of staying a learner.
-        self.inner
-            .raft
-            .change_membership(change, false)
-            .await
-            .map_err(ApiError::from)?;
+        let raft = &self.inner.raft;
+        asked_again_while_in_progress(|| raft.change_membership(change.clone(), false)).await?;
         tracing::info!(member = id, "removed");
         Ok(())
     }
@@ -1081,6 +1067,29 @@ impl Node {
             ))),
         };
         stored
+    }
+}
+
+/// Runs one membership change, asking again for up to [`MEMBERSHIP_COMMIT_WAIT`] while
+/// openraft refuses it as "already undergoing a configuration change". openraft says so for a
+/// moment after the membership in effect was seen applied (a new cluster's leader right after
+/// its first election: seen in CI for an add and for a remove alike), and the change has not
+/// begun then, so asking again changes nothing twice.
+async fn asked_again_while_in_progress<T, F, Asked>(mut change: F) -> Result<T, ApiError>
+where
+    F: FnMut() -> Asked,
+    Asked: std::future::Future<Output = Result<T, RaftError<ClientWriteError>>>,
+{
+    let asked = tokio::time::Instant::now();
+    loop {
+        match change().await {
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(
+                openraft::error::ChangeMembershipError::InProgress(_),
+            ))) if asked.elapsed() < MEMBERSHIP_COMMIT_WAIT => {
+                tokio::time::sleep(MEMBERSHIP_RETRY).await;
+            }
+            answer => return answer.map_err(ApiError::from),
+        }
     }
 }
 
