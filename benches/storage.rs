@@ -9,8 +9,8 @@
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use ctrlog::log::{decode, encode, Batch, Command, ProducerSeq, Proposal, Target};
 use ctrlog::raft::state_machine::MachineState;
+use ctrlog::raft::storage::wal::Wal;
 use ctrlog::raft::types::{Entry, LogId};
-use ctrlog::raft::wal::Wal;
 use openraft::{CommittedLeaderId, EntryPayload};
 
 fn entry(index: u64, commands: u64) -> Entry {

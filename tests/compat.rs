@@ -10,7 +10,7 @@ use common::WAIT;
 use ctrlog::client::{ApiError, FetchRequest};
 use ctrlog::log::vocabulary::LEVEL_CLUSTER_ID_DERIVED;
 use ctrlog::log::{Command, SetVocabularyLevel, Target};
-use ctrlog::raft::storage::{DATA_FORMAT, FORMAT_FILE};
+use ctrlog::raft::storage::data_dir::{DATA_FORMAT, FORMAT_FILE};
 use ctrlog::server::{Replica, ReplicaConfig};
 use ctrlog::tools::admin::{entry_json, state_json};
 

@@ -12,8 +12,8 @@ use ctrlog::client::{ControlClient, Status};
 use ctrlog::jobs::Seen;
 use ctrlog::log::{Command, LogEntry, ProducerSeq, Proposal, Target};
 use ctrlog::raft::state_machine::faults as snapshot_faults;
-use ctrlog::raft::storage::{log_dir, meta_dir};
-use ctrlog::raft::wal::{faults, DAMAGED_DIR};
+use ctrlog::raft::storage::data_dir::{log_dir, meta_dir};
+use ctrlog::raft::storage::wal::{faults, DAMAGED_DIR};
 use ctrlog::tools::cluster::ProcessCluster;
 use ctrlog::tools::{poll_until, POLL_INTERVAL};
 

@@ -5,10 +5,10 @@
 mod common;
 
 use common::{append_many, assert_nothing_lost, eventually, http_get, metric_sample, WAIT};
-use ctrlog::raft::fault::{Fault, FaultKind};
 use ctrlog::raft::state_machine::faults as snapshot_faults;
-use ctrlog::raft::storage::log_dir;
-use ctrlog::raft::wal::{faults as wal_faults, DAMAGED_DIR};
+use ctrlog::raft::storage::data_dir::log_dir;
+use ctrlog::raft::storage::fault::{Fault, FaultKind};
+use ctrlog::raft::storage::wal::{faults as wal_faults, DAMAGED_DIR};
 use ctrlog::tools::LocalCluster;
 use ctrlog::NodeId;
 

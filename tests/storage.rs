@@ -8,12 +8,14 @@ use std::path::Path;
 
 use common::copy_dir;
 use ctrlog::log::{Batch, Command, Proposal, Target};
-use ctrlog::raft::log_store::faults as sled_vote;
-use ctrlog::raft::log_store::Flushing;
-use ctrlog::raft::storage::{log_dir, meta_dir, open_storage, open_storage_with, Storage};
-use ctrlog::raft::two_copies::{faults as two_copies_faults, REPAIR, VOTE};
+use ctrlog::raft::storage::data_dir::{
+    log_dir, meta_dir, open_storage, open_storage_with, Storage,
+};
+use ctrlog::raft::storage::log_store::faults as sled_vote;
+use ctrlog::raft::storage::log_store::Flushing;
+use ctrlog::raft::storage::two_copies::{faults as two_copies_faults, REPAIR, VOTE};
+use ctrlog::raft::storage::wal::faults as wal_faults;
 use ctrlog::raft::types::{Entry, LogId, Snapshot, Vote};
-use ctrlog::raft::wal::faults as wal_faults;
 use openraft::storage::{RaftLogReader, RaftLogStorage, RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{CommittedLeaderId, EntryPayload};
 
@@ -326,7 +328,7 @@ async fn a_repair_under_way_survives_sled_losing_writes_and_one_damaged_copy() {
     }
     close(storage).await;
     let log = log_dir(dir.path());
-    ctrlog::raft::wal::faults::flip_synced_byte(&log, 200)
+    ctrlog::raft::storage::wal::faults::flip_synced_byte(&log, 200)
         .unwrap()
         .expect("a byte to flip");
     let storage = open_storage(dir.path()).unwrap();
@@ -339,7 +341,7 @@ async fn a_repair_under_way_survives_sled_losing_writes_and_one_damaged_copy() {
     close(storage).await;
 
     // sled's recovery drops its latest writes: whatever it held of the repair is gone.
-    let meta = ctrlog::raft::meta_store::MetaStore::open(&meta_dir(dir.path())).unwrap();
+    let meta = ctrlog::raft::storage::meta_store::MetaStore::open(&meta_dir(dir.path())).unwrap();
     meta.remove_durable("repair").unwrap();
     drop(meta);
     let storage = open_storage(dir.path()).unwrap();
@@ -517,7 +519,8 @@ async fn sled_refused_on_a_v0_1_0_directory_whose_vote_only_it_held_refuses_the_
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v0.1.0/single-replica");
     let dir = tempfile::tempdir().unwrap();
     copy_dir(&fixture, dir.path());
-    ctrlog::raft::files::faults::invert_byte(&meta_dir(dir.path()).join("conf"), 0).unwrap();
+    ctrlog::raft::storage::files::faults::invert_byte(&meta_dir(dir.path()).join("conf"), 0)
+        .unwrap();
     for start in 0..2 {
         let refused = open_storage(dir.path())
             .err()
@@ -543,13 +546,14 @@ async fn sled_refused_on_a_v0_1_0_directory_whose_vote_only_it_held_refuses_the_
 async fn sled_reading_its_conf_as_another_versions_is_a_refusal_too() {
     let dir = tempfile::tempdir().unwrap();
     stopped_replica(dir.path()).await;
-    ctrlog::raft::files::faults::invert_byte(&meta_dir(dir.path()).join("conf"), 0).unwrap();
+    ctrlog::raft::storage::files::faults::invert_byte(&meta_dir(dir.path()).join("conf"), 0)
+        .unwrap();
     let storage = open_storage_with(dir.path(), Flushing::GroupCommit, 4 << 10).unwrap();
     let repair = (storage.log.repairing().unwrap()).expect("a repair is under way");
     assert_eq!(repair.held.index, 220, "{repair}");
     assert_eq!(
         storage.found_at_open,
-        vec![ctrlog::raft::fault::FaultKind::SledRefused]
+        vec![ctrlog::raft::storage::fault::FaultKind::SledRefused]
     );
     close(storage).await;
 }
@@ -639,9 +643,9 @@ async fn check_finds_no_fault_in_a_healthy_directory_of_v0_1_0_or_of_this_build(
 /// next start still finds it and repairs it.
 #[tokio::test]
 async fn check_reports_every_fault_the_injectors_make() {
-    use ctrlog::raft::check::check_data_dir;
-    use ctrlog::raft::fault::FaultKind;
     use ctrlog::raft::state_machine::faults as snapshot_faults;
+    use ctrlog::raft::storage::check::check_data_dir;
+    use ctrlog::raft::storage::fault::FaultKind;
 
     type Inject = fn(&Path);
     let faults: [(&str, Inject, FaultKind); 10] = [
@@ -704,7 +708,10 @@ async fn check_reports_every_fault_the_injectors_make() {
         ),
         (
             "sled's files refused",
-            |d| ctrlog::raft::files::faults::invert_byte(&meta_dir(d).join("conf"), 0).unwrap(),
+            |d| {
+                ctrlog::raft::storage::files::faults::invert_byte(&meta_dir(d).join("conf"), 0)
+                    .unwrap()
+            },
             FaultKind::SledRefused,
         ),
         (
@@ -752,8 +759,8 @@ async fn check_reports_every_fault_the_injectors_make() {
 /// after the log was purged behind it, as the rotting-disk scan's seed 315 found) is reported.
 #[tokio::test]
 async fn check_reports_a_snapshot_that_stops_short_of_the_log() {
-    use ctrlog::raft::check::check_data_dir;
-    use ctrlog::raft::fault::FaultKind;
+    use ctrlog::raft::storage::check::check_data_dir;
+    use ctrlog::raft::storage::fault::FaultKind;
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     stopped_replica(&data).await;

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use ctrlog::raft::log_store::{Flushing, LogStore};
-use ctrlog::raft::meta_store::MetaStore;
 use ctrlog::raft::state_machine::StateMachineStore;
+use ctrlog::raft::storage::log_store::{Flushing, LogStore};
+use ctrlog::raft::storage::meta_store::MetaStore;
 use ctrlog::raft::TypeConfig;
 use openraft::testing::{StoreBuilder, Suite};
 use openraft::StorageError;

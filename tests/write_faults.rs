@@ -17,11 +17,11 @@ use common::{
 };
 use ctrlog::client::{ClientOptions, ControlClient};
 use ctrlog::log::{Command, Target};
-use ctrlog::raft::check::check_data_dir;
-use ctrlog::raft::fault::FaultKind;
-use ctrlog::raft::storage::{log_dir, meta_dir, open_storage};
-use ctrlog::raft::wal::faults as wal_faults;
-use ctrlog::raft::write_faults::{faults, Operation};
+use ctrlog::raft::storage::check::check_data_dir;
+use ctrlog::raft::storage::data_dir::{log_dir, meta_dir, open_storage};
+use ctrlog::raft::storage::fault::FaultKind;
+use ctrlog::raft::storage::wal::faults as wal_faults;
+use ctrlog::raft::storage::write_faults::{faults, Operation};
 use ctrlog::tools::cluster::ProcessCluster;
 use ctrlog::tools::LocalCluster;
 use ctrlog::NodeId;
@@ -226,7 +226,7 @@ async fn a_failed_wal_fdatasync_is_remembered_and_what_it_alone_covered_is_cut_a
     let vouched = wal_faults::synced_mark(&log)
         .unwrap()
         .expect("a mark below the failure");
-    let written = ctrlog::raft::wal::check(&log).unwrap().next_index - 1;
+    let written = ctrlog::raft::storage::wal::check(&log).unwrap().next_index - 1;
     assert!(
         written > vouched,
         "the failed sync covered records past the mark ({vouched}), up to {written}"

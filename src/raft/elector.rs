@@ -64,7 +64,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
-use super::log_store::LogStore;
+use super::storage::log_store::LogStore;
 use super::types::{
     AppendEntriesResponse, InstallSnapshotResponse, Raft, Vote, VoteRequest, VoteResponse,
 };
@@ -353,7 +353,7 @@ impl ElectionTimer {
 
 /// Stands for election whenever `timer` says so and this replica is a voter that does not
 /// lead; returns when Raft stops or `stop` fires. A voter whose damaged log the leader has
-/// not yet repaired ([`Repair`](super::log_store::Repair)) never stands (openraft 0.9 would let
+/// not yet repaired ([`Repair`](super::storage::log_store::Repair)) never stands (openraft 0.9 would let
 /// it, with its cut log); if it is the only voter, nobody can repair it, and it stops.
 pub async fn drive(
     raft: Raft,

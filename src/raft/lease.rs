@@ -127,7 +127,7 @@ impl QuorumLease {
         if leading && self.term.load(Ordering::Acquire) != metrics.current_term {
             // A new term: nothing acknowledged yet. Not even an election is taken for one: a
             // replica that openraft restored as leader at start reports leading with no peer
-            // having answered it (`raft::log_store::as_restarted` keeps that from happening,
+            // having answered it (`raft::storage::log_store::as_restarted` keeps that from happening,
             // and the lease does not rely on it).
             self.acked_ms.store(u64::MAX, Ordering::Release);
             self.leading_since_ms.store(at, Ordering::Release);

@@ -11,7 +11,7 @@
 //! [`stop_on_divergence`] before openraft sees an `AppendEntries`: a replica that finds a
 //! [`Divergence`] stops instead of answering.
 
-use super::log_store::LogStore;
+use super::storage::log_store::LogStore;
 use super::types::{Entry, LogId, Raft};
 use crate::log::encode;
 use crate::NodeId;

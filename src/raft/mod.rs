@@ -30,30 +30,18 @@
 // in our helpers would only add a conversion at every call.
 #![allow(clippy::result_large_err)]
 
-pub mod bad_sectors;
-pub mod check;
 pub mod elector;
-pub mod fault;
-pub mod files;
 pub mod founding;
 pub mod lease;
 pub mod log_matching;
-pub mod log_store;
-pub mod meta_store;
 pub mod network;
 pub mod node;
 pub mod proposer;
 pub mod reader;
-mod recent;
-pub mod recover;
 pub mod refusals;
-pub mod scrub;
 pub mod stages;
 pub mod state_machine;
 pub mod storage;
-pub mod two_copies;
 pub mod types;
-pub mod wal;
-pub mod write_faults;
 
 pub use types::TypeConfig;

@@ -21,11 +21,11 @@ use tokio::sync::watch;
 
 use super::elector::ElectionTimer;
 use super::log_matching::{stop_on_divergence, Divergence};
-use super::log_store::{hold_to_durable, Durable, LogStore};
 use super::proposer::BATCH_BYTES_MAX;
 use super::refusals::Refusals;
 use super::stages::{CommitStages, Stage};
-use super::storage::{ClusterIdentity, Meeting};
+use super::storage::data_dir::{ClusterIdentity, Meeting};
+use super::storage::log_store::{hold_to_durable, Durable, LogStore};
 use super::types::*;
 use crate::log::Level;
 use crate::wire::tls::{dial_expecting, framed, node_name};
@@ -330,7 +330,7 @@ impl PeerAnswers {
     /// openraft's answer to an admitted vote request, unless this replica's log is being
     /// repaired: then it is refused for any candidate whose log is less up to date than what
     /// the damaged log held, and the answer says how far that was (see
-    /// [`Repair`](super::log_store::Repair)).
+    /// [`Repair`](super::storage::log_store::Repair)).
     pub async fn vote(&self, request: VoteRequest) -> Result<VoteResponse, RaftError> {
         if let Some(held) = self.held_while_repairing()? {
             if request.last_log_id < Some(held) {
@@ -386,7 +386,7 @@ pub struct PeerNetwork {
     /// Where the `replicated` stage is timed (see [`stages`](super::stages)).
     pub stages: Option<Arc<CommitStages>>,
     /// How far this replica's own log is on disk: a leader tells its followers of no commit
-    /// beyond it (see [`log_store`](super::log_store), "The leader's own appends").
+    /// beyond it (see [`log_store`](super::storage::log_store), "The leader's own appends").
     pub durable: Option<watch::Receiver<Durable>>,
     /// The cluster this replica's directory records, introduced to every peer it dials; a
     /// peer of another cluster is not spoken to. `None`: no introductions (tools and tests

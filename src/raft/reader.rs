@@ -11,8 +11,8 @@
 //!   encode to at most [`FETCH_ANSWER_BYTES_MAX`] bytes and to what the port's frame limit
 //!   leaves (beyond its first entry, always returned whole).
 
-use super::log_store::LogStore;
 use super::state_machine::{entry_commands, log_entry, StateMachineStore};
+use super::storage::log_store::LogStore;
 use crate::log::Offset;
 use crate::wire::{ApiError, FetchRequest, FetchResponse};
 

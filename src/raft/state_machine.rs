@@ -19,14 +19,14 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::log_store::LogStore;
-use super::meta_store::{sled_io, MetaStore, VALUE_BYTES_MAX};
 use super::stages::Stage;
+use super::storage::log_store::LogStore;
+use super::storage::meta_store::{sled_io, MetaStore, VALUE_BYTES_MAX};
+use super::storage::write_faults::{attempt, Operation};
 use super::types::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StorageIOError, StoredMembership,
     TypeConfig,
 };
-use super::write_faults::{attempt, Operation};
 use crate::jobs::{JobState, Outcome, RecordedRejection, RejectionLog};
 use crate::log::vocabulary::{kinds, LEVEL_CLUSTER_ID_DERIVED, LEVEL_MAX};
 use crate::log::{decode, encode, Batch, Level, LogEntry, Offset, Proposal};

@@ -14,9 +14,9 @@ use crate::jobs::{JobState, ReportedLag, Session};
 use crate::log::{Command, ContainerId, Epoch, Offset, Proposal, TaskId};
 use crate::raft::network::PeerNetwork;
 use crate::raft::node::Node;
-use crate::raft::scrub::StorageFaults;
 use crate::raft::state_machine::{Applied, SnapshotStats};
-use crate::raft::storage::ClusterIdentity;
+use crate::raft::storage::data_dir::ClusterIdentity;
+use crate::raft::storage::scrub::StorageFaults;
 use crate::raft::types::{Raft, RaftMetrics};
 use crate::server::observe::expiry::CertificateExpiry;
 use crate::server::observe::history::History;
@@ -165,9 +165,9 @@ impl ReplicaHandle {
     }
 
     /// The repair of a damaged log under way on this replica, if any
-    /// ([`Repair`](crate::raft::log_store::Repair)): until it ends, the replica neither votes
+    /// ([`Repair`](crate::raft::storage::log_store::Repair)): until it ends, the replica neither votes
     /// nor stands.
-    pub fn repairing(&self) -> std::io::Result<Option<crate::raft::log_store::Repair>> {
+    pub fn repairing(&self) -> std::io::Result<Option<crate::raft::storage::log_store::Repair>> {
         self.inner.node.log().repairing()
     }
 

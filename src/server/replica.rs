@@ -10,12 +10,12 @@ use openraft::SnapshotPolicy;
 use tokio::task::JoinHandle;
 
 use crate::raft::elector::{ElectionTimer, ElectionTiming};
-use crate::raft::meta_store::Closed;
 use crate::raft::network::{PeerAnswers, PeerNetwork, RAFT_PAYLOAD_ENTRIES_MAX};
 use crate::raft::node::{Node, NodeConfig};
-use crate::raft::recover::ForcedMembership;
-use crate::raft::scrub::{self, ScrubConfig, StorageFaults};
-use crate::raft::storage::{open_storage_of, ClusterIdentity, Storage};
+use crate::raft::storage::data_dir::{open_storage_of, ClusterIdentity, Storage};
+use crate::raft::storage::meta_store::Closed;
+use crate::raft::storage::recover::ForcedMembership;
+use crate::raft::storage::scrub::{self, ScrubConfig, StorageFaults};
 use crate::raft::types::{Raft, RaftError};
 use crate::server::config::{ClientPortConfig, ConfigError, ReplicaConfig};
 use crate::server::handle::{Inner, ReplicaHandle, HANDOVER_DIAL_TIMEOUT, HANDOVER_SEND_TIMEOUT};
@@ -566,7 +566,7 @@ impl Replica {
 
 /// Scrubs the replica's storage (on a thread of its own) until it stops, or until the
 /// scrubber finds a fault: then the replica stops its Raft core, and `serve` exits naming the
-/// fault, so that the restart repairs it ([`crate::raft::scrub`]).
+/// fault, so that the restart repairs it ([`crate::raft::storage::scrub`]).
 async fn scrub_until_fault(
     replica: ReplicaHandle,
     config: ScrubConfig,
@@ -694,9 +694,9 @@ fn run_on_own_thread(
 
 /// `ctrlog force-new-cluster`: makes the stopped replica that `config` describes the only
 /// member of its cluster, reachable at its configured addresses (see
-/// [`raft::recover`](crate::raft::recover)).
+/// [`raft::storage::recover`](crate::raft::storage::recover)).
 pub fn force_new_cluster(config: &ReplicaConfig) -> std::io::Result<ForcedMembership> {
-    crate::raft::recover::force_new_cluster(&config.data_dir, config.id, config.member())
+    crate::raft::storage::recover::force_new_cluster(&config.data_dir, config.id, config.member())
 }
 
 #[cfg(test)]

@@ -172,7 +172,7 @@ fn write_pem(dir: &Path, file: &str, cert: &str, key: &str) -> anyhow::Result<Pa
     // Both whole or not at all, the key mode 0600, and never written through a link planted
     // at either name (`files::create_durably`).
     let write = |name: String, text: &str| {
-        crate::raft::files::create_durably(dir, &name, |mut out| {
+        crate::raft::storage::files::create_durably(dir, &name, |mut out| {
             std::io::Write::write_all(&mut out, text.as_bytes())
         })
         .with_context(|| format!("writing {}", dir.join(&name).display()))

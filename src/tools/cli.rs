@@ -502,7 +502,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         },
         Cmd::Demo { data, serve } => crate::tools::demo::run(data, serve).await?,
         Cmd::Check { data, output } => {
-            let report = crate::raft::check::check_data_dir(&data)
+            let report = crate::raft::storage::check::check_data_dir(&data)
                 .with_context(|| format!("checking {}", data.display()))?;
             output.print(
                 &mut out,

@@ -57,7 +57,7 @@ use ctrlog::raft::elector::{ElectionTimer, ElectionTiming};
 use ctrlog::raft::network::FirstContact;
 use ctrlog::raft::node::{MemberLevels, Node, NodeConfig};
 use ctrlog::raft::proposer::BATCHES_IN_FLIGHT_MAX;
-use ctrlog::raft::two_copies::{REPAIR, VOTE};
+use ctrlog::raft::storage::two_copies::{REPAIR, VOTE};
 use ctrlog::raft::types::LogId;
 use ctrlog::raft::types::Raft;
 use ctrlog::server::ReplicaConfig;

@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use ctrlog::client::Member;
 use ctrlog::raft::elector::ElectionTimer;
-use ctrlog::raft::log_store::Durable;
 use ctrlog::raft::network::{
     FirstContact, PeerAnswers, PeerLayer, PeerTransport, RefusedOutsiders,
 };
 use ctrlog::raft::stages::CommitStages;
+use ctrlog::raft::storage::log_store::Durable;
 use ctrlog::raft::types::*;
 use ctrlog::raft::TypeConfig;
 use ctrlog::NodeId;

@@ -18,17 +18,17 @@ use std::sync::Mutex;
 use ctrlog::client::{ApiError, FetchRequest};
 use ctrlog::jobs::JobState;
 use ctrlog::log::{Filter, LogEntry, Offset};
-use ctrlog::raft::bad_sectors::faults as bad_sectors;
-use ctrlog::raft::log_store::faults as sled_vote;
-use ctrlog::raft::log_store::{Flushing, LogStore};
-use ctrlog::raft::meta_store::{faults as sled_faults, Closed};
 use ctrlog::raft::reader::read_committed;
 use ctrlog::raft::state_machine::{faults as snapshot_faults, StateMachineStore};
-use ctrlog::raft::storage::{self, log_dir, meta_dir, open_storage_with};
-use ctrlog::raft::two_copies::{faults as two_copies_faults, Record};
+use ctrlog::raft::storage::bad_sectors::faults as bad_sectors;
+use ctrlog::raft::storage::data_dir::{self, log_dir, meta_dir, open_storage_with};
+use ctrlog::raft::storage::log_store::faults as sled_vote;
+use ctrlog::raft::storage::log_store::{Flushing, LogStore};
+use ctrlog::raft::storage::meta_store::{faults as sled_faults, Closed};
+use ctrlog::raft::storage::two_copies::{faults as two_copies_faults, Record};
+use ctrlog::raft::storage::wal::faults;
+use ctrlog::raft::storage::write_faults::{faults as write_faults, Operation};
 use ctrlog::raft::types::Vote;
-use ctrlog::raft::wal::faults;
-use ctrlog::raft::write_faults::{faults as write_faults, Operation};
 
 /// The WAL's segment size in the simulation: small, so that a run fills many segments, rots
 /// sealed ones as well as the last, and purges whole ones (which a rollback of sled's snapshot
@@ -165,7 +165,7 @@ impl Disk {
 
     /// Drops what the crashed incarnation had written after its durable mark, entry `synced`
     /// (`None`: nothing), as a power loss would: a leader's own appends, which the log
-    /// acknowledges to openraft before their `fdatasync` (`raft::log_store`).
+    /// acknowledges to openraft before their `fdatasync` (`raft::storage::log_store`).
     pub fn lose_unsynced(&self, synced: Option<u64>) {
         self.beneath_bad_sectors(|| faults::lose_entries_after(&log_dir(&self.dir), synced))
             .unwrap();
@@ -249,7 +249,7 @@ impl Disk {
 
     /// How many times sled's files were refused and set aside in `log/damaged/`.
     pub fn sleds_set_aside(&self) -> usize {
-        storage::sleds_set_aside(&self.dir).unwrap()
+        data_dir::sleds_set_aside(&self.dir).unwrap()
     }
 
     /// `text` with this disk's folder named `DATA`.

@@ -48,8 +48,8 @@ use serde_json::json;
 
 use crate::jobs::{ContainerStatus, TaskPhase};
 use crate::log::{ContainerId, Filter, TaskId};
-use crate::raft::fault::FaultKind;
-use crate::raft::scrub::StorageFaults;
+use crate::raft::storage::fault::FaultKind;
+use crate::raft::storage::scrub::StorageFaults;
 use crate::server::handle::ReplicaHandle;
 use crate::server::observe::history::{Sample, SAMPLE_INTERVAL};
 use crate::server::observe::json;

@@ -13,7 +13,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::raft::network::{
     PeerAnswers, RaftRpc, RaftRpcRequest, RaftRpcResponse, PEER_FRAME_BYTES_MAX,
 };
-use crate::raft::storage::{ClusterIdentity, Meeting};
+use crate::raft::storage::data_dir::{ClusterIdentity, Meeting};
 use crate::raft::types::*;
 use crate::server::ports::connections::{serve_each_connection, Framing, PortLimits};
 use crate::server::ports::tls::named_nodes;

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::client::ControlClient;
 use crate::log::{decode, encode, Offset};
-use crate::raft::recover::{seed_from_state, Seeded};
+use crate::raft::storage::recover::{seed_from_state, Seeded};
 use crate::wire::{ClusterId, Member, StateAt};
 use crate::NodeId;
 
@@ -67,7 +67,7 @@ pub async fn save(client: &ControlClient, path: &Path) -> anyhow::Result<Backup>
         .with_context(|| format!("{} names no file", path.display()))?
         .to_string_lossy()
         .into_owned();
-    crate::raft::files::create_durably(folder, &name, |mut out| {
+    crate::raft::storage::files::create_durably(folder, &name, |mut out| {
         std::io::Write::write_all(&mut out, &file)
     })
     .with_context(|| format!("writing {}", path.display()))?;

@@ -308,7 +308,7 @@ pub fn state_text(at: &StateAt) -> String {
 }
 
 /// `ctrlog check`'s report for people: each fault, then the notes, then a count.
-pub fn check_text(report: &crate::raft::check::Report) -> String {
+pub fn check_text(report: &crate::raft::storage::check::Report) -> String {
     let mut lines: Vec<String> = (report.faults.iter())
         .map(|f| format!("FAULT {} {}: {}", f.kind, f.file.display(), f.detail))
         .collect();

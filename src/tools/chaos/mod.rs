@@ -41,11 +41,11 @@ use crate::log::{
     decode, Command, Filter, LogEntry, Offset, ProducerSeq, Proposal, Target,
     COMMAND_BYTES_MAX_DEFAULT,
 };
-use crate::raft::meta_store::faults as sled_faults;
 use crate::raft::state_machine::faults as snapshot_faults;
-use crate::raft::storage::{log_dir, meta_dir, sleds_set_aside};
+use crate::raft::storage::data_dir::{log_dir, meta_dir, sleds_set_aside};
+use crate::raft::storage::meta_store::faults as sled_faults;
+use crate::raft::storage::wal::{self, Wal, RECORD_BYTES_MAX};
 use crate::raft::types::Entry;
-use crate::raft::wal::{self, Wal, RECORD_BYTES_MAX};
 use crate::tools::bench::BenchTarget;
 use crate::tools::chaos::checker::{
     check, Acked, Delivery, History, LogMatching, SubscriptionRecord, TaskEvent, Violation,

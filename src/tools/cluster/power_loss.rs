@@ -7,7 +7,7 @@
 //! stalls the syncs. A power loss is then: [`stall`](PowerLoss::stall) the replica's syncs (it
 //! goes on writing, and a leader acknowledges its own appends early, as it does), SIGKILL it,
 //! and [`lose_unsynced`](PowerLoss::lose_unsynced): cut each segment back to its last synced
-//! size (`raft::wal::faults::lose_unsynced`), before it starts again.
+//! size (`raft::storage::wal::faults::lose_unsynced`), before it starts again.
 //!
 //! The emulation covers the WAL only: sled's files (the vote, the snapshots' metadata) and the
 //! snapshot files are synced and kept as written. A truncation the replica did not get to sync
@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use crate::raft::storage::log_dir;
-use crate::raft::wal::faults::{lose_unsynced, segment_sizes};
+use crate::raft::storage::data_dir::log_dir;
+use crate::raft::storage::wal::faults::{lose_unsynced, segment_sizes};
 use crate::tools::cluster::process::{SpawnHook, Spawning};
 
 const SHIM_SOURCE: &str = include_str!("power_loss_shim.c");

@@ -15,7 +15,7 @@
  *   made durable, until it is killed.
  *
  * The injector then SIGKILLs the replica and cuts each segment back to its last noted size
- * (raft::wal::lose_unsynced). Every other file (sled, the snapshot files, directories) passes
+ * (raft::storage::wal::lose_unsynced). Every other file (sled, the snapshot files, directories) passes
  * straight through: the emulation covers the WAL only.
  */
 #define _GNU_SOURCE

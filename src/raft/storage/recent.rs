@@ -15,7 +15,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use super::types::{payload_bytes, Entry};
+use crate::raft::types::{payload_bytes, Entry};
 
 /// Entries kept at most.
 pub const RECENT_ENTRIES_MAX: usize = 8192;

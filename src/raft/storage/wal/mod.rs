@@ -58,8 +58,8 @@ use openraft::CommittedLeaderId;
 use super::bad_sectors::{self, Salvaged};
 use super::files::sync_dir;
 use super::two_copies::{self, TwoCopies, FAILED_SYNC};
-use super::types::LogId;
 use super::write_faults::{attempt, Operation};
+use crate::raft::types::LogId;
 
 /// Bytes of a record header: payload length and checksum.
 const RECORD_HEADER_BYTES: usize = 8;
@@ -1434,7 +1434,7 @@ pub mod faults {
     use std::io;
     use std::path::{Path, PathBuf};
 
-    use crate::raft::files::faults::invert_byte;
+    use crate::raft::storage::files::faults::invert_byte;
 
     use super::{
         MarkFound, RecordPos, SyncedMark, Wal, RECORD_HEADER_BYTES, SEGMENT_SUFFIX,
@@ -1735,7 +1735,8 @@ mod tests {
 
         let listed = wal.records_to_verify(0, 7, 1 << 20).unwrap();
         let record = listed.records[3];
-        crate::raft::files::faults::invert_byte(listed.file.path(), record.pos + 9).unwrap();
+        crate::raft::storage::files::faults::invert_byte(listed.file.path(), record.pos + 9)
+            .unwrap();
         let rotten = listed.verify().unwrap().expect("rot");
         assert_eq!(
             (rotten.index, rotten.byte, rotten.unreadable),
@@ -1744,7 +1745,8 @@ mod tests {
         assert!(wal.confirm_bad(&listed, &rotten));
 
         let sector_of_record_1 = listed.records[1].pos;
-        crate::raft::files::faults::invert_byte(listed.file.path(), record.pos + 9).unwrap();
+        crate::raft::storage::files::faults::invert_byte(listed.file.path(), record.pos + 9)
+            .unwrap();
         bad_sectors::faults::make_unreadable(listed.file.path(), sector_of_record_1);
         let unreadable = listed.verify().unwrap().expect("a bad sector");
         assert_eq!(

@@ -41,15 +41,15 @@ use tokio::sync::watch;
 
 use super::meta_store::{MetaStore, VALUE_BYTES_MAX};
 use super::recent::RecentEntries;
-use super::stages::{CommitStages, Stage};
 use super::two_copies::{TwoCopies, REPAIR, VOTE};
-use super::types::{
-    AppendEntriesRequest, Entry, LogId, StorageError, StorageIOError, TypeConfig, Vote,
-};
 use super::wal::{
     BadRecord, Damage, FailedSync, RecordsToVerify, SegmentFile, SyncedMark, Wal, RECORD_BYTES_MAX,
 };
 use crate::log::{decode, encode};
+use crate::raft::stages::{CommitStages, Stage};
+use crate::raft::types::{
+    AppendEntriesRequest, Entry, LogId, StorageError, StorageIOError, TypeConfig, Vote,
+};
 use crate::wire::protocol::Repairing;
 use crate::NodeId;
 
@@ -840,7 +840,7 @@ impl LogStore {
     }
 
     /// Appends one entry after the last and makes it durable before returning: for tools that
-    /// edit a stopped replica's log (`raft::recover`), where no Raft core waits on the sync
+    /// edit a stopped replica's log (`raft::storage::recover`), where no Raft core waits on the sync
     /// thread.
     pub fn append_durable(&self, entry: &Entry) -> io::Result<()> {
         let mut state = self.write(std::slice::from_ref(entry))?;
@@ -864,7 +864,7 @@ pub mod faults {
     use std::path::Path;
 
     use super::{encode, read_meta, Vote, VOTE_KEY};
-    use crate::raft::meta_store::MetaStore;
+    use crate::raft::storage::meta_store::MetaStore;
 
     /// Replaces sled's copy of the vote in the sled database in `meta_dir` with what `replace`
     /// makes of it (nothing is written for `None`); returns whether it wrote one.
@@ -1361,7 +1361,7 @@ mod tests {
     use openraft::CommittedLeaderId;
 
     use super::*;
-    use crate::raft::write_faults::{faults, Operation};
+    use crate::raft::storage::write_faults::{faults, Operation};
 
     /// Goal: a replica whose final record rotted, after it stood for election unanswered (its
     /// vote's term above its last entry's), repairs toward the log it really held: the synced
@@ -1430,10 +1430,9 @@ mod tests {
             mark.raise(entry).is_err(),
             "the mark refuses a raise after a failure"
         );
-        let recorded = crate::raft::two_copies::read_only::<Option<super::super::wal::FailedSync>>(
-            dir.path(),
-            &crate::raft::two_copies::FAILED_SYNC,
-        );
+        let recorded = crate::raft::storage::two_copies::read_only::<
+            Option<super::super::wal::FailedSync>,
+        >(dir.path(), &crate::raft::storage::two_copies::FAILED_SYNC);
         let recorded = recorded
             .unwrap()
             .flatten()

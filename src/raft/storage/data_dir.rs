@@ -35,11 +35,11 @@ use super::fault::FaultKind;
 use super::files::{create_durably, sync_dir};
 use super::log_store::{Flushing, LogStore, SEGMENT_BYTES_MAX};
 use super::meta_store::{Closed, MetaStore, SledRefused};
-use super::state_machine::{set_aside_damaged_snapshot, DamagedSnapshot, StateMachineStore};
 use super::two_copies::{self, CopiesFound, VOTE};
-use super::types::Vote;
 use super::wal::{new_damaged_folder, DAMAGED_DIR, SYNCED_MARK_FILE};
 use super::write_faults;
+use crate::raft::state_machine::{set_aside_damaged_snapshot, DamagedSnapshot, StateMachineStore};
+use crate::raft::types::Vote;
 use crate::wire::ClusterId;
 use crate::NodeId;
 
@@ -764,7 +764,7 @@ mod tests {
     /// with an error naming the file, and leaves no format file that a later start misreads.
     #[test]
     fn a_full_disk_while_recording_the_format_is_an_error_naming_the_file() {
-        use crate::raft::write_faults::{faults, Operation};
+        use crate::raft::storage::write_faults::{faults, Operation};
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
         faults::fail_under(&data, Operation::Write, libc::ENOSPC);

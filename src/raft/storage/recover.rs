@@ -18,8 +18,8 @@ use std::path::Path;
 
 use openraft::{CommittedLeaderId, EntryPayload, Membership};
 
-use super::storage::{meta_dir, open_log};
-use super::types::{Entry, LogId, Vote};
+use super::data_dir::{meta_dir, open_log};
+use crate::raft::types::{Entry, LogId, Vote};
 use crate::wire::Member;
 use crate::NodeId;
 
@@ -108,8 +108,8 @@ pub async fn seed_from_state(
     state: &crate::wire::StateAt,
     cluster: crate::wire::ClusterId,
 ) -> io::Result<Seeded> {
-    use super::state_machine::MachineState;
-    use super::types::{SnapshotMeta, StoredMembership};
+    use crate::raft::state_machine::MachineState;
+    use crate::raft::types::{SnapshotMeta, StoredMembership};
     use openraft::storage::RaftStateMachine as _;
     if !members.contains_key(&id) {
         return Err(io::Error::new(
@@ -142,7 +142,7 @@ pub async fn seed_from_state(
         last_membership: membership,
         snapshot_id: format!("restored-{}", state.offset),
     };
-    let storage = super::storage::open_storage_of(data_dir, id)?;
+    let storage = super::data_dir::open_storage_of(data_dir, id)?;
     let mut state_machine = storage.state_machine.clone();
     state_machine
         .install_snapshot(
@@ -151,7 +151,7 @@ pub async fn seed_from_state(
         )
         .await
         .map_err(io::Error::other)?;
-    super::storage::ClusterIdentity::load(data_dir)?.restored(cluster)?;
+    super::data_dir::ClusterIdentity::load(data_dir)?.restored(cluster)?;
     let closed = storage.closed;
     drop((storage.log, storage.state_machine, state_machine));
     closed.wait().await;

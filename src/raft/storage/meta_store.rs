@@ -230,7 +230,7 @@ pub mod faults {
         let Some(byte) = at.checked_rem(len) else {
             return Ok(None);
         };
-        crate::raft::files::faults::invert_byte(&path, byte)?;
+        crate::raft::storage::files::faults::invert_byte(&path, byte)?;
         Ok(Some(byte))
     }
 }

@@ -32,8 +32,8 @@ use tokio::sync::watch;
 
 use super::fault::{Fault, FaultKind};
 use super::log_store::LogStore;
-use super::state_machine::StateMachineStore;
 use super::wal::BadRecord;
+use crate::raft::state_machine::StateMachineStore;
 
 /// The most the scrubber reads of the WAL at once: one run, between two pauses.
 pub const RUN_BYTES: u64 = 1 << 20;

@@ -19,16 +19,16 @@
 use std::io;
 use std::path::Path;
 
+use super::data_dir::{
+    damaged_folders, format_of, log_dir, meta_dir, sleds_set_aside_in, FORMAT_FILE,
+};
 use super::fault::{Fault, FaultKind};
 use super::log_store::Repair;
 use super::meta_store::{wait_for_lock, MetaStore, SledRefused};
-use super::state_machine::verify_stored_snapshot;
-use super::storage::{
-    damaged_folders, format_of, log_dir, meta_dir, sleds_set_aside_in, FORMAT_FILE,
-};
 use super::two_copies::{self, CopiesFound, FAILED_SYNC, REPAIR, VOTE};
-use super::types::Vote;
 use super::wal::{self, FailedSync, DAMAGED_DIR};
+use crate::raft::state_machine::verify_stored_snapshot;
+use crate::raft::types::Vote;
 
 /// What the check found.
 #[derive(Debug, Default, serde::Serialize)]

@@ -286,7 +286,7 @@ pub mod faults {
     use std::path::Path;
 
     use super::{Record, COPY_AT};
-    use crate::raft::files::faults::invert_byte;
+    use crate::raft::storage::files::faults::invert_byte;
 
     /// Flips byte `at` (modulo the copy's length) of copy `copy` (0 or 1) of `record`'s file
     /// in the log directory `dir`, if there is one; returns whether there was.
