@@ -5,9 +5,9 @@
 mod common;
 
 use common::{append_many, assert_nothing_lost, eventually, http_get, metric_sample, WAIT};
-use ctrlog::raft::state_machine::faults as snapshot_faults;
 use ctrlog::raft::storage::data_dir::log_dir;
 use ctrlog::raft::storage::fault::{Fault, FaultKind};
+use ctrlog::raft::storage::snapshots::faults as snapshot_faults;
 use ctrlog::raft::storage::wal::{faults as wal_faults, DAMAGED_DIR};
 use ctrlog::tools::LocalCluster;
 use ctrlog::NodeId;
@@ -114,7 +114,7 @@ async fn the_scrubber_finds_a_flipped_byte_in_a_running_replicas_snapshot_and_th
     })
     .await;
     let passes_before = cluster.replica(follower).storage_faults().passes();
-    snapshot_faults::flip_running_snapshot_byte(&state_machine, 100)
+    snapshot_faults::flip_running_snapshot_byte(state_machine.snapshots(), 100)
         .unwrap()
         .expect("a snapshot to flip");
     drop(state_machine);

@@ -8,9 +8,8 @@ use std::path::Path;
 
 use common::copy_dir;
 use ctrlog::log::{Batch, Command, Proposal, Target};
-use ctrlog::raft::storage::data_dir::{
-    log_dir, meta_dir, open_storage, open_storage_with, Storage,
-};
+use ctrlog::raft::restore::{open_storage, open_storage_with, Storage};
+use ctrlog::raft::storage::data_dir::{log_dir, meta_dir};
 use ctrlog::raft::storage::log_store::faults as sled_vote;
 use ctrlog::raft::storage::log_store::Flushing;
 use ctrlog::raft::storage::two_copies::{faults as two_copies_faults, REPAIR, VOTE};
@@ -643,9 +642,9 @@ async fn check_finds_no_fault_in_a_healthy_directory_of_v0_1_0_or_of_this_build(
 /// next start still finds it and repairs it.
 #[tokio::test]
 async fn check_reports_every_fault_the_injectors_make() {
-    use ctrlog::raft::state_machine::faults as snapshot_faults;
     use ctrlog::raft::storage::check::check_data_dir;
     use ctrlog::raft::storage::fault::FaultKind;
+    use ctrlog::raft::storage::snapshots::faults as snapshot_faults;
 
     type Inject = fn(&Path);
     let faults: [(&str, Inject, FaultKind); 10] = [

@@ -17,8 +17,9 @@ use common::{
 };
 use ctrlog::client::{ClientOptions, ControlClient};
 use ctrlog::log::{Command, Target};
+use ctrlog::raft::restore::open_storage;
 use ctrlog::raft::storage::check::check_data_dir;
-use ctrlog::raft::storage::data_dir::{log_dir, meta_dir, open_storage};
+use ctrlog::raft::storage::data_dir::{log_dir, meta_dir};
 use ctrlog::raft::storage::fault::FaultKind;
 use ctrlog::raft::storage::wal::faults as wal_faults;
 use ctrlog::raft::storage::write_faults::{faults, Operation};

@@ -39,6 +39,7 @@ pub mod node;
 pub mod proposer;
 pub mod reader;
 pub mod refusals;
+pub mod restore;
 pub mod stages;
 pub mod state_machine;
 pub mod storage;

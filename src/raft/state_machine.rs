@@ -21,8 +21,8 @@ use tokio::sync::watch;
 
 use super::stages::Stage;
 use super::storage::log_store::LogStore;
-use super::storage::meta_store::{sled_io, MetaStore, VALUE_BYTES_MAX};
-use super::storage::write_faults::{attempt, Operation};
+use super::storage::meta_store::MetaStore;
+use super::storage::snapshots::{SnapshotStore, StoredSnapshot};
 use super::types::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StorageIOError, StoredMembership,
     TypeConfig,
@@ -31,9 +31,6 @@ use crate::jobs::{JobState, Outcome, RecordedRejection, RejectionLog};
 use crate::log::vocabulary::{kinds, LEVEL_CLUSTER_ID_DERIVED, LEVEL_MAX};
 use crate::log::{decode, encode, Batch, Level, LogEntry, Offset, Proposal};
 use crate::wire::ClusterId;
-
-const SNAPSHOT_TREE: &str = "snapshot";
-const CURRENT_KEY: &[u8] = b"current";
 
 /// A snapshot larger than this is refused on decode: a corrupt length must not allocate
 /// without bound. JobState for a very large job is tens of MiB.
@@ -238,27 +235,13 @@ pub struct Applied {
     pub last_offset: Offset,
 }
 
-/// The pointer to the current snapshot, stored under [`CURRENT_KEY`].
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct StoredSnapshotHeader {
-    meta: SnapshotMeta,
-    /// Chunks live under this id, so a new snapshot never overwrites the current one.
-    storage_id: u64,
-    chunks: u32,
-    bytes: u64,
-    crc: u32,
-}
-
 struct Shared {
     state: RwLock<MachineState>,
-    meta: Arc<MetaStore>,
+    snapshots: SnapshotStore,
     log: LogStore,
     applied: watch::Sender<Applied>,
-    next_storage_id: AtomicU64,
     /// The last offset the current snapshot covers, for `Compacted` answers.
     snapshot_offset: AtomicU64,
-    /// Serialises snapshot writes (a build and an install must not interleave).
-    snapshot_lock: tokio::sync::Mutex<()>,
     /// Snapshots built since start, and the size and build time of the last one.
     snapshots_built: AtomicU64,
     last_snapshot_bytes: AtomicU64,
@@ -315,26 +298,24 @@ fn snapshot_write_err(e: impl std::error::Error + 'static) -> StorageError {
     StorageIOError::write_snapshot(None, &e).into()
 }
 
-fn chunk_key(storage_id: u64, chunk: u32) -> [u8; 12] {
-    let mut key = [0u8; 12];
-    key[..8].copy_from_slice(&storage_id.to_be_bytes());
-    key[8..].copy_from_slice(&chunk.to_be_bytes());
-    key
-}
-
 impl StateMachineStore {
     /// Opens the state machine, restoring it from the current snapshot if there is one; a
     /// damaged one fails with [`DamagedSnapshot`].
     pub fn open(meta: Arc<MetaStore>, log: LogStore) -> io::Result<StateMachineStore> {
-        let tree = meta.tree(SNAPSHOT_TREE)?;
-        let header = read_header(&tree).map_err(|e| DamagedSnapshot::from_read(None, e))?;
-        let next_storage_id =
-            remove_orphaned_chunks(&meta, &tree, header.as_ref().map(|h| h.storage_id))?;
-        let state = match header {
-            Some(header) => {
-                let bytes = read_chunks(&tree, &header)
-                    .map_err(|e| DamagedSnapshot::from_read(header.meta.last_log_id, e))?;
-                decode(&bytes, SNAPSHOT_BYTES_MAX).map_err(io::Error::other)?
+        let (snapshots, current) = SnapshotStore::open(meta, log.clone())?;
+        StateMachineStore::restore(snapshots, log, current)
+    }
+
+    /// The state machine restored from `current`, the snapshot `snapshots` read back
+    /// (the empty state without one).
+    pub fn restore(
+        snapshots: SnapshotStore,
+        log: LogStore,
+        current: Option<StoredSnapshot>,
+    ) -> io::Result<StateMachineStore> {
+        let state = match current {
+            Some(current) => {
+                decode(&current.bytes, SNAPSHOT_BYTES_MAX).map_err(io::Error::other)?
             }
             None => MachineState::default(),
         };
@@ -347,12 +328,10 @@ impl StateMachineStore {
         Ok(StateMachineStore {
             shared: Arc::new(Shared {
                 state: RwLock::new(state),
-                meta,
+                snapshots,
                 log,
                 applied: watch::Sender::new(applied),
-                next_storage_id: AtomicU64::new(next_storage_id),
                 snapshot_offset: AtomicU64::new(snapshot_offset),
-                snapshot_lock: tokio::sync::Mutex::new(()),
                 snapshots_built: AtomicU64::new(0),
                 last_snapshot_bytes: AtomicU64::new(0),
                 last_snapshot_millis: AtomicU64::new(0),
@@ -366,26 +345,9 @@ impl StateMachineStore {
         f(&self.shared.state.read().expect("state lock poisoned"))
     }
 
-    /// Verifies the stored snapshot as [`verify_stored_snapshot`] does, telling `read` of
-    /// each chunk read: for the scrubber, which paces its reads.
-    pub fn verify_stored_snapshot(
-        &self,
-        read: impl FnMut(u64),
-    ) -> io::Result<Result<Option<LogId>, DamagedSnapshot>> {
-        verify_stored_snapshot(&self.shared.meta, read)
-    }
-
-    /// Where sled's data file is, which holds the stored snapshot.
-    pub fn sled_data_path(&self) -> std::path::PathBuf {
-        self.shared.meta.data_path().to_path_buf()
-    }
-
-    /// Whether damage that [`StateMachineStore::verify_stored_snapshot`] found is there:
-    /// verified again while no snapshot can be stored, so that one stored meanwhile is not
-    /// taken for damage. Blocking: call it off the runtime's workers.
-    pub fn confirm_snapshot_damage(&self) -> io::Result<Option<DamagedSnapshot>> {
-        let _no_store = self.shared.snapshot_lock.blocking_lock();
-        Ok(verify_stored_snapshot(&self.shared.meta, |_| {})?.err())
+    /// The stored snapshot, for the scrubber and the tools.
+    pub fn snapshots(&self) -> &SnapshotStore {
+        &self.shared.snapshots
     }
 
     /// The last offset the current snapshot covers (0 without a snapshot).
@@ -397,8 +359,7 @@ impl StateMachineStore {
 
     /// The last entry the stored snapshot covers, `None` without one.
     pub fn stored_snapshot_last(&self) -> io::Result<Option<LogId>> {
-        let tree = self.shared.meta.tree(SNAPSHOT_TREE)?;
-        Ok(read_header(&tree)?.and_then(|h| h.meta.last_log_id))
+        self.shared.snapshots.stored_last()
     }
 
     /// Has `record` told, before an apply returns, the cluster id an applied entry derives
@@ -423,220 +384,6 @@ impl StateMachineStore {
     pub fn applied(&self) -> watch::Receiver<Applied> {
         self.shared.applied.subscribe()
     }
-
-    /// Persists `bytes` as the current snapshot with `meta`, durably, replacing the previous one
-    /// unless that one is newer. Returns whether it was stored.
-    ///
-    /// Invariants:
-    /// * the stored snapshot's last log id never goes down: a build that encoded the state at
-    ///   `A` and finishes after an install of `B > A` was stored leaves `B` in place;
-    /// * a snapshot's chunks are written under a storage id no earlier snapshot used (ids only
-    ///   grow, and open starts past every id on disk), and only the pointer switch makes them
-    ///   current, so a crash at any point leaves the previous snapshot whole; what it orphans
-    ///   is removed at the next open ([`remove_orphaned_chunks`]).
-    async fn store_snapshot(&self, meta: &SnapshotMeta, bytes: &[u8]) -> io::Result<bool> {
-        let _guard = self.shared.snapshot_lock.lock().await;
-        let tree = self.shared.meta.tree(SNAPSHOT_TREE)?;
-        let previous = read_header(&tree)?;
-        if let Some(newer) = previous
-            .as_ref()
-            .filter(|p| p.meta.last_log_id > meta.last_log_id)
-        {
-            tracing::info!(
-                stored = ?newer.meta.last_log_id,
-                offered = ?meta.last_log_id,
-                "a newer snapshot is stored already; keeping it"
-            );
-            return Ok(false);
-        }
-        let storage_id = self.shared.next_storage_id.fetch_add(1, Ordering::Relaxed);
-        let mut chunks = 0u32;
-        let data_path = self.shared.meta.data_path();
-        for chunk in bytes.chunks(VALUE_BYTES_MAX) {
-            attempt(data_path, Operation::Write, || {
-                (tree.insert(chunk_key(storage_id, chunks), chunk)).map_err(sled_io)
-            })?;
-            chunks += 1;
-        }
-        let header = StoredSnapshotHeader {
-            meta: meta.clone(),
-            storage_id,
-            chunks,
-            bytes: bytes.len() as u64,
-            crc: crc32fast::hash(bytes),
-        };
-        // Chunks first, then the pointer: both durable before the old chunks go.
-        self.shared.meta.sync()?;
-        tree.insert(CURRENT_KEY, encode(&header)).map_err(sled_io)?;
-        self.shared.meta.sync()?;
-        self.shared.log.snapshot_stored(meta.last_log_id)?;
-        if let Some(previous) = previous {
-            for chunk in 0..previous.chunks {
-                tree.remove(chunk_key(previous.storage_id, chunk))
-                    .map_err(sled_io)?;
-            }
-        }
-        Ok(true)
-    }
-}
-
-/// Removes the chunks of every snapshot but the current one: those a crash left behind, between
-/// writing a new snapshot's chunks and switching the pointer, or between the switch and the
-/// removal of the old chunks. Returns the storage id the next snapshot may use, past every id
-/// found, so that no id is ever used twice.
-fn remove_orphaned_chunks(
-    meta: &MetaStore,
-    tree: &sled::Tree,
-    current: Option<u64>,
-) -> io::Result<u64> {
-    let mut next_id = current.map_or(1, |id| id + 1);
-    let mut orphans = Vec::new();
-    for item in tree.iter() {
-        let (key, _) = item.map_err(sled_io)?;
-        let Ok(chunk_key) = <[u8; 12]>::try_from(&key[..]) else {
-            continue; // the pointer
-        };
-        let id = u64::from_be_bytes(chunk_key[..8].try_into().expect("8 bytes"));
-        next_id = next_id.max(id + 1);
-        if Some(id) != current {
-            orphans.push(key);
-        }
-    }
-    if !orphans.is_empty() {
-        tracing::warn!(
-            chunks = orphans.len(),
-            "removing snapshot chunks a crash left behind"
-        );
-        for key in orphans {
-            tree.remove(key).map_err(sled_io)?;
-        }
-        meta.sync()?;
-    }
-    Ok(next_id)
-}
-
-/// A stored snapshot that fails its checks: a header that does not decode, a missing chunk,
-/// or bytes whose length or checksum are not the header's. [`StateMachineStore::open`] fails
-/// with it (inside an [`io::ErrorKind::InvalidData`] error) rather than restore the snapshot.
-#[derive(Clone, Debug, thiserror::Error)]
-#[error("the stored snapshot is damaged: {problem}")]
-pub struct DamagedSnapshot {
-    /// The last entry it covered, if its header still says.
-    pub last: Option<LogId>,
-    pub problem: String,
-}
-
-impl DamagedSnapshot {
-    /// The damage `error` reports, if it is one.
-    pub fn in_error(error: &io::Error) -> Option<&DamagedSnapshot> {
-        error.get_ref()?.downcast_ref()
-    }
-
-    /// `error` as damage to the snapshot that covered up to `last`, if it is invalid data
-    /// (sled's own errors are not damage found).
-    fn from_read(last: Option<LogId>, error: io::Error) -> io::Error {
-        if error.kind() != io::ErrorKind::InvalidData {
-            return error;
-        }
-        let problem = error.to_string();
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            DamagedSnapshot { last, problem },
-        )
-    }
-}
-
-/// Moves the damaged stored snapshot out of sled: its header and chunks, as found, are
-/// written to `kept/snapshot` (synced), then removed from sled durably.
-pub fn set_aside_damaged_snapshot(meta: &MetaStore, kept: &std::path::Path) -> io::Result<()> {
-    use std::io::Write as _;
-    let tree = meta.tree(SNAPSHOT_TREE)?;
-    let mut file = std::fs::File::create(kept.join("snapshot"))?;
-    let mut keys = Vec::new();
-    for item in tree.iter() {
-        let (key, value) = item.map_err(sled_io)?;
-        file.write_all(&(key.len() as u32).to_le_bytes())?;
-        file.write_all(&key)?;
-        file.write_all(&(value.len() as u32).to_le_bytes())?;
-        file.write_all(&value)?;
-        keys.push(key);
-    }
-    file.sync_all()?;
-    for key in keys {
-        tree.remove(key).map_err(sled_io)?;
-    }
-    meta.sync()
-}
-
-/// Reads the stored snapshot in `meta` whole and verifies it (its header, every chunk, its
-/// length and checksum), changing nothing: the last entry it covers (`None`: no snapshot), or
-/// the damage found. `read(bytes)` is told of each chunk as it is read, for a caller that
-/// paces its reads (the scrubber). For the offline check and the scrubber; a snapshot stored
-/// meanwhile can look damaged (its predecessor's chunks go once it is stored), which
-/// [`StateMachineStore::confirm_snapshot_damage`] tells.
-pub fn verify_stored_snapshot(
-    meta: &MetaStore,
-    mut read: impl FnMut(u64),
-) -> io::Result<Result<Option<LogId>, DamagedSnapshot>> {
-    let damaged = |last, problem: String| Ok(Err(DamagedSnapshot { last, problem }));
-    let tree = meta.tree(SNAPSHOT_TREE)?;
-    let header = match read_header(&tree) {
-        Ok(Some(header)) => header,
-        Ok(None) => return Ok(Ok(None)),
-        Err(error) if error.kind() == io::ErrorKind::InvalidData => {
-            return damaged(None, error.to_string())
-        }
-        Err(error) => return Err(error),
-    };
-    let last = header.meta.last_log_id;
-    let (mut bytes, mut crc) = (0u64, crc32fast::Hasher::new());
-    for chunk in 0..header.chunks {
-        let key = chunk_key(header.storage_id, chunk);
-        let Some(value) = tree.get(key).map_err(sled_io)? else {
-            return damaged(last, format!("snapshot chunk {chunk} is missing"));
-        };
-        crc.update(&value);
-        bytes += value.len() as u64;
-        read(value.len() as u64);
-    }
-    if bytes != header.bytes || crc.finalize() != header.crc {
-        return damaged(last, "stored snapshot fails its length or checksum".into());
-    }
-    Ok(Ok(last))
-}
-
-fn read_header(tree: &sled::Tree) -> io::Result<Option<StoredSnapshotHeader>> {
-    match tree.get(CURRENT_KEY).map_err(sled_io)? {
-        Some(bytes) => {
-            Ok(Some(decode(&bytes, 1 << 20).map_err(|e| {
-                io::Error::new(io::ErrorKind::InvalidData, e)
-            })?))
-        }
-        None => Ok(None),
-    }
-}
-
-fn read_chunks(tree: &sled::Tree, header: &StoredSnapshotHeader) -> io::Result<Vec<u8>> {
-    let mut bytes = Vec::with_capacity(header.bytes as usize);
-    for chunk in 0..header.chunks {
-        let value = tree
-            .get(chunk_key(header.storage_id, chunk))
-            .map_err(sled_io)?
-            .ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("snapshot chunk {chunk} is missing"),
-                )
-            })?;
-        bytes.extend_from_slice(&value);
-    }
-    if bytes.len() as u64 != header.bytes || crc32fast::hash(&bytes) != header.crc {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "stored snapshot fails its length or checksum",
-        ));
-    }
-    Ok(bytes)
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
@@ -652,13 +399,15 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
                 snapshot_id: format!(
                     "{}-{}",
                     state.last_applied.map_or(0, |l| l.index),
-                    self.shared.next_storage_id.load(Ordering::Relaxed)
+                    self.shared.snapshots.next_storage_id()
                 ),
             };
             (encode(&*state), meta, state.job.last_offset())
         };
         let started = std::time::Instant::now();
-        self.store_snapshot(&meta, &bytes)
+        self.shared
+            .snapshots
+            .store(&meta, &bytes)
             .await
             .map_err(snapshot_write_err)?;
         // A build that found a newer snapshot stored leaves its offset too.
@@ -786,7 +535,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             );
             return Err(snapshot_read_err(unknown));
         }
-        self.store_snapshot(meta, &bytes)
+        self.shared
+            .snapshots
+            .store(meta, &bytes)
             .await
             .map_err(snapshot_write_err)?;
         let applied = Applied {
@@ -806,73 +557,18 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
-        let tree = self
-            .shared
-            .meta
-            .tree(SNAPSHOT_TREE)
-            .map_err(snapshot_read_err)?;
-        let Some(header) = read_header(&tree).map_err(snapshot_read_err)? else {
+        let Some(current) = self.shared.snapshots.current().map_err(snapshot_read_err)? else {
             return Ok(None);
         };
-        let bytes = read_chunks(&tree, &header).map_err(snapshot_read_err)?;
         Ok(Some(Snapshot {
-            meta: header.meta,
-            snapshot: Box::new(Cursor::new(bytes)),
+            meta: current.meta,
+            snapshot: Box::new(Cursor::new(current.bytes)),
         }))
-    }
-}
-
-/// Rot in a replica's stored snapshot, for the tools and tests that inject it. None of this is
-/// called by a replica itself.
-pub mod faults {
-    use super::*;
-
-    /// Flips one byte of the stored snapshot's chunks in the sled database in `meta_dir`, at
-    /// `at` modulo their bytes, as rot that sled's own checks miss would (a misdirected write,
-    /// or a flip in memory before sled wrote it). Returns the byte's offset in the snapshot,
-    /// `None` when there is no snapshot. The replica must be stopped.
-    pub fn flip_snapshot_byte(meta_dir: &std::path::Path, at: u64) -> io::Result<Option<u64>> {
-        flip_stored_snapshot_byte(&MetaStore::open(meta_dir)?, at)
-    }
-
-    /// [`flip_snapshot_byte`] in a running replica's state machine: what sled hands back
-    /// from then on, as rot under a running replica is.
-    pub fn flip_running_snapshot_byte(
-        state_machine: &StateMachineStore,
-        at: u64,
-    ) -> io::Result<Option<u64>> {
-        flip_stored_snapshot_byte(&state_machine.shared.meta, at)
-    }
-
-    fn flip_stored_snapshot_byte(meta: &MetaStore, at: u64) -> io::Result<Option<u64>> {
-        let tree = meta.tree(SNAPSHOT_TREE)?;
-        let Some(header) = read_header(&tree)? else {
-            return Ok(None);
-        };
-        let mut left = at % header.bytes.max(1);
-        let offset = left;
-        for chunk in 0..header.chunks {
-            let key = chunk_key(header.storage_id, chunk);
-            let Some(value) = tree.get(key).map_err(io::Error::other)? else {
-                continue;
-            };
-            if (left as usize) < value.len() {
-                let mut value = value.to_vec();
-                value[left as usize] = !value[left as usize];
-                tree.insert(key, value).map_err(io::Error::other)?;
-                meta.sync()?;
-                return Ok(Some(offset));
-            }
-            left -= value.len() as u64;
-        }
-        Ok(None)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
-
     use openraft::CommittedLeaderId;
 
     use super::*;
@@ -897,16 +593,6 @@ mod tests {
             snapshot_id: format!("test-{index}"),
         };
         (meta, encode(&state))
-    }
-
-    fn chunk_ids(store: &StateMachineStore) -> BTreeSet<u64> {
-        let tree = store.shared.meta.tree(SNAPSHOT_TREE).unwrap();
-        tree.iter()
-            .keys()
-            .map(|k| k.unwrap())
-            .filter(|k| k.len() == 12)
-            .map(|k| u64::from_be_bytes(k[..8].try_into().unwrap()))
-            .collect()
     }
 
     fn batch_entry(index: u64, commands: Vec<Command>) -> Entry {
@@ -982,7 +668,7 @@ mod tests {
         assert!(refused.to_string().contains("does not know"), "{refused}");
         assert_eq!(store.stored_snapshot_last().unwrap(), None, "not stored");
 
-        assert!(store.store_snapshot(&meta, &bytes).await.unwrap());
+        assert!(store.snapshots().store(&meta, &bytes).await.unwrap());
         drop(store);
         let meta_store = Arc::new(MetaStore::open(&dir.path().join("meta")).unwrap());
         let log = LogStore::open(&dir.path().join("log"), meta_store.clone()).unwrap();
@@ -1000,8 +686,8 @@ mod tests {
         let store = open(dir.path());
         let (newer, newer_bytes) = snapshot_at(50);
         let (older, older_bytes) = snapshot_at(10);
-        assert!(store.store_snapshot(&newer, &newer_bytes).await.unwrap());
-        assert!(!store.store_snapshot(&older, &older_bytes).await.unwrap());
+        assert!(store.snapshots().store(&newer, &newer_bytes).await.unwrap());
+        assert!(!store.snapshots().store(&older, &older_bytes).await.unwrap());
         assert_eq!(store.stored_snapshot_last().unwrap(), newer.last_log_id);
         drop(store);
         let store = open(dir.path());
@@ -1010,37 +696,5 @@ mod tests {
             store.shared.state.read().unwrap().last_applied,
             newer.last_log_id
         );
-    }
-
-    /// Regression: chunks a crash orphaned (a new snapshot's, before the pointer switched; an
-    /// old one's, after) are removed at open, and the next snapshot's id is past every id that
-    /// was on disk, so it never shares an id with an orphan.
-    #[tokio::test]
-    async fn orphaned_chunks_are_removed_at_open_and_ids_never_reused() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open(dir.path());
-        let (meta, bytes) = snapshot_at(20);
-        assert!(store.store_snapshot(&meta, &bytes).await.unwrap());
-        let current = chunk_ids(&store);
-        assert_eq!(current.len(), 1);
-        let current = *current.first().unwrap();
-        // What two crashes would leave: chunks of a snapshot never made current (a higher id)
-        // and of a replaced one never removed (a lower id).
-        let tree = store.shared.meta.tree(SNAPSHOT_TREE).unwrap();
-        tree.insert(chunk_key(current + 5, 0), &b"orphan"[..])
-            .unwrap();
-        tree.insert(chunk_key(current - 1, 3), &b"stale"[..])
-            .unwrap();
-        store.shared.meta.sync().unwrap();
-        drop((tree, store));
-
-        let store = open(dir.path());
-        assert_eq!(chunk_ids(&store), BTreeSet::from([current]));
-        assert_eq!(store.stored_snapshot_last().unwrap(), meta.last_log_id);
-        let (next, next_bytes) = snapshot_at(30);
-        assert!(store.store_snapshot(&next, &next_bytes).await.unwrap());
-        let ids = chunk_ids(&store);
-        assert_eq!(ids.len(), 1);
-        assert!(*ids.first().unwrap() > current + 5, "a fresh id: {ids:?}");
     }
 }

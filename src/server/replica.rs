@@ -12,7 +12,8 @@ use tokio::task::JoinHandle;
 use crate::raft::elector::{ElectionTimer, ElectionTiming};
 use crate::raft::network::{PeerAnswers, PeerNetwork, RAFT_PAYLOAD_ENTRIES_MAX};
 use crate::raft::node::{Node, NodeConfig};
-use crate::raft::storage::data_dir::{open_storage_of, ClusterIdentity, Storage};
+use crate::raft::restore::{open_storage_of, Storage};
+use crate::raft::storage::data_dir::ClusterIdentity;
 use crate::raft::storage::meta_store::Closed;
 use crate::raft::storage::recover::ForcedMembership;
 use crate::raft::storage::scrub::{self, ScrubConfig, StorageFaults};
@@ -576,7 +577,7 @@ async fn scrub_until_fault(
     let (log, state_machine) = (node.log().clone(), node.state_machine().clone());
     let faults = replica.storage_faults().clone();
     let found = tokio::task::spawn_blocking(move || {
-        scrub::run(&log, &state_machine, config, &faults, &stopping)
+        scrub::run(&log, state_machine.snapshots(), config, &faults, &stopping)
     })
     .await;
     if let Ok(Some(fault)) = found {

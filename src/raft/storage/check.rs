@@ -25,9 +25,9 @@ use super::data_dir::{
 use super::fault::{Fault, FaultKind};
 use super::log_store::Repair;
 use super::meta_store::{wait_for_lock, MetaStore, SledRefused};
+use super::snapshots::verify_stored_snapshot;
 use super::two_copies::{self, CopiesFound, FAILED_SYNC, REPAIR, VOTE};
 use super::wal::{self, FailedSync, DAMAGED_DIR};
-use crate::raft::state_machine::verify_stored_snapshot;
 use crate::raft::types::Vote;
 
 /// What the check found.

@@ -33,12 +33,13 @@ use std::sync::Arc;
 
 use super::fault::FaultKind;
 use super::files::{create_durably, sync_dir};
-use super::log_store::{Flushing, LogStore, SEGMENT_BYTES_MAX};
+use super::log_store::{Flushing, LogStore};
 use super::meta_store::{Closed, MetaStore, SledRefused};
+use super::snapshots::{
+    set_aside_damaged_snapshot, DamagedSnapshot, SnapshotStore, StoredSnapshot,
+};
 use super::two_copies::{self, CopiesFound, VOTE};
 use super::wal::{new_damaged_folder, DAMAGED_DIR, SYNCED_MARK_FILE};
-use super::write_faults;
-use crate::raft::state_machine::{set_aside_damaged_snapshot, DamagedSnapshot, StateMachineStore};
 use crate::raft::types::Vote;
 use crate::wire::ClusterId;
 use crate::NodeId;
@@ -323,7 +324,7 @@ impl ClusterIdentity {
         Ok(())
     }
 
-    /// The id of a cluster seeded from a backup (`recover::seed_from_state`), which every
+    /// The id of a cluster seeded from a backup (`restore::seed_from_state`), which every
     /// member's restore derives alike; recorded unless one is.
     pub fn restored(&self, id: ClusterId) -> io::Result<ClusterId> {
         self.adopt_unless_known(id)
@@ -383,16 +384,9 @@ impl ClusterIdentity {
     }
 }
 
-/// Opens the storage of replica `id` in `data_dir` ([`open_storage`]) once the directory is
-/// [claimed](claim) for it.
-pub fn open_storage_of(data_dir: &Path, id: NodeId) -> io::Result<Storage> {
-    claim(data_dir, id)?;
-    open_storage(data_dir)
-}
-
 /// Opens the metadata and the log (the WAL) of the replica whose data is in `data_dir`, for
 /// disaster recovery, which keeps everything the replica holds: sled refusing its files is an
-/// error here, left to the operator (a replica's start sets them aside, [`open_storage`]).
+/// error here, left to the operator (a replica's start sets them aside, [`open`]).
 pub fn open_log(data_dir: &Path) -> io::Result<(Arc<MetaStore>, LogStore)> {
     check_format(data_dir)?;
     let meta = Arc::new(MetaStore::open(&meta_dir(data_dir))?);
@@ -477,34 +471,28 @@ pub fn sleds_set_aside(data_dir: &Path) -> io::Result<usize> {
     Ok(sleds_set_aside_in(&damaged_folders(data_dir)?))
 }
 
-/// A replica's storage, opened: what Raft runs on.
-pub struct Storage {
+/// A replica's storage, opened and repaired as far as it repairs alone: the log, and the
+/// stored snapshot read back whole and verified (`None` without one), for the state machine
+/// to be restored from.
+pub struct Opened {
     pub log: LogStore,
-    pub state_machine: StateMachineStore,
+    pub snapshots: SnapshotStore,
+    pub current_snapshot: Option<StoredSnapshot>,
     /// Fires once every handle to the storage is gone and sled has released its directory.
     pub closed: Closed,
     /// The faults this open found and began repairing.
     pub found_at_open: Vec<FaultKind>,
 }
 
-/// Opens a replica's storage in `data_dir`: its metadata and log, and the state machine
-/// restored from its latest snapshot.
+/// Opens a replica's storage in `data_dir`: its metadata, its log and its stored snapshot,
+/// flushing appends as `flushing` says (the simulation flushes inline), in WAL segments of
+/// `segment_bytes_max` bytes (the simulation's are small, so that it purges whole segments).
+/// A snapshot that is damaged or stops short of the log is set aside, and the log starts
+/// over to be fetched from the leader (ARCHITECTURE.md, "The storage fault model").
 ///
 /// Blocking: recovery reads the whole retained log, and opening may wait for the directory's
 /// lock. Call it off the async runtime's workers.
-pub fn open_storage(data_dir: &Path) -> io::Result<Storage> {
-    open_storage_with(data_dir, Flushing::GroupCommit, SEGMENT_BYTES_MAX)
-        .map_err(|error| write_faults::naming_the_remedy(data_dir, error))
-}
-
-/// [`open_storage`], flushing appends as `flushing` says (the simulation flushes inline), in
-/// WAL segments of `segment_bytes_max` bytes (the simulation's are small, so that it purges
-/// whole segments).
-pub fn open_storage_with(
-    data_dir: &Path,
-    flushing: Flushing,
-    segment_bytes_max: u64,
-) -> io::Result<Storage> {
+pub fn open(data_dir: &Path, flushing: Flushing, segment_bytes_max: u64) -> io::Result<Opened> {
     check_format(data_dir)?;
     let (meta, sled_set_aside) = open_meta(data_dir)?;
     let meta = Arc::new(meta);
@@ -522,15 +510,15 @@ pub fn open_storage_with(
     if log.failed_sync_found_at_open().is_some() {
         found_at_open.push(FaultKind::FailedSync);
     }
-    let state_machine = match sled_set_aside {
+    let (snapshots, current_snapshot) = match sled_set_aside {
         // Without sled's snapshot (and purge point) the log cannot be applied: start over.
         Some(kept) => {
             found_at_open.push(FaultKind::SledRefused);
             log.start_over_for_lost_snapshot(None, &kept.join(SLED_SET_ASIDE), &kept)?;
-            StateMachineStore::open(meta, log.clone())?
+            SnapshotStore::open(meta, log.clone())?
         }
-        None => match restore(&meta, &log)? {
-            Ok(state_machine) => state_machine,
+        None => match read_snapshot(&meta, &log)? {
+            Ok(read) => read,
             Err((kind, damaged)) => {
                 found_at_open.push(kind);
                 // The snapshot is fetched from the leader again (ARCHITECTURE.md, "The
@@ -544,28 +532,30 @@ pub fn open_storage_with(
                 );
                 log.start_over_for_lost_snapshot(damaged.last, &kept.join("snapshot"), &kept)?;
                 set_aside_damaged_snapshot(&meta, &kept)?;
-                StateMachineStore::open(meta, log.clone())?
+                SnapshotStore::open(meta, log.clone())?
             }
         },
     };
-    log.guard_with_snapshots(state_machine.stored_snapshot_last()?)?;
-    Ok(Storage {
+    log.guard_with_snapshots(snapshots.stored_last()?)?;
+    Ok(Opened {
         log,
-        state_machine,
+        snapshots,
+        current_snapshot,
         closed,
         found_at_open,
     })
 }
 
-/// The state machine restored from the stored snapshot, or the damage that keeps it from being
-/// restored: a snapshot that fails its checks or stops short of the log.
-fn restore(
+/// The stored snapshot, read back, or the damage that keeps the state from being restored
+/// from it: a snapshot that fails its checks or stops short of the log.
+#[allow(clippy::type_complexity)]
+fn read_snapshot(
     meta: &Arc<MetaStore>,
     log: &LogStore,
-) -> io::Result<Result<StateMachineStore, (FaultKind, DamagedSnapshot)>> {
-    match StateMachineStore::open(meta.clone(), log.clone()) {
-        Ok(state_machine) => Ok(match short_of_the_log(&state_machine, log)? {
-            None => Ok(state_machine),
+) -> io::Result<Result<(SnapshotStore, Option<StoredSnapshot>), (FaultKind, DamagedSnapshot)>> {
+    match SnapshotStore::open(meta.clone(), log.clone()) {
+        Ok((snapshots, current)) => Ok(match short_of_the_log(&snapshots, log)? {
+            None => Ok((snapshots, current)),
             Some(damaged) => Err((FaultKind::SnapshotShortOfLog, damaged)),
         }),
         Err(error) => match DamagedSnapshot::in_error(&error) {
@@ -580,10 +570,10 @@ fn restore(
 /// Nothing this build does leaves that (a purge never passes the durable snapshot): sled's
 /// recovery dropped the writes of a later snapshot, after the log was purged behind it.
 fn short_of_the_log(
-    state_machine: &StateMachineStore,
+    snapshots: &SnapshotStore,
     log: &LogStore,
 ) -> io::Result<Option<DamagedSnapshot>> {
-    let stored = state_machine.stored_snapshot_last()?;
+    let stored = snapshots.stored_last()?;
     let reaches = stored.map_or(0, |last| last.index) + 1;
     // An empty log counts too: it starts where its segment's name says, after its purge point.
     let first = log.first_index();

@@ -10,6 +10,7 @@ pub mod meta_store;
 mod recent;
 pub mod recover;
 pub mod scrub;
+pub mod snapshots;
 pub mod two_copies;
 pub mod wal;
 pub mod write_faults;

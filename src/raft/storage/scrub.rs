@@ -32,8 +32,8 @@ use tokio::sync::watch;
 
 use super::fault::{Fault, FaultKind};
 use super::log_store::LogStore;
+use super::snapshots::SnapshotStore;
 use super::wal::BadRecord;
-use crate::raft::state_machine::StateMachineStore;
 
 /// The most the scrubber reads of the WAL at once: one run, between two pauses.
 pub const RUN_BYTES: u64 = 1 << 20;
@@ -101,11 +101,11 @@ impl StorageFaults {
     }
 }
 
-/// Scrubs `log` and `state_machine` as `config` says until `stopping` turns true (returns
+/// Scrubs `log` and `snapshots` as `config` says until `stopping` turns true (returns
 /// `None`) or a pass finds a fault (returns it). Blocking: run it on a thread of its own.
 pub fn run(
     log: &LogStore,
-    state_machine: &StateMachineStore,
+    snapshots: &SnapshotStore,
     config: ScrubConfig,
     faults: &StorageFaults,
     stopping: &watch::Receiver<bool>,
@@ -122,7 +122,7 @@ pub fn run(
             stopping,
             faults,
         };
-        match pass(log, state_machine, &mut pacer) {
+        match pass(log, snapshots, &mut pacer) {
             Ok(Some(fault)) => return Some(fault),
             Ok(None) if *stopping.borrow() => return None,
             Ok(None) => {
@@ -139,7 +139,7 @@ pub fn run(
 /// One pass over the WAL, then the stored snapshot: the first fault found, confirmed.
 fn pass(
     log: &LogStore,
-    state_machine: &StateMachineStore,
+    snapshots: &SnapshotStore,
     pacer: &mut Pacer,
 ) -> std::io::Result<Option<Fault>> {
     let end = log.synced_end();
@@ -155,16 +155,16 @@ fn pass(
             return Ok(None);
         }
     }
-    if state_machine
-        .verify_stored_snapshot(|bytes| {
+    if snapshots
+        .verify(|bytes| {
             pacer.read(bytes);
         })?
         .is_err()
     {
-        if let Some(damaged) = state_machine.confirm_snapshot_damage()? {
+        if let Some(damaged) = snapshots.confirm_damage()? {
             return Ok(Some(Fault {
                 kind: FaultKind::SnapshotDamaged,
-                file: state_machine.sled_data_path(),
+                file: snapshots.sled_data_path(),
                 detail: damaged.to_string(),
             }));
         }

@@ -111,7 +111,7 @@ const DISK_FULL: &str = "; the disk is full: free space, then restart the replic
 
 /// `error`, from opening the storage in `data_dir`, with the directory and the remedy added
 /// when the error has one and does not say it yet (sled's own errors name no file).
-pub(super) fn naming_the_remedy(data_dir: &Path, error: io::Error) -> io::Error {
+pub fn naming_the_remedy(data_dir: &Path, error: io::Error) -> io::Error {
     let remedy = remedy(&error);
     let text = error.to_string();
     if remedy.is_empty() || text.contains(remedy) {

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::client::ControlClient;
 use crate::log::{decode, encode, Offset};
-use crate::raft::storage::recover::{seed_from_state, Seeded};
+use crate::raft::restore::{seed_from_state, Seeded};
 use crate::wire::{ClusterId, Member, StateAt};
 use crate::NodeId;
 

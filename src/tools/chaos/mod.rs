@@ -41,9 +41,9 @@ use crate::log::{
     decode, Command, Filter, LogEntry, Offset, ProducerSeq, Proposal, Target,
     COMMAND_BYTES_MAX_DEFAULT,
 };
-use crate::raft::state_machine::faults as snapshot_faults;
 use crate::raft::storage::data_dir::{log_dir, meta_dir, sleds_set_aside};
 use crate::raft::storage::meta_store::faults as sled_faults;
+use crate::raft::storage::snapshots::faults as snapshot_faults;
 use crate::raft::storage::wal::{self, Wal, RECORD_BYTES_MAX};
 use crate::raft::types::Entry;
 use crate::tools::bench::BenchTarget;
