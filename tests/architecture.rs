@@ -4,6 +4,9 @@
 //! * Rooms (the folders under `src/`) form a strict order; a room may use only the rooms
 //!   [`ALLOWED`] lists for it.
 //! * The pure rooms and the controller never name openraft or sled.
+//! * A room's wings (its sub-folders that [`WINGS`] lists) use only the modules of the room
+//!   beside them that the rule names: `raft::storage` uses nothing of the consensus side but
+//!   the types openraft's storage traits are written in and the commit stages it times.
 //! * In every folder, at any depth, the modules (its files and its sub-folders) use each other
 //!   without a circle, so that each can be read after the ones it uses. A folder's `mod.rs` is
 //!   its map, not one of its modules.
@@ -53,6 +56,16 @@ const ALLOWED: &[(&str, &[&str])] = &[
 
 /// Rooms that must stay free of the storage and consensus crates.
 const NO_OPENRAFT_OR_SLED: &[&str] = &["log", "jobs", "wire", "client", "controller"];
+
+/// Each wing (a sub-folder of a room), and the modules of its room beside it that it may use:
+/// everything else in the room may use the wing, never the other way round.
+///
+/// `raft::storage` is the log, the snapshots and their fault model; the consensus side
+/// (node, elector, network, state machine...) is built on it. It may use `raft::types`, the
+/// types openraft's storage traits are written in (entries, log ids, votes, snapshot
+/// metadata), and `raft::stages`, the commit path's histograms, a leaf that the log store
+/// feeds with each append's `fdatasync`.
+const WINGS: &[(&str, &str, &[&str])] = &[("raft", "storage", &["types", "stages"])];
 
 /// A module's place in the crate: `["log", "command"]` is `crate::log::command`.
 type ModPath = Vec<String>;
@@ -504,6 +517,36 @@ fn rooms_broken(
     broken
 }
 
+/// The uses, outside tests, by a wing of `wings` of a module of its room beside it that the
+/// rule does not list for it.
+fn wings_broken(src: &Path, wings: &[(&str, &str, &[&str])]) -> Vec<String> {
+    let krate = Crate::read(src);
+    let mut broken = Vec::new();
+    for &(room, wing, may_use) in wings {
+        if !krate
+            .modules
+            .contains_key(&vec![room.to_string(), wing.to_string()])
+        {
+            broken.push(format!("the rule for {room}/{wing} names no wing"));
+        }
+        for (folder, user, used, in_test, file) in krate.crossings() {
+            let uses_beside = folder == [room] && user == wing && !in_test;
+            if uses_beside
+                && !krate.is_test_module(&folder, &user)
+                && !may_use.contains(&used.as_str())
+            {
+                broken.push(format!(
+                    "{} ({room}::{wing}) uses {room}::{used}",
+                    file.display()
+                ));
+            }
+        }
+    }
+    broken.sort();
+    broken.dedup();
+    broken
+}
+
 /// The circles among the modules of each folder of the crate at `src` (tests left out).
 fn circles(src: &Path) -> Vec<String> {
     let krate = Crate::read(src);
@@ -564,6 +607,18 @@ fn src() -> PathBuf {
 fn every_room_uses_only_the_rooms_below_it() {
     let broken = rooms_broken(&src(), ALLOWED, NO_OPENRAFT_OR_SLED);
     assert!(broken.is_empty(), "rules broken:\n{}", broken.join("\n"));
+}
+
+/// Goal: each wing uses of its room only what its rule lists (the storage, nothing of the
+/// consensus side but the storage traits' types and the stage timings).
+#[test]
+fn each_wing_uses_only_what_its_rule_lists_of_its_room() {
+    let broken = wings_broken(&src(), WINGS);
+    assert!(
+        broken.is_empty(),
+        "wings' rules broken:\n{}",
+        broken.join("\n")
+    );
 }
 
 /// Goal: in every folder the modules use each other without a circle.
@@ -629,6 +684,45 @@ fn the_checker_sees_re_exports_sub_folders_nested_groups_and_whole_files() {
             "src/a: x -> y -> x".to_string(),
             "src/a/inner: p -> q -> p".to_string()
         ],
+    );
+}
+
+/// Goal: the wings' check can fail. A wing that uses a module of its room it may not (in
+/// code, and through its room's re-export) is seen; a use it may make, a use in its unit
+/// tests, and the room's use of the wing are not.
+#[test]
+fn the_wing_check_sees_a_wing_that_uses_its_room() {
+    let dir = small_crate(&[
+        ("lib.rs", "pub mod r;\n"),
+        (
+            "r/mod.rs",
+            "pub mod types;\npub mod node;\npub mod store;\npub use node::Node;\n",
+        ),
+        ("r/types.rs", "pub struct Id;\n"),
+        (
+            "r/node.rs",
+            "pub struct Node;\nfn f() { let _ = super::store::S; }\n",
+        ),
+        (
+            "r/store/mod.rs",
+            "pub mod log;\npub mod open;\npub struct S;\n",
+        ),
+        (
+            "r/store/log.rs",
+            "use crate::r::types::Id;\n#[cfg(test)]\nmod tests { use crate::r::node::Node; }\n",
+        ),
+        ("r/store/open.rs", "fn g() { let _ = crate::r::Node; }\n"),
+    ]);
+    let broken = wings_broken(dir.path(), &[("r", "store", &["types"])]);
+    assert_eq!(broken.len(), 1, "{broken:#?}");
+    assert!(
+        broken[0].ends_with("r/store/open.rs (r::store) uses r::node"),
+        "{broken:#?}"
+    );
+    let unknown = wings_broken(dir.path(), &[("r", "missing", &[])]);
+    assert_eq!(
+        unknown,
+        ["the rule for r/missing names no wing".to_string()]
     );
 }
 
