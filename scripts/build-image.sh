@@ -14,6 +14,9 @@
 #    network namespace of its own. The replica must start and answer /healthz, and `ctrlog
 #    --version` must name this build.
 #
+# CTRLOG_IMAGE_BINARY=PATH takes a release build of ctrlog made already instead of building
+# one (CI passes the one its release-mode tests built).
+#
 #   scripts/build-image.sh [--check]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,16 +27,20 @@ check=false
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 tag="ctrlog:${version%-dev}"
 
-cargo build --release --quiet --bin ctrlog
+binary=${CTRLOG_IMAGE_BINARY:-}
+if [ -z "$binary" ]; then
+    cargo build --release --quiet --bin ctrlog
+    binary=target/release/ctrlog
+fi
 context=target/image
 rootfs=$context/rootfs
 rm -rf "$context"
 mkdir -p "$rootfs/usr/local/bin" "$rootfs/etc" "$rootfs/var/lib/ctrlog" "$rootfs/tmp"
 chmod 1777 "$rootfs/tmp"
-strip -o "$rootfs/usr/local/bin/ctrlog" target/release/ctrlog
+strip -o "$rootfs/usr/local/bin/ctrlog" "$binary"
 # Each library at the path the dynamic loader will look for it (ldd prints both forms:
 # "name => /path (addr)" and "/path (addr)"; the vDSO has no file).
-ldd target/release/ctrlog | awk '/=>/ { print $3; next } /^[ \t]*\// { print $1 }' |
+ldd "$binary" | awk '/=>/ { print $3; next } /^[ \t]*\// { print $1 }' |
     while read -r library; do
         mkdir -p "$rootfs$(dirname "$library")"
         cp -L "$library" "$rootfs$library"
@@ -61,14 +68,14 @@ printed=$(chroot --userspec=10001:10001 "$rootfs" /usr/local/bin/ctrlog --versio
 
 secrets=$(mktemp -d)
 trap 'rm -rf "$secrets"' EXIT
-CTRLOG=target/release/ctrlog deploy/kubernetes/secrets.sh "$secrets/out" >/dev/null
+CTRLOG="$binary" deploy/kubernetes/secrets.sh "$secrets/out" >/dev/null
 # What the kubelet writes for the Secret ctrlog-replica-1 (defaultMode 0400, fsGroup 10001).
 mounted=$secrets/ctrlog-replica-1
 mkdir "$mounted"
 cp "$secrets/out/pki/ca.pem" "$mounted/ca.pem"
 cp "$secrets/out/pki/node-1.pem" "$mounted/node.pem"
 cp "$secrets/out/pki/node-1-key.pem" "$mounted/node-key.pem"
-target/release/ctrlog tokens hash "$secrets/out/tokens" >"$mounted/tokens"
+"$binary" tokens hash "$secrets/out/tokens" >"$mounted/tokens"
 chown 0:10001 "$mounted"/*
 chmod 0440 "$mounted"/*
 # The ConfigMap, as mounted.
