@@ -32,11 +32,11 @@ use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{CommittedLeaderId, EntryPayload, OptionalSend, RaftLogReader};
+use openraft::{EntryPayload, OptionalSend, RaftLogReader};
 use tokio::sync::watch;
 
 use super::meta_store::{MetaStore, VALUE_BYTES_MAX};
@@ -50,106 +50,21 @@ use crate::raft::stages::{CommitStages, Stage};
 use crate::raft::types::{
     AppendEntriesRequest, Entry, LogId, StorageError, StorageIOError, TypeConfig, Vote,
 };
-use crate::wire::protocol::Repairing;
 use crate::NodeId;
+
+mod repair;
+mod syncer;
+
+pub use repair::{as_restarted, Repair};
+use repair::{later_vote, no_older_than_the_log, unfinished, vote_leader, REPAIR_KEY};
+pub use syncer::Durable;
+use syncer::{
+    index_of, mark_failed, mark_snapshotted, mark_synced, sync_file, SyncFailed, Syncer, Written,
+};
 
 const VOTE_KEY: &str = "vote";
 const PURGED_KEY: &str = "purged";
 const COMMITTED_KEY: &str = "committed";
-/// Where builds before the repair file kept a [`Repair`] under way; read once at open and moved
-/// into the file. v0.1.0 never reads either: a damaged log is new to later builds, and a log
-/// they repaired is an ordinary log again.
-const REPAIR_KEY: &str = "repair";
-
-/// What damage to the log took, that this replica must get back from its peers before it
-/// votes or stands again (ARCHITECTURE.md, "The storage fault model").
-///
-/// Why it may not vote meanwhile: the damaged entries may be ones it acknowledged, and so part
-/// of the majority that committed them. Voting with its cut log, it could elect a candidate
-/// that lacks them, whose entries would then overwrite the only other copies. So it votes only
-/// for a candidate whose log is at least as up to date as `held`, exactly as the replica would
-/// have that still held its whole log, and never stands itself. It is whole again once its log
-/// is on disk up to `held`'s index: what a leader sent it since (entries or a snapshot) is that
-/// leader's log, which holds every committed entry.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Repair {
-    /// The first index the damage took.
-    pub first_damaged: u64,
-    /// The last entry the log held before the damage was found.
-    pub held: LogId,
-    /// The segment file where the damage starts.
-    pub segment: String,
-    /// The byte of that segment where it starts.
-    pub byte: u64,
-}
-
-/// The leader of `vote`, which stands in for the term of an entry known only by its index: no
-/// entry is of a later term than the vote, so an id with it is no less up to date than the
-/// true one.
-fn vote_leader(vote: Option<Vote>) -> CommittedLeaderId<NodeId> {
-    vote.map_or_else(CommittedLeaderId::default, |v| {
-        CommittedLeaderId::new(v.leader_id.term, v.leader_id.node_id)
-    })
-}
-
-impl Repair {
-    /// The repair that `damage` calls for. The last entry's id is the last valid record's
-    /// after the damage, else the synced mark's (which knows the id of the final record it
-    /// covered), and only when neither says it the durable `vote`'s leader stands in for it: a
-    /// replica that stood unanswered holds a vote of a later term than its last entry, and
-    /// that bound would have it refuse a candidate whose log is exactly the one it held.
-    fn of(damage: &Damage, vote: Option<Vote>) -> Repair {
-        let last_index = damage.end_at_least - 1;
-        let decoded = damage
-            .last_record
-            .as_deref()
-            .and_then(|bytes| decode::<Entry>(bytes, RECORD_BYTES_MAX as u64).ok())
-            .map(|entry| entry.log_id)
-            .filter(|id| id.index >= last_index);
-        let marked = damage.marked.filter(|id| id.index == last_index);
-        let held =
-            (decoded.or(marked)).unwrap_or_else(|| LogId::new(vote_leader(vote), last_index));
-        Repair {
-            first_damaged: damage.first,
-            held,
-            segment: damage.segment.display().to_string(),
-            byte: damage.byte,
-        }
-    }
-
-    /// One repair that asks for both: a log damaged again before it was whole must get back
-    /// what either damage took.
-    fn merged(self, earlier: Option<Repair>) -> Repair {
-        match earlier {
-            Some(earlier) if earlier.held > self.held => Repair {
-                first_damaged: earlier.first_damaged.min(self.first_damaged),
-                ..earlier
-            },
-            Some(earlier) => Repair {
-                first_damaged: earlier.first_damaged.min(self.first_damaged),
-                ..self
-            },
-            None => self,
-        }
-    }
-
-    /// The repair as the client port reports it.
-    pub fn report(&self) -> Repairing {
-        Repairing {
-            first_damaged: self.first_damaged,
-            held_index: self.held.index,
-            segment: self.segment.clone(),
-            byte: self.byte,
-        }
-    }
-}
-
-impl std::fmt::Display for Repair {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Display::fmt(&self.report(), f)
-    }
-}
-
 /// Bytes per WAL segment. Purge frees whole segments, so this is also the granularity of disk
 /// reclamation: big enough that rotation (an extra `fdatasync`) is rare, small enough that a
 /// purged prefix is given back soon.
@@ -196,101 +111,6 @@ struct Shared {
     failed_sync_found_at_open: Option<FailedSync>,
     /// The first failed `fdatasync`'s message, naming the segment (see [`mark_failed`]).
     first_sync_failure: Arc<OnceLock<String>>,
-}
-
-/// How far the log is known to be on disk: an index along the log as it is now.
-///
-/// Invariants:
-/// * Every entry the log holds at or below `synced`'s index is on disk (written before an
-///   `fdatasync` that returned, or covered by a durable snapshot). Compare by index
-///   ([`Durable::covers`]), never by log id: log ids order the entries of one log, but an
-///   entry written over a truncated one may carry an *older* term than the one it replaced
-///   (an older leader's entry, sent on by a newer leader), so by log id the mark of the
-///   dropped entries would vouch for entries not yet written.
-/// * Between truncations the mark only rises.
-/// * A truncation sets it to the log's new last entry: the truncation `fdatasync`s what it
-///   keeps.
-/// * An `fdatasync` of what was written before the latest truncation raises nothing
-///   (`truncations` tells the two apart): the entries it synced may be gone.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Durable {
-    /// Every entry up to this one is on disk.
-    pub synced: Option<LogId>,
-    /// Set once an `fdatasync` failed: what was written since cannot be vouched for, and the
-    /// replica must stop (the next `save_committed` fails, which stops Raft).
-    pub failed: Option<io::ErrorKind>,
-    /// Truncations since the log was opened.
-    pub truncations: u64,
-}
-
-impl Durable {
-    /// Whether every entry up to `id`'s index is on disk.
-    pub fn covers(&self, id: Option<LogId>) -> bool {
-        index_of(self.synced) >= index_of(id)
-    }
-}
-
-/// An entry's index, with `None` (no entry) before index 0.
-fn index_of(id: Option<LogId>) -> Option<u64> {
-    id.map(|id| id.index)
-}
-
-/// Raises `durable`'s mark to `synced`, which a durable snapshot covers, waking whoever waits
-/// for it. What a snapshot covers is committed, so no truncation ever removes it.
-fn mark_snapshotted(durable: &watch::Sender<Durable>, synced: Option<LogId>) {
-    durable.send_if_modified(|d| {
-        let raised = !d.covers(synced);
-        if raised {
-            d.synced = synced;
-        }
-        raised
-    });
-}
-
-/// Raises `durable`'s mark to `synced`, the last entry of an `fdatasync` that returned, unless
-/// the log was truncated since that entry was written (after `written_after` truncations).
-/// The log's [`SyncedMark`] on disk is raised first, under the same lock, so that no raise
-/// lands after a truncation that came later. A raise of the mark that fails (its write, or
-/// a sync that failed first) fails the log as a failed `fdatasync` does, and the append is
-/// not acknowledged.
-fn mark_synced(
-    durable: &watch::Sender<Durable>,
-    mark: &SyncedMark,
-    synced: LogId,
-    written_after: u64,
-) -> Result<(), SyncFailed> {
-    let mut failed = None;
-    durable.send_if_modified(|d| {
-        let raise = d.failed.is_none() && d.truncations == written_after && !d.covers(Some(synced));
-        if !raise {
-            return false;
-        }
-        match mark.raise(synced) {
-            Ok(()) => {
-                d.synced = Some(synced);
-                true
-            }
-            Err(error) => {
-                d.failed.get_or_insert(error.kind());
-                failed = Some(SyncFailed {
-                    kind: error.kind(),
-                    message: error.to_string(),
-                });
-                true
-            }
-        }
-    });
-    failed.map_or(Ok(()), Err)
-}
-
-/// Records that an `fdatasync` of the log failed (`failure`): from now on the mark is never
-/// raised again, and no later `fdatasync` is attempted ([`sync_file`]). The first failure's
-/// message, which names the segment, is kept in `first` for the error the replica stops with.
-fn mark_failed(durable: &watch::Sender<Durable>, failure: &SyncFailed, first: &OnceLock<String>) {
-    first.get_or_init(|| failure.message.clone());
-    durable.send_modify(|d| {
-        d.failed.get_or_insert(failure.kind);
-    });
 }
 
 /// Holds a leader's AppendEntries `request` to what its own log has on disk: it tells of no
@@ -881,81 +701,6 @@ pub mod faults {
     }
 }
 
-/// The repair the repair file holds, if one is under way.
-fn unfinished(repair: &TwoCopies<Option<Repair>>) -> Option<Repair> {
-    repair.value().cloned().flatten()
-}
-
-/// The vote this replica made durable last, from the vote file's (`in_file`) and sled's copy.
-/// The file's, unless sled's is later: a build that writes only sled (v0.1.0, rolled back
-/// onto the directory) voted since. A sled copy older than the file's, or one that cannot be
-/// ordered with it, is sled having dropped a write in its recovery: the file's stands.
-fn later_vote(in_file: Option<Vote>, in_sled: Option<Vote>) -> Option<Vote> {
-    match (in_file, in_sled) {
-        (Some(file), Some(sled)) if sled > file => {
-            tracing::info!(%sled, %file, "sled holds a later vote than the vote file: an older build voted since");
-            Some(sled)
-        }
-        (Some(file), Some(sled)) if sled != file => {
-            tracing::warn!(%sled, %file, "sled's copy of the vote is older than the vote file's: sled lost a write, and the file's vote stands");
-            Some(file)
-        }
-        (Some(file), None) => {
-            tracing::warn!(%file, "sled holds no copy of the vote (lost, or a crash came between the two writes); the vote file's stands");
-            Some(file)
-        }
-        (file, sled) => file.or(sled),
-    }
-}
-
-/// `vote`, raised if the log says it must have been later: a replica holds entries of a term
-/// only after it voted in that term for their leader (or followed it), so a durable vote of an
-/// earlier term (or none) beside them was rolled back, by both stores losing it. The vote it
-/// must have held is then the leader's of the last entry, committed, which grants no other
-/// vote in that term.
-fn no_older_than_the_log(vote: Option<Vote>, last: Option<LogId>) -> Option<Vote> {
-    let Some(last) = last else {
-        return vote;
-    };
-    if vote.is_some_and(|v| v.leader_id.term >= last.leader_id.term) {
-        return vote;
-    }
-    let followed = Vote::new_committed(last.leader_id.term, last.leader_id.node_id);
-    tracing::error!(
-        durable = ?vote,
-        %last,
-        raised_to = %followed,
-        "the durable vote is older than the log's last entry: it was rolled back, and is raised \
-         to the vote that entry's leader must have had"
-    );
-    Some(followed)
-}
-
-/// The vote replica `own` restarts with, given the `durable` one: its own committed vote
-/// becomes a candidacy of the same term, so that it must win the next term before it leads
-/// again.
-///
-/// Why: openraft 0.9 restores a replica whose vote is a committed vote for itself as leader of
-/// that term at once, with no election. A leader acknowledges its own appends before their
-/// `fdatasync` (see the module docs), so after a power loss it may no longer hold entries its
-/// followers do. Leading the same term again, it would write new entries under the very log
-/// ids of the lost ones, and the followers, which compare entries by log id only, would keep
-/// the old ones and count them as the new: the replicas' logs would fork, and an acknowledged
-/// append be lost. Standing for the next term instead, it either wins with a log that a
-/// majority accepts (then every entry it writes has a new term in its id) or loses to a
-/// replica that holds more; what it lost was never applied anywhere (the durable mark).
-///
-/// Nothing here weakens the vote: a candidacy of term T refuses every other candidate of T,
-/// as the committed vote did, and the next term's election is what any replica that stops
-/// hearing a leader holds anyway.
-pub fn as_restarted(durable: Vote, own: NodeId) -> Vote {
-    if durable.committed && durable.leader_id.node_id == own {
-        Vote::new(durable.leader_id.term, own)
-    } else {
-        durable
-    }
-}
-
 /// The value at `key` in `meta`, decoded; `None` if there is none.
 fn read_meta<T: serde::de::DeserializeOwned>(meta: &MetaStore, key: &str) -> io::Result<Option<T>> {
     match meta.get(key)? {
@@ -1203,155 +948,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         match allowed {
             Some(allowed) => self.purge_durable(allowed).map_err(write_err),
             None => Ok(()),
-        }
-    }
-}
-
-/// Group commit: a thread that `fdatasync`s the WAL and then acknowledges the appends it covers.
-///
-/// Protocol: `sync` sends the file the append was written to together with openraft's callback
-/// (none for an append acknowledged already). The thread takes every request queued so far,
-/// syncs each distinct file once, and in order raises the [`Durable`] mark to each request's
-/// last entry and calls its callback. When the last `Syncer` handle is dropped the channel
-/// closes and the thread exits after answering what it already received.
-struct Syncer {
-    requests: mpsc::Sender<SyncRequest>,
-    durable: Arc<watch::Sender<Durable>>,
-    /// The first failed `fdatasync`'s message (see [`mark_failed`]).
-    first_failure: Arc<OnceLock<String>>,
-}
-
-struct SyncRequest {
-    file: Arc<SegmentFile>,
-    callback: Option<LogFlushed<TypeConfig>>,
-    written: Written,
-}
-
-/// What one append wrote, for the `fdatasync` that makes it durable.
-struct Written {
-    /// When the write began, for the append's `log_sync` time.
-    at: Instant,
-    /// The append's last entry.
-    last: LogId,
-    /// Truncations of the log before the write (see [`Durable`]).
-    truncations: u64,
-}
-
-/// `fdatasync`s one segment, unless one failed before: then nothing written since can be
-/// vouched for, and another `fdatasync` that succeeds would say it is on disk when the page
-/// cache may have dropped it ([`super::write_faults`]). The error names the segment.
-///
-/// The `wal-sync` fail point makes it fail, as a crash before the flush would leave the entries
-/// unacknowledged; `wal-synced` fails it after the flush, as a crash between the flush and the
-/// acknowledgement would.
-fn sync_file(file: &SegmentFile, durable: &watch::Sender<Durable>) -> Result<(), SyncFailed> {
-    if let Some(earlier) = durable.borrow().failed {
-        return Err(SyncFailed {
-            kind: earlier,
-            message: format!(
-                "not flushing {}: an fdatasync of the log failed before ({earlier}), so \
-                 nothing written since can be vouched for",
-                file.path().display()
-            ),
-        });
-    }
-    let failed = |error: io::Error| SyncFailed {
-        kind: error.kind(),
-        message: error.to_string(),
-    };
-    fail::fail_point!("wal-sync", |_| Err(failed(io::Error::other("wal-sync"))));
-    file.sync().map_err(failed)?;
-    fail::fail_point!("wal-synced", |_| Err(failed(io::Error::other(
-        "wal-synced"
-    ))));
-    Ok(())
-}
-
-/// An `fdatasync` of the log that failed: its kind, for [`Durable::failed`], and its message,
-/// which names the segment, for openraft's error and the operator.
-#[derive(Clone, Debug)]
-struct SyncFailed {
-    kind: io::ErrorKind,
-    message: String,
-}
-
-impl From<SyncFailed> for io::Error {
-    fn from(failed: SyncFailed) -> io::Error {
-        io::Error::new(failed.kind, failed.message)
-    }
-}
-
-impl Syncer {
-    /// Starts the sync thread; it times each append's `log_sync` into `stages`.
-    fn start(
-        stages: Arc<CommitStages>,
-        durable: Arc<watch::Sender<Durable>>,
-        mark: Arc<SyncedMark>,
-        first_failure: Arc<OnceLock<String>>,
-    ) -> Syncer {
-        let (requests, incoming) = mpsc::channel::<SyncRequest>();
-        let thread_durable = durable.clone();
-        let thread_first_failure = first_failure.clone();
-        std::thread::Builder::new()
-            .name("ctrlog-wal-sync".into())
-            .spawn(move || {
-                while let Ok(first) = incoming.recv() {
-                    let mut batch = vec![first];
-                    batch.extend(incoming.try_iter());
-                    let mut synced: Vec<(Arc<SegmentFile>, Result<(), SyncFailed>)> = Vec::new();
-                    for request in batch {
-                        let result =
-                            match synced.iter().find(|(f, _)| Arc::ptr_eq(f, &request.file)) {
-                                Some((_, result)) => result.clone(),
-                                None => {
-                                    let result = sync_file(&request.file, &thread_durable);
-                                    synced.push((request.file.clone(), result.clone()));
-                                    result
-                                }
-                            };
-                        let result = result.and_then(|()| {
-                            let written = &request.written;
-                            mark_synced(&thread_durable, &mark, written.last, written.truncations)
-                        });
-                        if let Err(failure) = &result {
-                            mark_failed(&thread_durable, failure, &thread_first_failure)
-                        }
-                        stages.observe(Stage::log_sync, request.written.at.elapsed());
-                        if let Some(callback) = request.callback {
-                            callback.log_io_completed(result.map_err(io::Error::from));
-                        }
-                    }
-                }
-            })
-            .expect("spawning the wal sync thread");
-        Syncer {
-            requests,
-            durable,
-            first_failure,
-        }
-    }
-
-    fn sync(
-        &self,
-        file: Arc<SegmentFile>,
-        callback: Option<LogFlushed<TypeConfig>>,
-        written: Written,
-    ) {
-        let request = SyncRequest {
-            file,
-            callback,
-            written,
-        };
-        if let Err(mpsc::SendError(request)) = self.requests.send(request) {
-            // An append acknowledged already will never be durable: fail the mark too.
-            let stopped = SyncFailed {
-                kind: io::ErrorKind::Other,
-                message: "the wal sync thread has stopped".into(),
-            };
-            mark_failed(&self.durable, &stopped, &self.first_failure);
-            if let Some(callback) = request.callback {
-                callback.log_io_completed(Err(io::Error::other("the wal sync thread has stopped")));
-            }
         }
     }
 }
