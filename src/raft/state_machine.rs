@@ -1,10 +1,9 @@
 //! openraft's `RaftStateMachine`: applies committed batches to [`JobState`], keeps the index
-//! from offset to Raft entry, and builds, stores, installs and restores snapshots in sled.
+//! from offset to Raft entry, and builds, installs and restores snapshots.
 //!
-//! Snapshots are stored in sled in chunks of [`VALUE_BYTES_MAX`] (below sled's unsynced-blob
-//! threshold, see `meta_store`) under a fresh id; the pointer to the current snapshot is
-//! switched and made durable only after every chunk is, and the previous snapshot's chunks are
-//! deleted after that. A crash at any point leaves either the old or the new snapshot whole.
+//! A snapshot is the encoded [`MachineState`]; storing it durably (in sled, in chunks, behind a
+//! pointer switched only once every chunk is durable) is the storage's
+//! [`SnapshotStore`].
 //!
 //! The state machine itself is in memory. It is rebuilt at start from the current snapshot and
 //! then openraft re-applies the retained log up to the committed index.
@@ -300,7 +299,7 @@ fn snapshot_write_err(e: impl std::error::Error + 'static) -> StorageError {
 
 impl StateMachineStore {
     /// Opens the state machine, restoring it from the current snapshot if there is one; a
-    /// damaged one fails with [`DamagedSnapshot`].
+    /// damaged one fails with [`DamagedSnapshot`](super::storage::snapshots::DamagedSnapshot).
     pub fn open(meta: Arc<MetaStore>, log: LogStore) -> io::Result<StateMachineStore> {
         let (snapshots, current) = SnapshotStore::open(meta, log.clone())?;
         StateMachineStore::restore(snapshots, log, current)

@@ -289,7 +289,7 @@ pub enum Meeting {
 const OTHER_CLUSTER_WARNING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl ClusterIdentity {
-    /// What `data_dir`'s `format` file records (opened already: [`open_storage_of`]).
+    /// What `data_dir`'s `format` file records (opened already: [`claim`]).
     pub fn load(data_dir: &Path) -> io::Result<ClusterIdentity> {
         let recorded = recorded_in(data_dir)?.and_then(|r| r.cluster_id);
         Ok(ClusterIdentity {

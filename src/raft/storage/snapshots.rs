@@ -140,7 +140,7 @@ impl SnapshotStore {
     /// * a snapshot's chunks are written under a storage id no earlier snapshot used (ids only
     ///   grow, and open starts past every id on disk), and only the pointer switch makes them
     ///   current, so a crash at any point leaves the previous snapshot whole; what it orphans
-    ///   is removed at the next open ([`remove_orphaned_chunks`]).
+    ///   is removed at the next open ([`SnapshotStore::open`]).
     pub async fn store(&self, meta: &SnapshotMeta, bytes: &[u8]) -> io::Result<bool> {
         let _guard = self.lock.lock().await;
         let tree = self.meta.tree(SNAPSHOT_TREE)?;

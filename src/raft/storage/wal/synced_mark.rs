@@ -45,7 +45,7 @@ pub(super) enum MarkFound {
 /// Why: on a device error Linux keeps the pages it could not write in the page cache, marked
 /// clean, and reports the error once. A restarted replica reads those records back valid, and
 /// an `fdatasync` of its own succeeds without writing them (PostgreSQL's "fsyncgate"). So what
-/// the failed sync covered is cut at the next open ([`Wal::cut_after_failed_sync`]), before
+/// the failed sync covered is cut at the next open ([`Wal::cut_after_failed_sync`](super::Wal::cut_after_failed_sync)), before
 /// any sync of the new process could vouch for it; the peers send it again.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FailedSync {
